@@ -1,0 +1,413 @@
+//! The node's device-group configuration: Carina's `config.json`
+//! (`diskSelector[]`, `diskScanInterval`, `schedulerStrategy`) plus this
+//! project's additions per selector (`reserveBytes`, `activation`, `root`,
+//! `minDiskBytes`).
+//!
+//! Parsing is a pure function of the text; every error names the field path
+//! (`diskSelector[1].re[0]: invalid regex ...`).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use super::error::{Error, Result};
+use super::names;
+
+/// Carina's default free-space reserve per group: 10 GiB.
+pub const DEFAULT_RESERVE_BYTES: u64 = 10 << 30;
+/// Disks smaller than this are never taken into a group by default.
+pub const DEFAULT_MIN_DISK_BYTES: u64 = 16 << 20;
+/// Carina's default rescan interval.
+pub const DEFAULT_SCAN_INTERVAL: Duration = Duration::from_secs(300);
+
+/// How a device group turns disks into volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Policy {
+    /// An LVM volume group; volumes are logical volumes.
+    #[serde(rename = "LVM")]
+    Lvm,
+    /// Whole disks carved into GPT partitions.
+    #[serde(rename = "RAW")]
+    Raw,
+    /// Directories under a host path.
+    #[serde(rename = "HOST")]
+    Host,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Lvm => "LVM",
+            Policy::Raw => "RAW",
+            Policy::Host => "HOST",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How LVM logical volumes are made usable as block devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// Device-mapper when the kernel has it, otherwise `loop`.
+    #[default]
+    Auto,
+    /// Device-mapper activation (`lvchange -ay`).
+    Dm,
+    /// No device-mapper: contiguous LVs exposed as loop devices at their
+    /// offset on the physical volume.
+    Loop,
+}
+
+/// One validated device group.
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    pub name: String,
+    pub policy: Policy,
+    /// Patterns matched against the disk's kernel name (`sdb`, `loop3`).
+    pub patterns: Vec<Regex>,
+    pub node_label: Option<String>,
+    pub reserve_bytes: u64,
+    pub min_disk_bytes: u64,
+    pub activation: Activation,
+    /// HOST groups: the directory that holds one directory per volume.
+    pub root: Option<PathBuf>,
+}
+
+impl GroupConfig {
+    /// True if `disk_name` (kernel name, no `/dev/`) matches one pattern.
+    pub fn matches(&self, disk_name: &str) -> bool {
+        self.patterns.iter().any(|re| re.is_match(disk_name))
+    }
+}
+
+/// A validated node configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub groups: Vec<GroupConfig>,
+    /// Zero disables the periodic rescan.
+    pub scan_interval: Duration,
+    pub scheduler_strategy: SchedulerStrategy,
+    /// The text it was parsed from, kept so it can be shown and pushed.
+    pub source: String,
+}
+
+/// Node choice policy, read by the control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulerStrategy {
+    #[default]
+    Spreadout,
+    Binpack,
+}
+
+impl Config {
+    /// Parses and validates `config.json` text.
+    pub fn from_json(text: &str) -> Result<Config> {
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|e| Error::config("config.json", e.to_string()))?;
+        raw.validate(text)
+    }
+
+    pub fn group(&self, name: &str) -> Option<&GroupConfig> {
+        self.groups.iter().find(|g| g.name == name)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            groups: Vec::new(),
+            scan_interval: DEFAULT_SCAN_INTERVAL,
+            scheduler_strategy: SchedulerStrategy::default(),
+            source: "{}".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawConfig {
+    #[serde(default)]
+    disk_selector: Vec<RawSelector>,
+    #[serde(default)]
+    disk_scan_interval: Option<serde_json::Value>,
+    #[serde(default)]
+    scheduler_strategy: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSelector {
+    name: Option<String>,
+    #[serde(default)]
+    re: Vec<String>,
+    policy: Option<String>,
+    node_label: Option<String>,
+    reserve_bytes: Option<u64>,
+    min_disk_bytes: Option<u64>,
+    activation: Option<String>,
+    root: Option<String>,
+}
+
+impl RawConfig {
+    fn validate(self, text: &str) -> Result<Config> {
+        let scan_interval = match &self.disk_scan_interval {
+            None => DEFAULT_SCAN_INTERVAL,
+            Some(value) => parse_interval(value)?,
+        };
+        let scheduler_strategy = match self.scheduler_strategy.as_deref() {
+            None | Some("") => SchedulerStrategy::default(),
+            Some(s) if s.eq_ignore_ascii_case("spreadout") => SchedulerStrategy::Spreadout,
+            Some(s) if s.eq_ignore_ascii_case("binpack") => SchedulerStrategy::Binpack,
+            Some(other) => {
+                return Err(Error::config(
+                    "schedulerStrategy",
+                    format!("unknown strategy {other:?} (expected binpack or spreadout)"),
+                ));
+            }
+        };
+        let mut seen = HashSet::new();
+        let mut groups = Vec::with_capacity(self.disk_selector.len());
+        for (i, sel) in self.disk_selector.into_iter().enumerate() {
+            let group = sel.validate(&format!("diskSelector[{i}]"))?;
+            if !seen.insert(group.name.clone()) {
+                return Err(Error::config(
+                    format!("diskSelector[{i}].name"),
+                    format!("duplicate group name {:?}", group.name),
+                ));
+            }
+            groups.push(group);
+        }
+        Ok(Config {
+            groups,
+            scan_interval,
+            scheduler_strategy,
+            source: text.to_string(),
+        })
+    }
+}
+
+impl RawSelector {
+    fn validate(self, at: &str) -> Result<GroupConfig> {
+        let name = self
+            .name
+            .ok_or_else(|| Error::config(format!("{at}.name"), "missing"))?;
+        names::check_group_name(&name)
+            .map_err(|reason| Error::config(format!("{at}.name"), reason))?;
+        let policy = match self.policy.as_deref() {
+            Some(p) if p.eq_ignore_ascii_case("lvm") => Policy::Lvm,
+            Some(p) if p.eq_ignore_ascii_case("raw") => Policy::Raw,
+            Some(p) if p.eq_ignore_ascii_case("host") => Policy::Host,
+            Some(other) => {
+                return Err(Error::config(
+                    format!("{at}.policy"),
+                    format!("unknown policy {other:?} (expected LVM, RAW or HOST)"),
+                ));
+            }
+            None => return Err(Error::config(format!("{at}.policy"), "missing")),
+        };
+        let mut patterns = Vec::with_capacity(self.re.len());
+        for (j, re) in self.re.iter().enumerate() {
+            if re.is_empty() {
+                return Err(Error::config(format!("{at}.re[{j}]"), "empty pattern"));
+            }
+            let compiled = Regex::new(re).map_err(|e| {
+                Error::config(format!("{at}.re[{j}]"), format!("invalid regex: {e}"))
+            })?;
+            patterns.push(compiled);
+        }
+        if policy != Policy::Host && patterns.is_empty() {
+            return Err(Error::config(
+                format!("{at}.re"),
+                format!("a {policy} group needs at least one disk pattern"),
+            ));
+        }
+        let root = match (policy, self.root) {
+            (Policy::Host, None) => {
+                return Err(Error::config(
+                    format!("{at}.root"),
+                    "a HOST group needs a root directory",
+                ));
+            }
+            (Policy::Host, Some(root)) => {
+                let path = PathBuf::from(&root);
+                if !path.is_absolute() {
+                    return Err(Error::config(
+                        format!("{at}.root"),
+                        format!("{root:?} is not an absolute path"),
+                    ));
+                }
+                Some(path)
+            }
+            (_, Some(_)) => {
+                return Err(Error::config(
+                    format!("{at}.root"),
+                    format!("only HOST groups take a root, not {policy}"),
+                ));
+            }
+            (_, None) => None,
+        };
+        let activation = match self.activation.as_deref() {
+            None | Some("auto") => Activation::Auto,
+            Some("dm") => Activation::Dm,
+            Some("loop") => Activation::Loop,
+            Some(other) => {
+                return Err(Error::config(
+                    format!("{at}.activation"),
+                    format!("unknown activation {other:?} (expected auto, dm or loop)"),
+                ));
+            }
+        };
+        if policy != Policy::Lvm && activation != Activation::Auto {
+            return Err(Error::config(
+                format!("{at}.activation"),
+                "only LVM groups take an activation mode",
+            ));
+        }
+        Ok(GroupConfig {
+            name,
+            policy,
+            patterns,
+            node_label: self.node_label.filter(|l| !l.is_empty()),
+            reserve_bytes: self.reserve_bytes.unwrap_or(DEFAULT_RESERVE_BYTES),
+            min_disk_bytes: self.min_disk_bytes.unwrap_or(DEFAULT_MIN_DISK_BYTES),
+            activation,
+            root,
+        })
+    }
+}
+
+/// Carina writes the interval as a string of seconds (`"300"`); numbers are
+/// accepted too. Zero disables the periodic rescan.
+fn parse_interval(value: &serde_json::Value) -> Result<Duration> {
+    let secs = match value {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(s) => s.trim().trim_end_matches('s').parse::<u64>().ok(),
+        _ => None,
+    };
+    secs.map(Duration::from_secs).ok_or_else(|| {
+        Error::config(
+            "diskScanInterval",
+            format!("{value} is not a whole number of seconds"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::from_json(text)
+            .expect_err("must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn parses_carina_example() {
+        let cfg = Config::from_json(
+            r#"{
+              "diskSelector": [
+                {"name": "carina-vg-ssd", "re": ["loop2+"], "policy": "LVM", "nodeLabel": "kubernetes.io/hostname"},
+                {"name": "carina-raw-hdd", "re": ["vdb+", "sd+"], "policy": "RAW", "nodeLabel": "kubernetes.io/hostname"}
+              ],
+              "diskScanInterval": "300",
+              "schedulerStrategy": "spreadout"
+            }"#,
+        )
+        .expect("valid");
+        assert_eq!(cfg.groups.len(), 2);
+        assert_eq!(cfg.groups[0].policy, Policy::Lvm);
+        assert_eq!(cfg.groups[0].reserve_bytes, DEFAULT_RESERVE_BYTES);
+        assert!(cfg.groups[0].matches("loop22"));
+        assert!(!cfg.groups[0].matches("sda"));
+        assert_eq!(cfg.groups[1].policy, Policy::Raw);
+        assert_eq!(cfg.scan_interval, Duration::from_secs(300));
+        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Spreadout);
+        assert_eq!(
+            cfg.groups[0].node_label.as_deref(),
+            Some("kubernetes.io/hostname")
+        );
+    }
+
+    #[test]
+    fn our_additions() {
+        let cfg = Config::from_json(
+            r#"{"diskSelector": [
+                {"name": "fast", "re": ["^loop7$"], "policy": "LVM", "reserveBytes": 0, "activation": "loop", "minDiskBytes": 1},
+                {"name": "dirs", "policy": "HOST", "root": "/var/lib/carina/dirs"}
+              ], "diskScanInterval": 0, "schedulerStrategy": "binpack"}"#,
+        )
+        .expect("valid");
+        assert_eq!(cfg.groups[0].reserve_bytes, 0);
+        assert_eq!(cfg.groups[0].activation, Activation::Loop);
+        assert_eq!(
+            cfg.groups[1].root.as_deref(),
+            Some(std::path::Path::new("/var/lib/carina/dirs"))
+        );
+        assert_eq!(cfg.scan_interval, Duration::ZERO);
+        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Binpack);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (
+                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"LVM"},{"name":"b","re":["("],"policy":"LVM"}]}"#,
+                "diskSelector[1].re[0]: invalid regex",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"LVM"},{"name":"a","re":["y"],"policy":"RAW"}]}"#,
+                "diskSelector[1].name: duplicate group name \"a\"",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"ZFS"}]}"#,
+                "diskSelector[0].policy: unknown policy",
+            ),
+            (
+                r#"{"diskSelector":[{"re":["x"],"policy":"LVM"}]}"#,
+                "diskSelector[0].name: missing",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"-a","re":["x"],"policy":"LVM"}]}"#,
+                "diskSelector[0].name",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":[],"policy":"LVM"}]}"#,
+                "diskSelector[0].re",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","policy":"HOST"}]}"#,
+                "diskSelector[0].root",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","policy":"HOST","root":"rel/dir"}]}"#,
+                "diskSelector[0].root",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"LVM","activation":"magic"}]}"#,
+                "diskSelector[0].activation",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"RAW","activation":"loop"}]}"#,
+                "diskSelector[0].activation",
+            ),
+            (r#"{"diskScanInterval":"soon"}"#, "diskScanInterval"),
+            (r#"{"schedulerStrategy":"random"}"#, "schedulerStrategy"),
+            (r#"{"diskSelector": 3}"#, "config.json"),
+        ];
+        for (text, want) in cases {
+            let got = err(text);
+            assert!(got.contains(want), "{text}: got {got:?}, want {want:?}");
+        }
+    }
+}

@@ -1,0 +1,461 @@
+//! Disk discovery: `lsblk` JSON for the device tree, `blkid -p` for what a
+//! disk carries, `losetup` for what a loop device is backed by, and the pure
+//! function [`assign`] that decides which disks each group may take.
+//!
+//! A disk that matches no selector is never touched.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::command::Cmd;
+use super::config::{Config, Policy};
+use super::error::{Error, Result};
+
+/// Prefix of every partition name we create.
+pub const PARTITION_PREFIX: &str = "carina.io/";
+
+/// A whole disk as the kernel shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Disk {
+    /// Kernel name (`sdb`, `loop3`).
+    pub name: String,
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// `disk`, `loop`, ...
+    pub kind: String,
+    pub major: u32,
+    pub minor: u32,
+    /// Filesystem or other signature found by `blkid` (`ext4`, `LVM2_member`).
+    pub fstype: Option<String>,
+    /// Partition-table type (`gpt`, `dos`).
+    pub pttype: Option<String>,
+    /// Mount points of the disk and of its partitions.
+    pub mountpoints: Vec<String>,
+    /// Kernel names of its partitions.
+    pub partitions: Vec<String>,
+    /// Loop devices: the backing file.
+    pub backing_file: Option<String>,
+    /// LVM physical volume: the VG it belongs to (filled by the LVM layer).
+    pub lvm_vg: Option<String>,
+}
+
+/// Why a disk was or was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStatus {
+    pub disk: Disk,
+    /// The group that took it.
+    pub group: Option<String>,
+    /// Why no group took it (empty when one did, or when none matched).
+    pub reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct LsblkReport {
+    blockdevices: Vec<LsblkDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LsblkDevice {
+    name: String,
+    path: Option<String>,
+    size: Option<u64>,
+    #[serde(default)]
+    ro: bool,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    mountpoints: Vec<Option<String>>,
+    #[serde(rename = "maj:min")]
+    maj_min: Option<String>,
+    #[serde(default)]
+    children: Vec<LsblkDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LosetupReport {
+    #[serde(default)]
+    loopdevices: Vec<LosetupDevice>,
+}
+
+/// One attached loop device.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct LosetupDevice {
+    pub name: String,
+    #[serde(default)]
+    pub sizelimit: u64,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(rename = "back-file")]
+    pub back_file: Option<String>,
+}
+
+/// Parses `lsblk -J -b -o NAME,KNAME,PATH,SIZE,RO,TYPE,MOUNTPOINTS,MAJ:MIN`.
+pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
+    let report: LsblkReport =
+        serde_json::from_str(json).map_err(|e| Error::parse("lsblk output", e))?;
+    let mut disks = Vec::new();
+    for dev in report.blockdevices {
+        if !matches!(dev.kind.as_str(), "disk" | "loop") {
+            continue;
+        }
+        let (major, minor) = dev
+            .maj_min
+            .as_deref()
+            .and_then(parse_maj_min)
+            .unwrap_or((0, 0));
+        let mut mountpoints: Vec<String> = dev.mountpoints.iter().flatten().cloned().collect();
+        let mut partitions = Vec::new();
+        for child in &dev.children {
+            mountpoints.extend(child.mountpoints.iter().flatten().cloned());
+            if child.kind == "part" {
+                partitions.push(child.name.clone());
+            } else {
+                // Something is stacked on the disk (dm, md, ...): treat it as
+                // in use by reporting the holder as a mount-like user.
+                mountpoints.push(format!("holder:{}", child.name));
+            }
+        }
+        disks.push(Disk {
+            path: PathBuf::from(dev.path.unwrap_or_else(|| format!("/dev/{}", dev.name))),
+            name: dev.name,
+            size_bytes: dev.size.unwrap_or(0),
+            read_only: dev.ro,
+            kind: dev.kind,
+            major,
+            minor,
+            fstype: None,
+            pttype: None,
+            mountpoints,
+            partitions,
+            backing_file: None,
+            lvm_vg: None,
+        });
+    }
+    Ok(disks)
+}
+
+/// Parses `losetup -J -l`.
+pub fn parse_losetup(json: &str) -> Result<Vec<LosetupDevice>> {
+    if json.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let report: LosetupReport =
+        serde_json::from_str(json).map_err(|e| Error::parse("losetup output", e))?;
+    Ok(report.loopdevices)
+}
+
+/// Parses `blkid -p -o export` into (TYPE, PTTYPE).
+pub fn parse_blkid_export(text: &str) -> (Option<String>, Option<String>) {
+    let mut fstype = None;
+    let mut pttype = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("TYPE=") {
+            fstype = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("PTTYPE=") {
+            pttype = Some(v.to_string());
+        }
+    }
+    (fstype, pttype)
+}
+
+/// Parses `"7:3"`.
+pub fn parse_maj_min(text: &str) -> Option<(u32, u32)> {
+    let (a, b) = text.trim().split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// Lists the node's whole disks with what they carry.
+pub async fn discover() -> Result<Vec<Disk>> {
+    let out = Cmd::new("lsblk")
+        .args([
+            "-J",
+            "-b",
+            "-o",
+            "NAME,KNAME,PATH,SIZE,RO,TYPE,MOUNTPOINTS,MAJ:MIN",
+        ])
+        .run()
+        .await?;
+    let mut disks = parse_lsblk(&out.stdout)?;
+    let loops = list_loops().await?;
+    for disk in &mut disks {
+        if disk.kind == "loop" {
+            disk.backing_file = loops
+                .iter()
+                .find(|l| l.name == disk.path.to_string_lossy())
+                .and_then(|l| l.back_file.clone());
+        }
+    }
+    Ok(disks)
+}
+
+/// Fills `fstype`/`pttype` of one disk by probing it (`blkid -p`, no cache).
+pub async fn probe(disk: &mut Disk) -> Result<()> {
+    match Cmd::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(&disk.path)
+        .run()
+        .await
+    {
+        Ok(out) => {
+            let (fstype, pttype) = parse_blkid_export(&out.stdout);
+            disk.fstype = fstype;
+            disk.pttype = pttype;
+            Ok(())
+        }
+        // blkid exits 2 when it finds nothing: a blank disk.
+        Err(super::command::CommandError::Failed { status, .. })
+            if status.contains("exit status: 2") =>
+        {
+            disk.fstype = None;
+            disk.pttype = None;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Every attached loop device.
+pub async fn list_loops() -> Result<Vec<LosetupDevice>> {
+    let out = Cmd::new("losetup").args(["-J", "-l"]).run().await?;
+    parse_losetup(&out.stdout)
+}
+
+/// Decides which group may take each disk. Pure: the caller has probed the
+/// disks and filled `lvm_vg` for LVM physical volumes, and says which RAW
+/// disks already hold a partition of ours.
+///
+/// A disk goes to the first group (in configuration order) whose pattern
+/// matches its kernel name, and only if it is usable for that policy:
+/// writable, not mounted or stacked on, large enough, not a loop device
+/// backed by another block device (our own LV exposures), and either blank
+/// or already ours (a PV of this group's VG, a GPT disk with our
+/// partitions). Disks that match no group are reported with no group and
+/// no reason, and are never touched.
+pub fn assign(
+    config: &Config,
+    disks: &[Disk],
+    raw_disks_with_our_partitions: &[String],
+) -> Vec<DiskStatus> {
+    let mut out = Vec::with_capacity(disks.len());
+    for disk in disks {
+        let matching: Vec<_> = config
+            .groups
+            .iter()
+            .filter(|g| g.policy != Policy::Host && g.matches(&disk.name))
+            .collect();
+        let Some(group) = matching.first() else {
+            out.push(DiskStatus {
+                disk: disk.clone(),
+                group: None,
+                reason: String::new(),
+            });
+            continue;
+        };
+        let reason = unusable_reason(
+            disk,
+            group.policy,
+            &group.name,
+            group.min_disk_bytes,
+            raw_disks_with_our_partitions,
+        );
+        out.push(DiskStatus {
+            disk: disk.clone(),
+            group: reason.is_none().then(|| group.name.clone()),
+            reason: reason.unwrap_or_default(),
+        });
+    }
+    out
+}
+
+fn unusable_reason(
+    disk: &Disk,
+    policy: Policy,
+    group: &str,
+    min_bytes: u64,
+    ours: &[String],
+) -> Option<String> {
+    if disk.read_only {
+        return Some("read-only".into());
+    }
+    if !disk.mountpoints.is_empty() {
+        return Some(format!("in use ({})", disk.mountpoints.join(", ")));
+    }
+    if disk.kind == "loop" {
+        match &disk.backing_file {
+            None => return Some("loop device without a backing file".into()),
+            Some(f) if f.starts_with("/dev/") => {
+                return Some(format!("loop device over block device {f}"));
+            }
+            Some(_) => {}
+        }
+    }
+    if disk.size_bytes < min_bytes {
+        return Some(format!(
+            "too small ({} bytes, at least {min_bytes})",
+            disk.size_bytes
+        ));
+    }
+    match policy {
+        Policy::Lvm => match (&disk.lvm_vg, &disk.fstype) {
+            (Some(vg), _) if vg == group => None,
+            (Some(vg), _) if vg.is_empty() => None,
+            (Some(vg), _) => Some(format!("physical volume of another volume group {vg:?}")),
+            (None, Some(fs)) => Some(format!("carries {fs}")),
+            (None, None) if disk.pttype.is_some() || !disk.partitions.is_empty() => {
+                Some("carries a partition table".into())
+            }
+            (None, None) => None,
+        },
+        Policy::Raw => {
+            if ours.iter().any(|d| d == &disk.name) {
+                None
+            } else if let Some(fs) = &disk.fstype {
+                Some(format!("carries {fs}"))
+            } else if disk.pttype.is_some() || !disk.partitions.is_empty() {
+                Some("carries partitions that are not ours".into())
+            } else {
+                None
+            }
+        }
+        Policy::Host => Some("HOST groups take no disks".into()),
+    }
+}
+
+/// Groups the assigned disks by group name.
+pub fn by_group(statuses: &[DiskStatus]) -> BTreeMap<String, Vec<Disk>> {
+    let mut map: BTreeMap<String, Vec<Disk>> = BTreeMap::new();
+    for s in statuses {
+        if let Some(g) = &s.group {
+            map.entry(g.clone()).or_default().push(s.disk.clone());
+        }
+    }
+    map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LSBLK: &str = include_str!("testdata/lsblk.json");
+
+    fn config(text: &str) -> Config {
+        Config::from_json(text).expect("valid config")
+    }
+
+    fn disk(name: &str) -> Disk {
+        Disk {
+            name: name.into(),
+            path: PathBuf::from(format!("/dev/{name}")),
+            size_bytes: 1 << 30,
+            read_only: false,
+            kind: "loop".into(),
+            major: 7,
+            minor: 0,
+            fstype: None,
+            pttype: None,
+            mountpoints: vec![],
+            partitions: vec![],
+            backing_file: Some("/var/tmp/pool.img".into()),
+            lvm_vg: None,
+        }
+    }
+
+    #[test]
+    fn parses_real_lsblk() {
+        let disks = parse_lsblk(LSBLK).expect("parses");
+        assert_eq!(disks.len(), 2);
+        assert_eq!(disks[0].name, "loop0");
+        assert_eq!(disks[0].size_bytes, 1_073_741_824);
+        assert_eq!((disks[0].major, disks[0].minor), (7, 0));
+        assert!(disks[0].mountpoints.is_empty());
+        assert_eq!(disks[1].partitions, vec!["loop1p1".to_string()]);
+    }
+
+    #[test]
+    fn parses_blkid_and_losetup() {
+        let (fs, pt) =
+            parse_blkid_export("DEVNAME=/dev/loop0\nUUID=x\nTYPE=ext4\nUSAGE=filesystem\n");
+        assert_eq!((fs.as_deref(), pt), (Some("ext4"), None));
+        let (fs, pt) = parse_blkid_export("DEVNAME=/dev/loop1\nPTUUID=y\nPTTYPE=gpt\n");
+        assert_eq!((fs, pt.as_deref()), (None, Some("gpt")));
+        let loops = parse_losetup(
+            r#"{"loopdevices": [{"name": "/dev/loop1", "sizelimit": 0, "offset": 0, "autoclear": false,
+                "ro": false, "back-file": "/tmp/t2.img", "dio": false, "log-sec": 512}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(loops[0].back_file.as_deref(), Some("/tmp/t2.img"));
+        assert!(parse_losetup("").expect("empty is none").is_empty());
+        assert_eq!(parse_maj_min("259:12"), Some((259, 12)));
+        assert_eq!(parse_maj_min("x"), None);
+    }
+
+    #[test]
+    fn assignment_rules() {
+        let cfg = config(
+            r#"{"diskSelector": [
+                {"name": "vg1", "re": ["^loop[0-4]$"], "policy": "LVM", "minDiskBytes": 1048576},
+                {"name": "raw1", "re": ["^loop[3-9]$"], "policy": "RAW"}
+            ]}"#,
+        );
+        let mut d = vec![
+            disk("loop0"),
+            disk("loop1"),
+            disk("loop2"),
+            disk("loop3"),
+            disk("loop5"),
+            disk("loop6"),
+            disk("loop7"),
+            disk("sda"),
+            disk("loop8"),
+            disk("loop9"),
+        ];
+        d[1].fstype = Some("ext4".into());
+        d[2].lvm_vg = Some("vg1".into());
+        d[2].fstype = Some("LVM2_member".into());
+        d[3].lvm_vg = Some("other".into());
+        d[4].pttype = Some("gpt".into());
+        d[4].partitions = vec!["loop5p1".into()];
+        d[5].pttype = Some("gpt".into());
+        d[6].mountpoints = vec!["/mnt".into()];
+        d[8].backing_file = Some("/dev/loop0".into());
+        d[9].size_bytes = 4096;
+        let s = assign(&cfg, &d, &["loop5".to_string()]);
+        let got: Vec<_> = s
+            .iter()
+            .map(|s| {
+                (
+                    s.disk.name.as_str(),
+                    s.group.as_deref(),
+                    !s.reason.is_empty(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("loop0", Some("vg1"), false),  // blank
+                ("loop1", None, true),          // has ext4
+                ("loop2", Some("vg1"), false),  // already our PV
+                ("loop3", None, true),          // PV of another VG (and vg1 wins the match)
+                ("loop5", Some("raw1"), false), // GPT with our partition
+                ("loop6", None, true),          // foreign GPT
+                ("loop7", None, true),          // mounted
+                ("sda", None, false),           // matches nothing: untouched, no reason
+                ("loop8", None, true),          // loop over a block device
+                ("loop9", None, true),          // too small
+            ]
+        );
+        assert!(
+            s[3].reason.contains("another volume group"),
+            "{}",
+            s[3].reason
+        );
+        let groups = by_group(&s);
+        assert_eq!(groups["vg1"].len(), 2);
+        assert_eq!(groups["raw1"].len(), 1);
+    }
+}

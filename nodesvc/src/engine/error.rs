@@ -1,0 +1,124 @@
+//! The engine's error type. Every variant carries the context an operator
+//! needs (volume, group, command line and stderr); the gRPC layer maps each
+//! variant to exactly one status code.
+
+use std::path::PathBuf;
+
+use super::command::CommandError;
+
+/// Errors returned by the storage engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request field is malformed; `field` names it (`name`, `size_bytes`, ...).
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: String, reason: String },
+
+    /// The configuration is invalid; `field` is its path (`diskSelector[1].re[0]`).
+    #[error("invalid configuration: {field}: {reason}")]
+    InvalidConfig { field: String, reason: String },
+
+    /// No device group of that name is configured.
+    #[error("device group {group:?} is not configured on this node")]
+    UnknownGroup { group: String },
+
+    /// No volume of that name is owned by this node.
+    #[error("volume {name:?} not found")]
+    VolumeNotFound { name: String },
+
+    /// A volume of that name exists with other parameters.
+    #[error(
+        "volume {name:?} already exists in group {group:?} with size {existing_bytes} (requested {requested_bytes})"
+    )]
+    AlreadyExists {
+        name: String,
+        group: String,
+        existing_bytes: u64,
+        requested_bytes: u64,
+    },
+
+    /// The group cannot hold the request once its reserve is kept free.
+    #[error(
+        "device group {group:?} has {allocatable_bytes} bytes allocatable after its reserve, {requested_bytes} requested"
+    )]
+    ResourceExhausted {
+        group: String,
+        requested_bytes: u64,
+        allocatable_bytes: u64,
+    },
+
+    /// The operation is valid but impossible in the current state
+    /// (a shrink, a grow whose following extents are taken, ...).
+    #[error("{operation} on {name:?} is not possible: {reason}")]
+    FailedPrecondition {
+        operation: &'static str,
+        name: String,
+        reason: String,
+    },
+
+    /// The group's policy does not support this operation.
+    #[error("device group {group:?} ({policy}) does not support {operation}")]
+    Unsupported {
+        group: String,
+        policy: &'static str,
+        operation: &'static str,
+    },
+
+    /// Another operation on the same volume is in progress.
+    #[error("an operation on volume {name:?} is already in progress")]
+    Busy { name: String },
+
+    /// An external command failed or timed out.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+
+    /// A file-system operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Output of a command or a marker file could not be understood.
+    #[error("cannot parse {what}: {reason}")]
+    Parse { what: String, reason: String },
+}
+
+impl Error {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidConfig {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn parse(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+        Error::Parse {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Result alias for engine operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,555 @@
+//! The storage engine: device groups built from the node's disks, and the
+//! volumes carved out of them.
+//!
+//! [`Engine`] is the async API the rest of the workspace calls. It validates
+//! names and sizes, keeps one [`backend::Backend`] per configured group
+//! (LVM, RAW, HOST), serialises mutations per group so free-space checks
+//! cannot race, refuses a second concurrent operation on one volume name,
+//! and publishes a [`CapacitySnapshot`] after every change.
+
+pub mod backend;
+pub mod command;
+pub mod config;
+pub mod devnum;
+pub mod disks;
+pub mod error;
+pub mod host;
+pub mod locks;
+pub mod loopdev;
+pub mod lvm;
+pub mod names;
+pub mod raw;
+pub mod volume;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, RwLock, watch};
+use tracing::instrument;
+
+pub use backend::Backend;
+pub use config::{Activation, Config, GroupConfig, Policy, SchedulerStrategy};
+pub use disks::{Disk, DiskStatus};
+pub use error::{Error, Result};
+pub use volume::{CapacitySnapshot, ChangeReason, CreateRequest, GroupCapacity, QuotaMode, Volume};
+
+/// Settings of the engine that are not part of `config.json`.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Where the engine keeps its own state (HOST markers live with the
+    /// volumes; this is for anything node-local).
+    pub state_dir: PathBuf,
+    /// Whether the kernel has device-mapper; `None` detects it.
+    pub device_mapper: Option<bool>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            state_dir: PathBuf::from("/var/lib/carina"),
+            device_mapper: None,
+        }
+    }
+}
+
+/// True if the kernel offers device-mapper.
+pub fn detect_device_mapper() -> bool {
+    std::path::Path::new("/dev/mapper/control").exists()
+        || std::fs::read_to_string("/proc/misc")
+            .map(|m| m.lines().any(|l| l.ends_with(" device-mapper")))
+            .unwrap_or(false)
+}
+
+/// The node's storage engine. Cheap to clone; clones share all state.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    options: EngineOptions,
+    device_mapper: bool,
+    state: RwLock<State>,
+    locks: locks::VolumeLocks,
+    capacity: watch::Sender<CapacitySnapshot>,
+    /// Volume name → group, kept current by every mutation and rescan, so
+    /// lookups do not ask every backend.
+    index: StdMutex<HashMap<String, String>>,
+    disks: StdMutex<Vec<DiskStatus>>,
+}
+
+#[derive(Debug)]
+struct State {
+    config: Config,
+    groups: BTreeMap<String, GroupSlot>,
+}
+
+#[derive(Debug, Clone)]
+struct GroupSlot {
+    backend: Arc<dyn Backend>,
+    /// Held by every mutation of the group (create, resize, delete, rescan).
+    mutate: Arc<Mutex<()>>,
+}
+
+impl Engine {
+    /// Builds the groups of `config`, takes their disks and re-establishes
+    /// existing volumes (VG activation, loop mappings).
+    #[instrument(skip_all, err)]
+    pub async fn start(config: Config, options: EngineOptions) -> Result<Engine> {
+        let device_mapper = options.device_mapper.unwrap_or_else(detect_device_mapper);
+        let groups = build_groups(&config, &options, device_mapper)?;
+        let (capacity, _) = watch::channel(CapacitySnapshot {
+            generation: 0,
+            reason: ChangeReason::Start,
+            groups: Vec::new(),
+        });
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                options,
+                device_mapper,
+                state: RwLock::new(State { config, groups }),
+                locks: locks::VolumeLocks::default(),
+                capacity,
+                index: StdMutex::new(HashMap::new()),
+                disks: StdMutex::new(Vec::new()),
+            }),
+        };
+        engine.rescan_with(ChangeReason::Start).await?;
+        Ok(engine)
+    }
+
+    /// Whether LVM volumes use device-mapper (otherwise loop exposure).
+    pub fn device_mapper(&self) -> bool {
+        self.inner.device_mapper
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.inner.options
+    }
+
+    /// The configuration in force.
+    pub async fn config(&self) -> Config {
+        self.inner.state.read().await.config.clone()
+    }
+
+    /// Creates a volume, or returns the existing one when the same name,
+    /// group and (rounded) size are requested again.
+    #[instrument(skip(self), err, fields(volume.name = %req.name, volume.group = %req.group, volume.size = req.size_bytes))]
+    pub async fn create_volume(&self, req: CreateRequest) -> Result<Volume> {
+        names::check_volume_name(&req.name)?;
+        names::check_size("size_bytes", req.size_bytes)?;
+        if req.group.is_empty() {
+            return Err(Error::invalid("group", "must not be empty"));
+        }
+        let _guard = self.inner.locks.try_lock(&req.name)?;
+        let slot = self.slot(&req.group).await?;
+        let backend = &slot.backend;
+        if req.exclusive && backend.config().policy != Policy::Raw {
+            return Err(Error::Unsupported {
+                group: req.group.clone(),
+                policy: backend.config().policy.as_str(),
+                operation: "exclusive (whole-disk) volumes",
+            });
+        }
+        let rounded = backend.round_size(req.size_bytes).ok_or_else(|| {
+            Error::invalid(
+                "size_bytes",
+                format!(
+                    "{} cannot be rounded to the allocation unit",
+                    req.size_bytes
+                ),
+            )
+        })?;
+        if let Some(existing) = self.find(&req.name).await? {
+            let same = existing.group == req.group
+                && existing.exclusive == req.exclusive
+                && (existing.size_bytes == rounded
+                    || (req.exclusive && existing.size_bytes >= rounded));
+            if same {
+                return Ok(existing);
+            }
+            return Err(Error::AlreadyExists {
+                name: req.name.clone(),
+                group: existing.group,
+                existing_bytes: existing.size_bytes,
+                requested_bytes: rounded,
+            });
+        }
+        let volume = {
+            let _m = slot.mutate.lock().await;
+            backend.create(&req).await?
+        };
+        self.index_insert(&volume.name, &volume.group);
+        self.notify(ChangeReason::Create).await;
+        Ok(volume)
+    }
+
+    /// The volume of that name, in whichever group holds it.
+    #[instrument(skip(self), err, fields(volume.name = %name))]
+    pub async fn get_volume(&self, name: &str) -> Result<Volume> {
+        names::check_volume_name(name)?;
+        self.find(name).await?.ok_or_else(|| Error::VolumeNotFound {
+            name: name.to_string(),
+        })
+    }
+
+    /// Every volume we own, optionally of one group, sorted by name.
+    #[instrument(skip(self), err)]
+    pub async fn list_volumes(&self, group: Option<&str>) -> Result<Vec<Volume>> {
+        let slots: Vec<GroupSlot> = match group {
+            Some(g) => vec![self.slot(g).await?],
+            None => self
+                .inner
+                .state
+                .read()
+                .await
+                .groups
+                .values()
+                .cloned()
+                .collect(),
+        };
+        let mut all = Vec::new();
+        for slot in slots {
+            all.extend(slot.backend.list().await?);
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// Grows a volume to at least `size_bytes` (rounded up to the group's
+    /// unit). Shrinking is refused; the current size is a no-op.
+    #[instrument(skip(self), err, fields(volume.name = %name, volume.size = size_bytes))]
+    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
+        names::check_volume_name(name)?;
+        names::check_size("size_bytes", size_bytes)?;
+        let _guard = self.inner.locks.try_lock(name)?;
+        let existing = self
+            .find(name)
+            .await?
+            .ok_or_else(|| Error::VolumeNotFound {
+                name: name.to_string(),
+            })?;
+        let slot = self.slot(&existing.group).await?;
+        let rounded = slot.backend.round_size(size_bytes).ok_or_else(|| {
+            Error::invalid(
+                "size_bytes",
+                format!("{size_bytes} cannot be rounded to the allocation unit"),
+            )
+        })?;
+        if rounded == existing.size_bytes || (existing.exclusive && rounded <= existing.size_bytes)
+        {
+            return Ok(existing);
+        }
+        if rounded < existing.size_bytes {
+            return Err(Error::FailedPrecondition {
+                operation: "resize",
+                name: name.to_string(),
+                reason: format!(
+                    "shrinking from {} to {rounded} bytes is not supported",
+                    existing.size_bytes
+                ),
+            });
+        }
+        let volume = {
+            let _m = slot.mutate.lock().await;
+            slot.backend.resize(name, rounded).await?
+        };
+        self.notify(ChangeReason::Resize).await;
+        Ok(volume)
+    }
+
+    /// Deletes a volume we own; `VolumeNotFound` if there is none.
+    #[instrument(skip(self), err, fields(volume.name = %name))]
+    pub async fn delete_volume(&self, name: &str) -> Result<()> {
+        names::check_volume_name(name)?;
+        let _guard = self.inner.locks.try_lock(name)?;
+        let existing = self
+            .find(name)
+            .await?
+            .ok_or_else(|| Error::VolumeNotFound {
+                name: name.to_string(),
+            })?;
+        let slot = self.slot(&existing.group).await?;
+        {
+            let _m = slot.mutate.lock().await;
+            slot.backend.delete(name).await?;
+        }
+        self.index_remove(name);
+        self.notify(ChangeReason::Delete).await;
+        Ok(())
+    }
+
+    /// Capacity of every group (or of one).
+    #[instrument(skip(self), err)]
+    pub async fn capacity(&self, group: Option<&str>) -> Result<Vec<GroupCapacity>> {
+        let slots: Vec<GroupSlot> = match group {
+            Some(g) => vec![self.slot(g).await?],
+            None => self
+                .inner
+                .state
+                .read()
+                .await
+                .groups
+                .values()
+                .cloned()
+                .collect(),
+        };
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in slots {
+            out.push(slot.backend.capacity().await?);
+        }
+        Ok(out)
+    }
+
+    /// A receiver that sees the latest capacity at once and every update.
+    pub fn subscribe(&self) -> watch::Receiver<CapacitySnapshot> {
+        self.inner.capacity.subscribe()
+    }
+
+    /// Every disk discovery saw at the last rescan, with the group that took
+    /// it or the reason none did.
+    pub fn disks(&self) -> Vec<DiskStatus> {
+        self.inner
+            .disks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Rediscovers disks and brings every group up to date.
+    #[instrument(skip(self), err)]
+    pub async fn rescan(&self) -> Result<()> {
+        self.rescan_with(ChangeReason::Rescan).await
+    }
+
+    /// Replaces the configuration: validated first (an invalid one changes
+    /// nothing), then every group is rebuilt and rescanned.
+    #[instrument(skip_all, err)]
+    pub async fn apply_config(&self, config: Config) -> Result<()> {
+        let groups = build_groups(&config, &self.inner.options, self.inner.device_mapper)?;
+        {
+            let mut state = self.inner.state.write().await;
+            // Wait for in-flight mutations of the old groups to finish.
+            let old: Vec<GroupSlot> = state.groups.values().cloned().collect();
+            for slot in &old {
+                let _m = slot.mutate.lock().await;
+            }
+            state.config = config;
+            state.groups = groups;
+        }
+        self.rescan_with(ChangeReason::Config).await
+    }
+
+    /// Runs [`Engine::rescan`] every `diskScanInterval` until the engine is
+    /// dropped by everyone else. Errors are logged, not fatal.
+    pub fn spawn_periodic_rescan(&self) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let interval = match weak.upgrade() {
+                    Some(inner) => inner.state.read().await.config.scan_interval,
+                    None => return,
+                };
+                let interval = if interval.is_zero() {
+                    Duration::from_secs(60)
+                } else {
+                    interval
+                };
+                tokio::time::sleep(interval).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let engine = Engine { inner };
+                if engine
+                    .inner
+                    .state
+                    .read()
+                    .await
+                    .config
+                    .scan_interval
+                    .is_zero()
+                {
+                    continue;
+                }
+                if let Err(e) = engine.rescan().await {
+                    tracing::warn!(error = %e, "periodic rescan failed");
+                }
+            }
+        })
+    }
+
+    async fn rescan_with(&self, reason: ChangeReason) -> Result<()> {
+        let (config, slots) = {
+            let state = self.inner.state.read().await;
+            (state.config.clone(), state.groups.clone())
+        };
+        let statuses = discover_and_assign(&config).await?;
+        let assigned = disks::by_group(&statuses);
+        *self.inner.disks.lock().unwrap_or_else(|p| p.into_inner()) = statuses;
+        let mut index = HashMap::new();
+        let mut first_error = None;
+        for (name, slot) in &slots {
+            let _m = slot.mutate.lock().await;
+            let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
+            if let Err(e) = slot.backend.rescan(group_disks).await {
+                tracing::error!(device.group = %name, error = %e, "group rescan failed");
+                first_error.get_or_insert(e);
+                continue;
+            }
+            match slot.backend.list().await {
+                Ok(vols) => {
+                    for v in vols {
+                        index.insert(v.name, v.group);
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        *self.inner.index.lock().unwrap_or_else(|p| p.into_inner()) = index;
+        self.notify(reason).await;
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    async fn slot(&self, group: &str) -> Result<GroupSlot> {
+        self.inner
+            .state
+            .read()
+            .await
+            .groups
+            .get(group)
+            .cloned()
+            .ok_or_else(|| Error::UnknownGroup {
+                group: group.to_string(),
+            })
+    }
+
+    /// Finds a volume by name: the index names the group, the backend says
+    /// whether it is really there.
+    async fn find(&self, name: &str) -> Result<Option<Volume>> {
+        let group = self
+            .inner
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned();
+        let Some(group) = group else { return Ok(None) };
+        let Ok(slot) = self.slot(&group).await else {
+            return Ok(None);
+        };
+        let found = slot.backend.get(name).await?;
+        if found.is_none() {
+            self.index_remove(name);
+        }
+        Ok(found)
+    }
+
+    fn index_insert(&self, name: &str, group: &str) {
+        self.inner
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), group.to_string());
+    }
+
+    fn index_remove(&self, name: &str) {
+        self.inner
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+
+    /// Publishes a new capacity snapshot. A group whose capacity cannot be
+    /// read is left out (and logged) rather than failing the mutation that
+    /// already happened.
+    async fn notify(&self, reason: ChangeReason) {
+        let slots: Vec<GroupSlot> = self
+            .inner
+            .state
+            .read()
+            .await
+            .groups
+            .values()
+            .cloned()
+            .collect();
+        let mut groups = Vec::with_capacity(slots.len());
+        for slot in slots {
+            match slot.backend.capacity().await {
+                Ok(c) => groups.push(c),
+                Err(e) => {
+                    tracing::warn!(device.group = %slot.backend.config().name, error = %e, "capacity unavailable")
+                }
+            }
+        }
+        self.inner.capacity.send_modify(|snap| {
+            snap.generation += 1;
+            snap.reason = reason;
+            snap.groups = groups;
+        });
+    }
+}
+
+fn build_groups(
+    config: &Config,
+    options: &EngineOptions,
+    device_mapper: bool,
+) -> Result<BTreeMap<String, GroupSlot>> {
+    let mut groups = BTreeMap::new();
+    for group in &config.groups {
+        let backend: Arc<dyn Backend> = match group.policy {
+            Policy::Lvm => Arc::new(lvm::LvmGroup::new(group.clone(), device_mapper)?),
+            Policy::Raw => Arc::new(raw::RawGroup::new(group.clone())),
+            Policy::Host => Arc::new(host::HostGroup::new(group.clone(), options)?),
+        };
+        groups.insert(
+            group.name.clone(),
+            GroupSlot {
+                backend,
+                mutate: Arc::new(Mutex::new(())),
+            },
+        );
+    }
+    Ok(groups)
+}
+
+/// Discovery, probing of the disks some selector matches, and assignment.
+async fn discover_and_assign(config: &Config) -> Result<Vec<DiskStatus>> {
+    let mut all = disks::discover().await?;
+    let matched = |d: &Disk| {
+        config
+            .groups
+            .iter()
+            .any(|g| g.policy != Policy::Host && g.matches(&d.name))
+    };
+    for disk in all.iter_mut().filter(|d| matched(d)) {
+        disks::probe(disk).await?;
+    }
+    let lvm_paths: Vec<PathBuf> = all
+        .iter()
+        .filter(|d| matched(d) && d.fstype.as_deref() == Some("LVM2_member"))
+        .map(|d| d.path.clone())
+        .collect();
+    if !lvm_paths.is_empty() {
+        let vgs = lvm::pv_vg_names(&lvm_paths).await?;
+        for disk in &mut all {
+            if let Some(vg) = vgs.get(&disk.path) {
+                disk.lvm_vg = Some(vg.clone());
+            }
+        }
+    }
+    let gpt: Vec<Disk> = all
+        .iter()
+        .filter(|d| matched(d) && d.pttype.as_deref() == Some("gpt"))
+        .cloned()
+        .collect();
+    let ours = raw::disks_with_our_partitions(&gpt).await?;
+    Ok(disks::assign(config, &all, &ours))
+}

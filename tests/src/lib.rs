@@ -1,0 +1,278 @@
+//! Shared test harness: loop-device disks, volume-group and mount guards,
+//! unique names, and the root/CI policy.
+//!
+//! Everything a test makes is released by a guard's `Drop`, so cleanup runs
+//! also when the test panics. Under `CI=true` a test that cannot get what it
+//! needs (root, a loop device) fails instead of skipping.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context, Result, bail};
+
+/// A name no other test (or test process) uses: `prefix-<pid>-<n>`.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// True when running under CI, where skipping is a failure.
+pub fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+}
+
+/// Whether the process may manage block devices. Outside CI a test without
+/// root prints why and returns early; under CI it panics.
+pub fn have_root(test: &str) -> bool {
+    // SAFETY-free check: root's home is not a reliable signal, the uid is.
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        })
+        .unwrap_or_default();
+    if uid == "0" {
+        return true;
+    }
+    if in_ci() {
+        panic!("{test}: needs root (CI=true, so this is a failure, not a skip)");
+    }
+    eprintln!("SKIP {test}: needs root");
+    false
+}
+
+/// Runs a command, failing with its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+        .output()
+        .with_context(|| format!("run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A sparse file attached to a loop device (with partition scanning).
+/// Dropping detaches every loop device stacked on it, the device itself,
+/// and removes the file.
+#[derive(Debug)]
+pub struct LoopDisk {
+    /// `/dev/loopN`
+    pub path: PathBuf,
+    /// `loopN`
+    pub name: String,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopDisk {
+    /// A new loop disk of `size_bytes`. Under CI a failure panics.
+    pub fn new(size_bytes: u64) -> Result<LoopDisk> {
+        match Self::try_new(size_bytes) {
+            Ok(d) => Ok(d),
+            Err(e) if in_ci() => panic!("cannot get a loop device under CI: {e:#}"),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn try_new(size_bytes: u64) -> Result<LoopDisk> {
+        let dir = tempfile::Builder::new()
+            .prefix("carina-disk-")
+            .tempdir_in(disk_dir())?;
+        let file = dir.path().join("disk.img");
+        let f = std::fs::File::create(&file)?;
+        f.set_len(size_bytes)?;
+        drop(f);
+        let file_str = file.to_string_lossy().into_owned();
+        let dev = run("losetup", &["-f", "--show", "-P", &file_str])?;
+        let path = PathBuf::from(dev.trim());
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .context("losetup printed no device")?;
+        Ok(LoopDisk {
+            path,
+            name,
+            file,
+            _dir: dir,
+        })
+    }
+
+    /// The device path as a string.
+    pub fn dev(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+
+    /// A selector pattern that matches exactly this disk.
+    pub fn pattern(&self) -> String {
+        format!("^{}$", self.name)
+    }
+}
+
+/// Loop devices whose backing file is `dev` (stacked on it).
+pub fn loops_backed_by(dev: &str) -> Vec<String> {
+    let Ok(out) = run("losetup", &["-n", "-O", "NAME,BACK-FILE", "-l"]) else {
+        return Vec::new();
+    };
+    out.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let name = it.next()?;
+            let back = it.next()?;
+            (back == dev).then(|| name.to_string())
+        })
+        .collect()
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let dev = self.dev();
+        for stacked in loops_backed_by(&dev) {
+            let _ = run("umount", &["-l", &stacked]);
+            let _ = run("losetup", &["-d", &stacked]);
+        }
+        // Partitions of this disk may carry mounts too.
+        if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
+            for line in mounts.lines() {
+                let mut f = line.split_whitespace();
+                if let (Some(src), Some(target)) = (f.next(), f.next()) {
+                    if src.starts_with(&dev) {
+                        let _ = run("umount", &["-l", target]);
+                    }
+                }
+            }
+        }
+        let _ = run("losetup", &["-d", &dev]);
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// Where loop-disk backing files go: `CARINA_TEST_DISK_DIR` or the system
+/// temp dir.
+fn disk_dir() -> PathBuf {
+    std::env::var_os("CARINA_TEST_DISK_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// LVM `--config` text that makes LVM see only `devices`.
+pub fn lvm_filter(devices: &[&str]) -> String {
+    let accept: Vec<String> = devices.iter().map(|d| format!("\"a|^{d}$|\"")).collect();
+    format!(
+        "devices{{obtain_device_list_from_udev=0 filter=[{},\"r|.*|\"]}} activation{{udev_sync=0 udev_rules=0}}",
+        accept.join(",")
+    )
+}
+
+/// Runs an `lvm` subcommand that sees only `devices`.
+pub fn lvm(devices: &[&str], args: &[&str]) -> Result<String> {
+    let config = lvm_filter(devices);
+    let mut argv = vec![args[0], "--config", &config];
+    argv.extend_from_slice(&args[1..]);
+    run("lvm", &argv)
+}
+
+/// Removes a volume group (and its PV labels) on drop. Declare it after the
+/// `LoopDisk`s it lives on, so it drops first.
+#[derive(Debug)]
+pub struct VgGuard {
+    pub name: String,
+    pub devices: Vec<String>,
+}
+
+impl VgGuard {
+    pub fn new(name: &str, devices: &[&LoopDisk]) -> VgGuard {
+        VgGuard {
+            name: name.to_string(),
+            devices: devices.iter().map(|d| d.dev()).collect(),
+        }
+    }
+}
+
+impl Drop for VgGuard {
+    fn drop(&mut self) {
+        let devs: Vec<&str> = self.devices.iter().map(String::as_str).collect();
+        for dev in &devs {
+            for stacked in loops_backed_by(dev) {
+                let _ = run("umount", &["-l", &stacked]);
+                let _ = run("losetup", &["-d", &stacked]);
+            }
+        }
+        let _ = lvm(
+            &devs,
+            &["vgremove", "-ff", "-y", "--driverloaded", "n", &self.name],
+        );
+        for dev in &devs {
+            let _ = lvm(&devs, &["pvremove", "-ff", "-y", dev]);
+        }
+    }
+}
+
+/// Unmounts (lazily) on drop.
+#[derive(Debug)]
+pub struct MountGuard {
+    pub target: PathBuf,
+}
+
+impl MountGuard {
+    /// Mounts `source` at `target` with optional `-t` and `-o`.
+    pub fn mount(
+        source: &str,
+        target: &Path,
+        fstype: Option<&str>,
+        options: Option<&str>,
+    ) -> Result<MountGuard> {
+        std::fs::create_dir_all(target)?;
+        let target_s = target.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(t) = fstype {
+            args.extend(["-t", t]);
+        }
+        if let Some(o) = options {
+            args.extend(["-o", o]);
+        }
+        args.extend([source, &target_s]);
+        run("mount", &args)?;
+        Ok(MountGuard {
+            target: target.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let t = self.target.to_string_lossy().into_owned();
+        let _ = run("umount", &[&t]).or_else(|_| run("umount", &["-l", &t]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_differ() {
+        assert_ne!(unique("t"), unique("t"));
+    }
+
+    #[test]
+    fn filter_accepts_only_the_devices() {
+        let f = lvm_filter(&["/dev/loop3"]);
+        assert!(f.contains(r#""a|^/dev/loop3$|","r|.*|""#), "{f}");
+    }
+}
