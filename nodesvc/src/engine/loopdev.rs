@@ -1,1 +1,180 @@
-//! PLACEHOLDER
+//! Loop devices that expose LVM logical volumes when the kernel has no
+//! device-mapper (`activation: loop`): a loop device over the physical
+//! volume at the LV's byte offset, limited to the LV's size.
+//!
+//! Attaching and detaching go through `losetup`; growing an attached device
+//! in place (it may be mounted) needs the `LOOP_SET_STATUS64` ioctl, the one
+//! call site in the workspace that is allowed `unsafe`.
+
+use std::path::{Path, PathBuf};
+
+use super::command::Cmd;
+use super::disks::{self, LosetupDevice};
+use super::error::{Error, Result};
+
+/// Attaches a new loop device over `backing` at `offset` bytes, `size` long.
+pub async fn attach(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
+    let out = Cmd::new("losetup")
+        .args(["-f", "--show", "--offset"])
+        .arg(offset.to_string())
+        .arg("--sizelimit")
+        .arg(size.to_string())
+        .arg(backing)
+        .run()
+        .await?;
+    let dev = out.stdout.trim();
+    if dev.is_empty() {
+        return Err(Error::parse("losetup --show output", "no device printed"));
+    }
+    Ok(PathBuf::from(dev))
+}
+
+/// Detaches a loop device.
+pub async fn detach(dev: &Path) -> Result<()> {
+    Cmd::new("losetup").arg("-d").arg(dev).run().await?;
+    Ok(())
+}
+
+/// The attached loop device over `backing` at `offset`, if any.
+pub fn find<'a>(
+    loops: &'a [LosetupDevice],
+    backing: &Path,
+    offset: u64,
+) -> Option<&'a LosetupDevice> {
+    let backing = backing.to_string_lossy();
+    loops
+        .iter()
+        .find(|l| l.offset == offset && l.back_file.as_deref() == Some(&*backing))
+}
+
+/// Every attached loop device.
+pub async fn list() -> Result<Vec<LosetupDevice>> {
+    disks::list_loops().await
+}
+
+/// Fails with `FailedPrecondition` if the block device is mounted or held
+/// open exclusively (the kernel refuses an `O_EXCL` open then).
+pub fn ensure_unused(dev: &Path, volume: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err(Error::FailedPrecondition {
+            operation: "delete",
+            name: volume.to_string(),
+            reason: format!("{} is in use (mounted or held open)", dev.display()),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("open", dev, e)),
+    }
+}
+
+/// `struct loop_info64` from `<linux/loop.h>`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// Changes the size limit of an attached loop device in place; the kernel
+/// updates the device size at once, also while it is mounted. Retries a
+/// few times on `EAGAIN` (the kernel's page-cache flush can race).
+pub async fn set_size_limit(dev: &Path, size: u64) -> Result<()> {
+    let dev = dev.to_path_buf();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut last = None;
+        for attempt in 0..5 {
+            match set_size_limit_blocking(&dev, size) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    last = Some(e);
+                    std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
+                }
+                Err(e) => return Err(Error::io("LOOP_SET_STATUS64", dev, e)),
+            }
+        }
+        Err(Error::io(
+            "LOOP_SET_STATUS64",
+            dev,
+            last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EAGAIN)),
+        ))
+    })
+    .await;
+    match result {
+        Ok(r) => r,
+        Err(join) => Err(Error::parse("loop resize task", join)),
+    }
+}
+
+#[allow(unsafe_code)]
+fn set_size_limit_blocking(dev: &Path, size: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dev)?;
+    let fd = file.as_raw_fd();
+    // SAFETY: `info` is a properly sized, zero-initialised `loop_info64`
+    // (plain old data); the kernel fills it on GET and reads it on SET, and
+    // `fd` stays open for both calls because `file` outlives them.
+    unsafe {
+        let mut info: LoopInfo64 = std::mem::zeroed();
+        if libc::ioctl(fd, LOOP_GET_STATUS64 as _, &mut info as *mut LoopInfo64) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        info.lo_sizelimit = size;
+        if libc::ioctl(fd, LOOP_SET_STATUS64 as _, &info as *const LoopInfo64) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_info64_has_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+    }
+
+    #[test]
+    fn finds_by_backing_and_offset() {
+        let loops = vec![
+            LosetupDevice {
+                name: "/dev/loop5".into(),
+                sizelimit: 100,
+                offset: 1048576,
+                back_file: Some("/dev/loop0".into()),
+            },
+            LosetupDevice {
+                name: "/dev/loop6".into(),
+                sizelimit: 100,
+                offset: 2097152,
+                back_file: Some("/dev/loop0".into()),
+            },
+        ];
+        let hit = find(&loops, Path::new("/dev/loop0"), 2097152).expect("found");
+        assert_eq!(hit.name, "/dev/loop6");
+        assert!(find(&loops, Path::new("/dev/loop1"), 2097152).is_none());
+    }
+}
