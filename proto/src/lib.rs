@@ -16,6 +16,11 @@ mod generated {
     }
 }
 
+pub mod devcerts;
+pub mod telemetry;
+pub mod tls;
+pub mod trace;
+
 /// NodeStorage v1: messages, the server trait and the client.
 pub mod nodestorage {
     pub use crate::generated::nodestorage::*;

@@ -1,0 +1,243 @@
+//! Process telemetry: human (or JSON) logs filtered by `RUST_LOG`, and
+//! OpenTelemetry traces exported over OTLP/gRPC when the standard `OTEL_*`
+//! variables ask for it.
+//!
+//! - Logs always go to stderr; `RUST_LOG` filters them (default `info`),
+//!   `CARINA_LOG_FORMAT=json` switches to JSON lines.
+//! - Traces are exported when `OTEL_TRACES_EXPORTER=otlp`, or when it is
+//!   unset and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set. `OTEL_TRACES_EXPORTER=none`
+//!   turns them off. The endpoint defaults to `http://localhost:4317`;
+//!   `OTEL_SERVICE_NAME` overrides the service name.
+//! - The W3C trace-context propagator is installed globally.
+//!
+//! [`TelemetryConfig::from_lookup`] reads the variables through a function,
+//! so tests pass values without touching the process environment.
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// The OTLP/gRPC endpoint used when export is requested without one.
+pub const DEFAULT_OTLP_ENDPOINT: &str = "http://localhost:4317";
+
+/// How long dropping a [`TelemetryGuard`] waits for the last spans to go.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors from setting telemetry up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("RUST_LOG {filter:?}: {source}")]
+    Filter {
+        filter: String,
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    #[error("OTLP exporter for {endpoint}: {source}")]
+    Exporter {
+        endpoint: String,
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    #[error("a global tracing subscriber is already set: {0}")]
+    AlreadySet(#[from] tracing_subscriber::util::TryInitError),
+}
+
+/// What [`init_with`] sets up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetryConfig {
+    pub service_name: String,
+    /// An `EnvFilter` directive string.
+    pub log_filter: String,
+    pub json_logs: bool,
+    /// Where to export traces; `None` exports nothing.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TelemetryConfig {
+    /// The configuration the variables given by `lookup` describe.
+    pub fn from_lookup(service_name: &str, lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let var = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+        let endpoint = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        let otlp_endpoint = match var("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
+            Some("none") => None,
+            Some("otlp") => Some(endpoint.unwrap_or_else(|| DEFAULT_OTLP_ENDPOINT.to_string())),
+            // Unknown exporters (console, zipkin, ...) are not built in.
+            Some(_) => None,
+            None => endpoint,
+        };
+        TelemetryConfig {
+            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| service_name.to_string()),
+            log_filter: var("RUST_LOG").unwrap_or_else(|| "info".to_string()),
+            json_logs: var("CARINA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json")),
+            otlp_endpoint,
+        }
+    }
+
+    /// [`from_lookup`](Self::from_lookup) over the process environment.
+    pub fn from_env(service_name: &str) -> Self {
+        Self::from_lookup(service_name, |k| std::env::var(k).ok())
+    }
+}
+
+/// Keeps the trace exporter alive; dropping it flushes the spans still
+/// buffered (bounded by a few seconds).
+#[must_use = "dropping the guard stops trace export"]
+#[derive(Debug)]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        let Some(provider) = self.provider.take() else {
+            return;
+        };
+        // Shutdown blocks until the exporter task has flushed; run it off
+        // the async worker threads and do not wait forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(provider.shutdown());
+        });
+        match rx.recv_timeout(FLUSH_TIMEOUT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("trace export shutdown: {e}"),
+            Err(_) => eprintln!("trace export shutdown: timed out after {FLUSH_TIMEOUT:?}"),
+        }
+    }
+}
+
+/// [`init_with`] the configuration of the process environment.
+pub fn init(service_name: &str) -> Result<TelemetryGuard, TelemetryError> {
+    init_with(TelemetryConfig::from_env(service_name))
+}
+
+/// Installs the global subscriber and propagator. Must run inside a tokio
+/// runtime when traces are exported (the exporter runs on it).
+pub fn init_with(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let filter =
+        EnvFilter::try_new(&config.log_filter).map_err(|source| TelemetryError::Filter {
+            filter: config.log_filter.clone(),
+            source,
+        })?;
+    let provider = match &config.otlp_endpoint {
+        Some(endpoint) => Some(tracer_provider(&config.service_name, endpoint)?),
+        None => None,
+    };
+    let otel = provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(config.service_name.clone())));
+    let text =
+        (!config.json_logs).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let json = config.json_logs.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(text)
+        .with(json)
+        .with(otel)
+        .try_init()?;
+    if let (Some(p), Some(endpoint)) = (&provider, &config.otlp_endpoint) {
+        opentelemetry::global::set_tracer_provider(p.clone());
+        tracing::info!(otlp.endpoint = %endpoint, service.name = %config.service_name, "exporting traces");
+    }
+    Ok(TelemetryGuard { provider })
+}
+
+fn tracer_provider(
+    service_name: &str,
+    endpoint: &str,
+) -> Result<SdkTracerProvider, TelemetryError> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|source| TelemetryError::Exporter {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
+    // The async-runtime batch processor exports on tokio, which the tonic
+    // exporter needs (the default processor's own thread has no reactor).
+    let processor =
+        BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(
+            Resource::builder()
+                .with_service_name(service_name.to_string())
+                .build(),
+        )
+        .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> TelemetryConfig {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        TelemetryConfig::from_lookup("carina-node", |k| vars.get(k).cloned())
+    }
+
+    #[test]
+    fn nothing_set_means_logs_only() {
+        let c = config(&[]);
+        assert_eq!(c.otlp_endpoint, None);
+        assert_eq!(c.log_filter, "info");
+        assert_eq!(c.service_name, "carina-node");
+        assert!(!c.json_logs);
+    }
+
+    #[test]
+    fn endpoint_turns_export_on() {
+        let c = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")]);
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://collector:4317"));
+        let c = config(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4317"),
+        ]);
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://traces:4317"));
+    }
+
+    #[test]
+    fn exporter_variable_decides() {
+        let c = config(&[("OTEL_TRACES_EXPORTER", "otlp")]);
+        assert_eq!(c.otlp_endpoint.as_deref(), Some(DEFAULT_OTLP_ENDPOINT));
+        let c = config(&[
+            ("OTEL_TRACES_EXPORTER", "none"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+        ]);
+        assert_eq!(c.otlp_endpoint, None);
+        let c = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "  ")]);
+        assert_eq!(c.otlp_endpoint, None, "blank is unset");
+    }
+
+    #[test]
+    fn service_name_filter_and_format() {
+        let c = config(&[
+            ("OTEL_SERVICE_NAME", "node-7"),
+            ("RUST_LOG", "carina_node=debug"),
+            ("CARINA_LOG_FORMAT", "JSON"),
+        ]);
+        assert_eq!(c.service_name, "node-7");
+        assert_eq!(c.log_filter, "carina_node=debug");
+        assert!(c.json_logs);
+    }
+}

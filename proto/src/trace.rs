@@ -1,0 +1,239 @@
+//! W3C trace-context propagation (`traceparent`, `tracestate`) as tower
+//! layers for tonic.
+//!
+//! - [`ServerTraceLayer`] (server): opens one span per request, named after
+//!   the gRPC method, whose parent is the context the caller sent. Handler
+//!   spans (`#[tracing::instrument]`) nest inside it.
+//! - [`ClientTraceLayer`] (client): writes the current span's context into
+//!   the request headers. `ClientTraceLayer.layer(channel)` (or
+//!   [`traced`]) gives a service any generated client accepts.
+//!
+//! The W3C propagator is used directly, not the process-global one, so the
+//! layers behave the same whether or not [`crate::telemetry`] was set up.
+//! Without an OpenTelemetry subscriber layer the current span has no valid
+//! context and nothing is injected.
+
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tower::{Layer, Service};
+use tracing::Instrument;
+use tracing::instrument::Instrumented;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+/// The trace context carried by `headers` (empty if none or malformed).
+pub fn extract(headers: &HeaderMap) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+/// Writes `cx` into `headers` as `traceparent`/`tracestate` (nothing if
+/// `cx` holds no valid span).
+pub fn inject(cx: &opentelemetry::Context, headers: &mut HeaderMap) {
+    TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
+}
+
+/// Server side: continue the caller's trace.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServerTraceLayer;
+
+impl<S> Layer<S> for ServerTraceLayer {
+    type Service = ServerTrace<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ServerTrace { inner }
+    }
+}
+
+/// See [`ServerTraceLayer`].
+#[derive(Debug, Clone)]
+pub struct ServerTrace<S> {
+    inner: S,
+}
+
+impl<S, B> Service<http::Request<B>> for ServerTrace<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Instrumented<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let path = req.uri().path();
+        let method = path.trim_start_matches('/');
+        let (service, rpc) = method.split_once('/').unwrap_or((method, ""));
+        let span = tracing::info_span!(
+            "grpc.server",
+            otel.name = %method,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = %service,
+            rpc.method = %rpc,
+        );
+        // Fails only when no OpenTelemetry layer is installed; then there
+        // is nothing to continue anyway.
+        let _ = span.set_parent(extract(req.headers()));
+        let future = span.in_scope(|| self.inner.call(req));
+        future.instrument(span)
+    }
+}
+
+/// Client side: send the current trace along.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientTraceLayer;
+
+impl<S> Layer<S> for ClientTraceLayer {
+    type Service = ClientTrace<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClientTrace { inner }
+    }
+}
+
+/// See [`ClientTraceLayer`].
+#[derive(Debug, Clone)]
+pub struct ClientTrace<S> {
+    inner: S,
+}
+
+impl<S, B> Service<http::Request<B>> for ClientTrace<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        inject(&tracing::Span::current().context(), req.headers_mut());
+        self.inner.call(req)
+    }
+}
+
+/// A channel that propagates the caller's trace: give it to a generated
+/// client (`NodeStorageClient::new(traced(channel))`).
+pub type TracedChannel = ClientTrace<tonic::transport::Channel>;
+
+/// Wraps `channel` in [`ClientTraceLayer`].
+pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
+    ClientTraceLayer.layer(channel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use std::sync::{Arc, Mutex};
+    use tower::ServiceExt;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    fn subscriber() -> (impl tracing::Subscriber + Send + Sync, SdkTracerProvider) {
+        let provider = SdkTracerProvider::builder().build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+        (tracing_subscriber::registry().with(layer), provider)
+    }
+
+    fn trace_id_of(span: &tracing::Span) -> String {
+        span.context().span().span_context().trace_id().to_string()
+    }
+
+    #[tokio::test]
+    async fn client_injects_the_current_span() {
+        let (subscriber, _provider) = subscriber();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let seen = Arc::new(Mutex::new(HeaderMap::new()));
+        let capture = {
+            let seen = seen.clone();
+            tower::service_fn(move |req: http::Request<()>| {
+                let seen = seen.clone();
+                async move {
+                    *seen.lock().expect("not poisoned") = req.headers().clone();
+                    Ok::<_, std::convert::Infallible>(())
+                }
+            })
+        };
+        let span = tracing::info_span!("caller");
+        let want = trace_id_of(&span);
+        ClientTraceLayer
+            .layer(capture)
+            .oneshot(http::Request::new(()))
+            .instrument(span)
+            .await
+            .expect("infallible");
+        let headers = seen.lock().expect("not poisoned").clone();
+        let traceparent = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .expect("traceparent sent");
+        assert!(
+            traceparent.starts_with(&format!("00-{want}-")),
+            "{traceparent} vs {want}"
+        );
+    }
+
+    #[tokio::test]
+    async fn server_continues_the_callers_trace() {
+        let (subscriber, _provider) = subscriber();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let handler = tower::service_fn(|_req: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(trace_id_of(&tracing::Span::current()))
+        });
+        let tid = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let req = http::Request::builder()
+            .uri("/carina.nodestorage.v1.NodeStorage/GetLV")
+            .header("traceparent", format!("00-{tid}-00f067aa0ba902b7-01"))
+            .body(())
+            .expect("valid request");
+        let got = ServerTraceLayer
+            .layer(handler)
+            .oneshot(req)
+            .await
+            .expect("infallible");
+        assert_eq!(got, tid);
+    }
+
+    #[test]
+    fn invalid_context_injects_nothing() {
+        let mut headers = HeaderMap::new();
+        inject(&opentelemetry::Context::new(), &mut headers);
+        assert!(headers.is_empty());
+        let cx = extract(&headers);
+        assert!(!cx.span().span_context().is_valid());
+    }
+}
