@@ -18,6 +18,7 @@ pub mod locks;
 pub mod loopdev;
 pub mod lvm;
 pub mod names;
+pub mod quota;
 pub mod raw;
 pub mod volume;
 
