@@ -13,6 +13,7 @@ pub mod config;
 pub mod devnum;
 pub mod disks;
 pub mod error;
+pub mod gpt;
 pub mod host;
 pub mod locks;
 pub mod loopdev;
@@ -56,12 +57,14 @@ impl Default for EngineOptions {
     }
 }
 
-/// True if the kernel offers device-mapper.
+/// True if the kernel offers device-mapper. `/dev/mapper/control` alone
+/// proves nothing (packages create the node on kernels without the
+/// driver); the driver registers itself in `/proc/misc`.
 pub fn detect_device_mapper() -> bool {
-    std::path::Path::new("/dev/mapper/control").exists()
-        || std::fs::read_to_string("/proc/misc")
-            .map(|m| m.lines().any(|l| l.ends_with(" device-mapper")))
-            .unwrap_or(false)
+    std::fs::read_to_string("/proc/misc")
+        .map(|m| m.lines().any(|l| l.trim_end().ends_with(" device-mapper")))
+        .unwrap_or(false)
+        || std::path::Path::new("/sys/module/dm_mod/initstate").exists()
 }
 
 /// The node's storage engine. Cheap to clone; clones share all state.

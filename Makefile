@@ -1,0 +1,41 @@
+# Carina — the two commands of the quick start are `make demo` and `make test`.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: all build demo demo-clean test test-unit test-engine test-grpc lint bench deps tools
+
+all: build
+
+build:
+	$(CARGO) build --workspace
+
+deps:
+	hack/install-deps.sh
+
+## demo: build, start a node on a loop-device pool with dev certificates, drive it with carinactl
+demo: deps
+	$(CARGO) build --release -p carina-node --bins
+	hack/demo.sh
+
+demo-clean:
+	hack/demo.sh clean
+
+## test: install what is missing, then run every test tier
+test: deps
+	hack/test.sh
+
+test-unit:
+	hack/test.sh unit
+test-engine: deps
+	hack/test.sh engine
+test-grpc: deps
+	hack/test.sh grpc
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## bench: measure against the raw commands; writes docs/benchmarks.md and docs/benchmarks.json
+bench: deps
+	$(CARGO) build --release -p carina-tests --bin carina-bench
+	$(CARGO) run --release -q -p carina-tests --bin carina-bench -- --out docs

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what the build, the demo and the tests need, only when missing.
+# Idempotent: a second run installs nothing. Debian/Ubuntu, as root.
+set -euo pipefail
+
+# command -> Debian package that provides it
+declare -A NEED=(
+  [lvm]=lvm2
+  [sgdisk]=gdisk
+  [sfdisk]=fdisk
+  [parted]=parted
+  [mkfs.xfs]=xfsprogs
+  [xfs_quota]=xfsprogs
+  [mkfs.ext4]=e2fsprogs
+  [resize2fs]=e2fsprogs
+  [chattr]=e2fsprogs
+  [losetup]=mount
+  [lsblk]=util-linux
+  [blkid]=util-linux
+  [wipefs]=util-linux
+  [partx]=util-linux
+  [findmnt]=util-linux
+  [make-bcache]=bcache-tools
+  [setquota]=quota
+  [openssl]=openssl
+  [curl]=curl
+)
+
+missing=()
+for cmd in "${!NEED[@]}"; do
+  if ! command -v "$cmd" >/dev/null 2>&1 && ! [ -x "/usr/sbin/$cmd" ] && ! [ -x "/sbin/$cmd" ]; then
+    missing+=("${NEED[$cmd]}")
+  fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+  echo "install-deps: installing ${pkgs[*]}"
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: need root to install packages" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+else
+  echo "install-deps: system packages present"
+fi
+
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: the Rust toolchain (cargo) is required" >&2
+  exit 1
+fi

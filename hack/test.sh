@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs every test tier and prints how many tests ran in each.
+# Usage: hack/test.sh [tier...]   tiers: unit engine grpc (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+LOG_DIR=${CARINA_TEST_LOG_DIR:-target/test-logs}
+mkdir -p "$LOG_DIR"
+
+tiers=("$@")
+[ ${#tiers[@]} -gt 0 ] || tiers=(unit engine grpc)
+
+# Integration test targets of a tier: tests/tests/<prefix>_*.rs
+targets() {
+  local prefix=$1 f args=()
+  for f in tests/tests/"$prefix"_*.rs; do
+    [ -e "$f" ] || continue
+    args+=(--test "$(basename "$f" .rs)")
+  done
+  printf '%s\n' "${args[@]}"
+}
+
+declare -A PASSED FAILED IGNORED STATUS
+total_passed=0 total_failed=0 total_ignored=0 overall=0
+
+run_tier() {
+  local tier=$1; shift
+  local log="$LOG_DIR/$tier.log"
+  echo "=== tier: $tier ($*)"
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local p f i
+  read -r p f i < <(awk '/^test result:/ {
+      for (k = 1; k <= NF; k++) {
+        if ($k ~ /^passed/) p += $(k-1); if ($k ~ /^failed/) f += $(k-1); if ($k ~ /^ignored/) i += $(k-1)
+      }
+    } END { print p+0, f+0, i+0 }' "$log")
+  PASSED[$tier]=${p:-0}; FAILED[$tier]=${f:-0}; IGNORED[$tier]=${i:-0}
+  if [ "$rc" -ne 0 ] && [ "${FAILED[$tier]}" = 0 ]; then
+    # A build failure or crash counts as one failure of the tier.
+    FAILED[$tier]=1
+  fi
+  STATUS[$tier]=$rc
+  total_passed=$((total_passed + PASSED[$tier]))
+  total_failed=$((total_failed + FAILED[$tier]))
+  total_ignored=$((total_ignored + IGNORED[$tier]))
+  [ "$rc" -eq 0 ] || overall=1
+}
+
+for tier in "${tiers[@]}"; do
+  case $tier in
+    unit)
+      run_tier unit cargo test --workspace --lib --bins ;;
+    engine|grpc)
+      mapfile -t t < <(targets "$tier")
+      if [ ${#t[@]} -eq 0 ]; then echo "=== tier: $tier: no test targets"; continue; fi
+      run_tier "$tier" cargo test -p carina-tests "${t[@]}" ;;
+    *)
+      echo "unknown tier: $tier" >&2; exit 2 ;;
+  esac
+done
+
+echo
+echo "=== summary"
+printf '%-10s %8s %8s %8s\n' tier passed failed ignored
+for tier in "${tiers[@]}"; do
+  [ -n "${PASSED[$tier]+x}" ] || continue
+  printf '%-10s %8s %8s %8s\n' "$tier" "${PASSED[$tier]}" "${FAILED[$tier]}" "${IGNORED[$tier]}"
+done
+echo "$total_passed passed, $total_failed failed, $total_ignored skipped"
+exit $overall

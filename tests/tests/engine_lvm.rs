@@ -1,0 +1,500 @@
+//! Engine tests for LVM groups on real loop devices (loop activation when
+//! the kernel has no device-mapper).
+
+use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions, Error, Policy};
+use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, lvm, run, unique};
+
+const MIB: u64 = 1 << 20;
+
+/// An engine over one LVM group on fresh loop disks. Fields drop in order:
+/// the engine, then the VG (and the loop devices stacked on its PVs), then
+/// the disks.
+struct Fixture {
+    engine: Engine,
+    group: String,
+    _vg: VgGuard,
+    disks: Vec<LoopDisk>,
+    _state: tempfile::TempDir,
+}
+
+fn config_json(group: &str, disks: &[LoopDisk], reserve: u64) -> String {
+    let patterns: Vec<String> = disks
+        .iter()
+        .map(|d| format!("\"{}\"", d.pattern()))
+        .collect();
+    format!(
+        r#"{{"diskSelector":[{{"name":"{group}","re":[{}],"policy":"LVM","reserveBytes":{reserve},"minDiskBytes":1048576}}],"diskScanInterval":"0"}}"#,
+        patterns.join(",")
+    )
+}
+
+async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {
+    if !have_root(test) {
+        return None;
+    }
+    let disks: Vec<LoopDisk> = sizes
+        .iter()
+        .map(|s| LoopDisk::new(*s).expect("loop disk"))
+        .collect();
+    let group = unique("vg");
+    let vg = VgGuard::new(&group, &disks.iter().collect::<Vec<_>>());
+    let state = tempfile::tempdir().expect("tempdir");
+    let engine = start(&group, &disks, reserve, &state).await;
+    Some(Fixture {
+        engine,
+        group,
+        _vg: vg,
+        disks,
+        _state: state,
+    })
+}
+
+async fn start(group: &str, disks: &[LoopDisk], reserve: u64, state: &tempfile::TempDir) -> Engine {
+    let config = Config::from_json(&config_json(group, disks, reserve)).expect("config");
+    Engine::start(
+        config,
+        EngineOptions {
+            state_dir: state.path().to_path_buf(),
+            device_mapper: None,
+        },
+    )
+    .await
+    .expect("engine starts")
+}
+
+fn req(name: &str, group: &str, size: u64) -> CreateRequest {
+    CreateRequest {
+        name: name.into(),
+        group: group.into(),
+        size_bytes: size,
+        exclusive: false,
+    }
+}
+
+fn blockdev_size(dev: &std::path::Path) -> u64 {
+    run("blockdev", &["--getsize64", &dev.to_string_lossy()])
+        .expect("blockdev")
+        .trim()
+        .parse()
+        .expect("number")
+}
+
+#[tokio::test]
+async fn lifecycle_create_get_list_grow_delete() {
+    let Some(f) = fixture("lifecycle", &[256 * MIB], 0).await else {
+        return;
+    };
+    let cap0 = f
+        .engine
+        .capacity(Some(&f.group))
+        .await
+        .expect("capacity")
+        .remove(0);
+    assert_eq!(cap0.policy, Policy::Lvm);
+    assert_eq!(cap0.volume_count, 0);
+    assert!(cap0.total_bytes > 200 * MIB, "{cap0:?}");
+
+    // 10 MiB rounds up to the 4 MiB extent size: 12 MiB.
+    let v = f
+        .engine
+        .create_volume(req("vol-a", &f.group, 10 * MIB))
+        .await
+        .expect("create");
+    assert_eq!(v.size_bytes, 12 * MIB);
+    assert_eq!(v.policy, Policy::Lvm);
+    let dev = v.device_path.clone().expect("block device");
+    assert_eq!(
+        blockdev_size(&dev),
+        12 * MIB,
+        "device exposes exactly the LV"
+    );
+    assert!(v.major > 0);
+
+    let got = f.engine.get_volume("vol-a").await.expect("get");
+    assert_eq!(got, v);
+    let b = f
+        .engine
+        .create_volume(req("vol-b", &f.group, 4 * MIB))
+        .await
+        .expect("create b");
+    let names: Vec<_> = f
+        .engine
+        .list_volumes(None)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["vol-a", "vol-b"]);
+
+    let cap1 = f.engine.capacity(None).await.expect("capacity").remove(0);
+    assert_eq!(cap1.volume_count, 2);
+    assert_eq!(cap1.free_bytes, cap0.free_bytes - 16 * MIB);
+
+    // vol-b sits right after vol-a (best fit from the start), so vol-a
+    // cannot grow in place; vol-b can.
+    let err = f
+        .engine
+        .resize_volume("vol-a", 20 * MIB)
+        .await
+        .expect_err("extents after are taken");
+    assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
+    let grown = f
+        .engine
+        .resize_volume("vol-b", 40 * MIB)
+        .await
+        .expect("grow");
+    assert_eq!(grown.size_bytes, 40 * MIB);
+    assert_eq!(
+        blockdev_size(grown.device_path.as_deref().expect("dev")),
+        40 * MIB
+    );
+    let err = f
+        .engine
+        .resize_volume("vol-b", 8 * MIB)
+        .await
+        .expect_err("no shrink");
+    assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
+    assert_eq!(
+        f.engine
+            .resize_volume("vol-b", 40 * MIB)
+            .await
+            .expect("same size")
+            .size_bytes,
+        40 * MIB
+    );
+
+    f.engine.delete_volume("vol-a").await.expect("delete a");
+    f.engine.delete_volume("vol-b").await.expect("delete b");
+    assert!(matches!(
+        f.engine.delete_volume("vol-b").await,
+        Err(Error::VolumeNotFound { .. })
+    ));
+    assert!(matches!(
+        f.engine.get_volume("vol-a").await,
+        Err(Error::VolumeNotFound { .. })
+    ));
+    assert!(!dev.exists() || blockdev_size(&dev) != 12 * MIB || b.device_path != Some(dev.clone()));
+    let cap2 = f.engine.capacity(None).await.expect("capacity").remove(0);
+    assert_eq!(cap2.free_bytes, cap0.free_bytes);
+    assert_eq!(cap2.volume_count, 0);
+}
+
+#[tokio::test]
+async fn idempotent_and_conflicting_repeats() {
+    let Some(f) = fixture("repeats", &[128 * MIB], 0).await else {
+        return;
+    };
+    let a = f
+        .engine
+        .create_volume(req("same", &f.group, 8 * MIB))
+        .await
+        .expect("create");
+    let again = f
+        .engine
+        .create_volume(req("same", &f.group, 8 * MIB))
+        .await
+        .expect("repeat");
+    assert_eq!(a, again);
+    // 7 MiB rounds to the same 8 MiB: still the same request.
+    let rounded = f
+        .engine
+        .create_volume(req("same", &f.group, 7 * MIB))
+        .await
+        .expect("rounded repeat");
+    assert_eq!(a, rounded);
+    let err = f
+        .engine
+        .create_volume(req("same", &f.group, 16 * MIB))
+        .await
+        .expect_err("other size");
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
+    assert_eq!(f.engine.list_volumes(None).await.expect("list").len(), 1);
+}
+
+#[tokio::test]
+async fn exhaustion_and_reserve() {
+    // ~124 MiB of extents, 40 MiB reserve: 84 MiB allocatable.
+    let Some(f) = fixture("reserve", &[128 * MIB], 40 * MIB).await else {
+        return;
+    };
+    let cap = f.engine.capacity(None).await.expect("capacity").remove(0);
+    assert_eq!(cap.reserve_bytes, 40 * MIB);
+    assert_eq!(cap.allocatable_bytes, cap.free_bytes - 40 * MIB);
+    let fits_free_not_reserve = cap.free_bytes - 20 * MIB;
+    let err = f
+        .engine
+        .create_volume(req("big", &f.group, fits_free_not_reserve))
+        .await
+        .expect_err("reserve");
+    assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
+    let err = f
+        .engine
+        .create_volume(req("huge", &f.group, 10 << 30))
+        .await
+        .expect_err("exhausted");
+    assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
+    let ok = f
+        .engine
+        .create_volume(req("exact", &f.group, cap.allocatable_bytes))
+        .await
+        .expect("exactly allocatable");
+    assert_eq!(ok.size_bytes, cap.allocatable_bytes);
+    let after = f.engine.capacity(None).await.expect("capacity").remove(0);
+    assert_eq!(after.allocatable_bytes, 0);
+    assert_eq!(after.free_bytes, 40 * MIB, "the reserve stays free");
+    let err = f
+        .engine
+        .create_volume(req("one-more", &f.group, MIB))
+        .await
+        .expect_err("nothing left");
+    assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
+    assert_eq!(
+        f.engine.list_volumes(None).await.expect("list").len(),
+        1,
+        "failures created nothing"
+    );
+}
+
+#[tokio::test]
+async fn foreign_lvs_are_never_listed_or_deleted() {
+    let Some(f) = fixture("foreign", &[128 * MIB], 0).await else {
+        return;
+    };
+    f.engine
+        .create_volume(req("ours", &f.group, 8 * MIB))
+        .await
+        .expect("create");
+    let dev = f.disks[0].dev();
+    lvm(
+        &[&dev],
+        &[
+            "lvcreate",
+            "-q",
+            "-an",
+            "-Zn",
+            "-Wn",
+            "--driverloaded",
+            "n",
+            "-L",
+            "8m",
+            "-n",
+            "theirs",
+            &f.group,
+        ],
+    )
+    .expect("foreign lvcreate");
+    f.engine.rescan().await.expect("rescan");
+    let names: Vec<_> = f
+        .engine
+        .list_volumes(None)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["ours"]);
+    assert!(matches!(
+        f.engine.get_volume("theirs").await,
+        Err(Error::VolumeNotFound { .. })
+    ));
+    assert!(matches!(
+        f.engine.delete_volume("theirs").await,
+        Err(Error::VolumeNotFound { .. })
+    ));
+    let err = f
+        .engine
+        .create_volume(req("theirs", &f.group, 8 * MIB))
+        .await
+        .expect_err("name taken by a foreign LV");
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
+    let lvs = lvm(&[&dev], &["lvs", "--noheadings", "-o", "lv_name", &f.group]).expect("lvs");
+    assert!(lvs.contains("theirs"), "foreign LV still there: {lvs}");
+    assert_eq!(
+        f.engine.capacity(None).await.expect("capacity")[0].volume_count,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_new_engine_finds_existing_volumes() {
+    let Some(f) = fixture("restart", &[128 * MIB, 64 * MIB], 0).await else {
+        return;
+    };
+    let a = f
+        .engine
+        .create_volume(req("keep-a", &f.group, 8 * MIB))
+        .await
+        .expect("a");
+    let b = f
+        .engine
+        .create_volume(req("keep-b", &f.group, 100 * MIB))
+        .await
+        .expect("b");
+    let Fixture {
+        engine,
+        group,
+        _vg,
+        disks,
+        _state,
+    } = f;
+    drop(engine);
+    // Simulate a reboot: the loop exposures are gone.
+    for d in &disks {
+        for stacked in carina_tests::loops_backed_by(&d.dev()) {
+            run("losetup", &["-d", &stacked]).expect("detach");
+        }
+    }
+    let engine = start(&group, &disks, 0, &_state).await;
+    let vols = engine.list_volumes(None).await.expect("list");
+    assert_eq!(vols.len(), 2);
+    for (old, new) in [(&a, &vols[0]), (&b, &vols[1])] {
+        assert_eq!(old.name, new.name);
+        assert_eq!(old.size_bytes, new.size_bytes);
+        assert_eq!(
+            blockdev_size(new.device_path.as_deref().expect("dev")),
+            old.size_bytes
+        );
+    }
+    let cap = engine.capacity(None).await.expect("capacity").remove(0);
+    assert_eq!(cap.disks.len(), 2);
+    assert_eq!(cap.volume_count, 2);
+    drop(engine);
+}
+
+async fn data_path(fstype: &str, mkfs: &[&str]) {
+    let Some(f) = fixture(&format!("data-{fstype}"), &[400 * MIB], 0).await else {
+        return;
+    };
+    let v = f
+        .engine
+        .create_volume(req("data", &f.group, 320 * MIB))
+        .await
+        .expect("create");
+    let dev = v
+        .device_path
+        .clone()
+        .expect("device")
+        .to_string_lossy()
+        .into_owned();
+    let mut args: Vec<&str> = mkfs[1..].to_vec();
+    args.push(&dev);
+    run(mkfs[0], &args).expect("mkfs");
+    let mnt = tempfile::tempdir().expect("tempdir");
+    {
+        let _m = MountGuard::mount(&dev, mnt.path(), Some(fstype), None).expect("mount");
+        std::fs::write(mnt.path().join("hello.txt"), b"carina data path").expect("write");
+    }
+    // Unmounted; the volume survives a rescan, then mount again and read.
+    f.engine.rescan().await.expect("rescan");
+    let again = f.engine.get_volume("data").await.expect("get");
+    let dev2 = again
+        .device_path
+        .expect("device")
+        .to_string_lossy()
+        .into_owned();
+    {
+        let _m = MountGuard::mount(&dev2, mnt.path(), Some(fstype), None).expect("remount");
+        let text = std::fs::read(mnt.path().join("hello.txt")).expect("read back");
+        assert_eq!(text, b"carina data path");
+        // In use: delete must refuse rather than pull the device away.
+        let err = f.engine.delete_volume("data").await.expect_err("mounted");
+        assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
+    }
+    f.engine
+        .delete_volume("data")
+        .await
+        .expect("delete after unmount");
+}
+
+#[tokio::test]
+async fn data_path_ext4() {
+    data_path("ext4", &["mkfs.ext4", "-q", "-F"]).await;
+}
+
+#[tokio::test]
+async fn data_path_xfs() {
+    data_path("xfs", &["mkfs.xfs", "-q", "-f"]).await;
+}
+
+/// Grows a mounted volume and the filesystem on it. XFS, because ext4's
+/// online resize needs CAP_SYS_RESOURCE, which containers often drop.
+#[tokio::test]
+async fn online_grow_of_a_mounted_volume() {
+    let Some(f) = fixture("online-grow", &[768 * MIB], 0).await else {
+        return;
+    };
+    let v = f
+        .engine
+        .create_volume(req("grow", &f.group, 320 * MIB))
+        .await
+        .expect("create");
+    let dev = v
+        .device_path
+        .clone()
+        .expect("device")
+        .to_string_lossy()
+        .into_owned();
+    run("mkfs.xfs", &["-q", "-f", &dev]).expect("mkfs");
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let _m = MountGuard::mount(&dev, mnt.path(), Some("xfs"), None).expect("mount");
+    let grown = f
+        .engine
+        .resize_volume("grow", 640 * MIB)
+        .await
+        .expect("grow while mounted");
+    assert_eq!(
+        grown.device_path.as_deref(),
+        v.device_path.as_deref(),
+        "same device, resized in place"
+    );
+    assert_eq!(
+        blockdev_size(grown.device_path.as_deref().expect("dev")),
+        640 * MIB
+    );
+    let mnt_s = mnt.path().to_string_lossy().into_owned();
+    run("xfs_growfs", &[&mnt_s]).expect("online xfs_growfs");
+    let df = run("df", &["-B1", "--output=size", &mnt_s]).expect("df");
+    let size: u64 = df.lines().nth(1).expect("size line").trim().parse().expect("number");
+    assert!(size > 500 * MIB, "filesystem grew past the old 320 MiB: {size}");
+}
+
+#[tokio::test]
+async fn wiped_on_create() {
+    let Some(f) = fixture("wipe", &[128 * MIB], 0).await else {
+        return;
+    };
+    let v = f
+        .engine
+        .create_volume(req("first", &f.group, 32 * MIB))
+        .await
+        .expect("create");
+    let dev = v
+        .device_path
+        .clone()
+        .expect("device")
+        .to_string_lossy()
+        .into_owned();
+    run("mkfs.ext4", &["-q", "-F", &dev]).expect("mkfs");
+    f.engine.delete_volume("first").await.expect("delete");
+    let w = f
+        .engine
+        .create_volume(req("second", &f.group, 32 * MIB))
+        .await
+        .expect("create on the same extents");
+    let dev2 = w
+        .device_path
+        .expect("device")
+        .to_string_lossy()
+        .into_owned();
+    let probe = std::process::Command::new("blkid")
+        .args(["-p", &dev2])
+        .output()
+        .expect("blkid");
+    assert_eq!(
+        probe.status.code(),
+        Some(2),
+        "no old filesystem shows through: {}",
+        String::from_utf8_lossy(&probe.stdout)
+    );
+}
