@@ -5,3 +5,4 @@
 //! `carina-node` and `carinactl` are built on top of it.
 
 pub mod engine;
+pub mod server;

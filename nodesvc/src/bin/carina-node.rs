@@ -1,0 +1,210 @@
+//! `carina-node`: the node daemon. Starts the storage engine on the
+//! node's device groups and serves `NodeStorage` over mutual TLS, plus
+//! `/metrics`. Every flag has an environment fallback.
+//!
+//! SIGTERM or SIGINT: stop accepting, let in-flight calls finish (bounded
+//! by `--shutdown-grace-secs`), exit 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use carina_node::engine::{Config, Engine, EngineOptions, Policy};
+use carina_node::server::{NodeServer, metrics};
+use carina_proto::tls::{
+    DEFAULT_TRUST_DOMAIN, RELOAD_INTERVAL, ReloadingServerConfig, ServerTlsFiles,
+};
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Debug, Parser)]
+#[command(name = "carina-node", version, about = "Carina node storage daemon")]
+struct Args {
+    /// Device-group configuration (Carina's config.json). Without it the
+    /// node starts with no groups and waits for ApplyConfig.
+    #[arg(long, env = "CARINA_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// This node's name; the server certificate must carry it as a DNS SAN.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+
+    /// Address of the NodeStorage gRPC service.
+    #[arg(long, env = "CARINA_LISTEN", default_value = "0.0.0.0:7443")]
+    listen: SocketAddr,
+
+    /// Server certificate (PEM); reloaded when it changes.
+    #[arg(long, env = "CARINA_TLS_CERT")]
+    tls_cert: PathBuf,
+
+    /// Server private key (PEM); reloaded when it changes.
+    #[arg(long, env = "CARINA_TLS_KEY")]
+    tls_key: PathBuf,
+
+    /// CA that signs client certificates (PEM); reloaded when it changes.
+    #[arg(long, env = "CARINA_TLS_CA")]
+    tls_ca: PathBuf,
+
+    /// Trust domain of client SPIFFE IDs (spiffe://<domain>/carina/<role>).
+    #[arg(long, env = "CARINA_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    trust_domain: String,
+
+    /// Unix socket for the CSI Identity and Node services (not served yet).
+    #[arg(long, env = "CSI_ENDPOINT")]
+    csi_endpoint: Option<String>,
+
+    /// Address of the plain-HTTP /metrics endpoint.
+    #[arg(long, env = "CARINA_METRICS_LISTEN", default_value = "127.0.0.1:9180")]
+    metrics_listen: SocketAddr,
+
+    /// Where the engine keeps node-local state.
+    #[arg(long, env = "CARINA_STATE_DIR", default_value = "/var/lib/carina")]
+    state_dir: PathBuf,
+
+    /// Seconds in-flight calls may run on after SIGTERM.
+    #[arg(long, env = "CARINA_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+    shutdown_grace_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let _telemetry = carina_proto::telemetry::init("carina-node")?;
+    if let Err(e) = run(args).await {
+        tracing::error!(error = format!("{e:#}"), "carina-node failed");
+        return Err(e);
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> Result<()> {
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read --config {}", path.display()))?;
+            Config::from_json(&text).with_context(|| format!("--config {}", path.display()))?
+        }
+        None => {
+            tracing::info!("no --config: starting without device groups, waiting for ApplyConfig");
+            Config::default()
+        }
+    };
+    let tls = ReloadingServerConfig::watch(
+        ServerTlsFiles {
+            cert: args.tls_cert.clone(),
+            key: args.tls_key.clone(),
+            ca: args.tls_ca.clone(),
+        },
+        RELOAD_INTERVAL,
+    )
+    .context("load TLS certificate, key and CA")?;
+
+    let engine = Engine::start(
+        config.clone(),
+        EngineOptions {
+            state_dir: args.state_dir.clone(),
+            device_mapper: None,
+        },
+    )
+    .await
+    .context("start the storage engine")?;
+    log_summary(&args, &config, &engine).await;
+    let _rescan = engine.spawn_periodic_rescan();
+
+    if let Some(csi) = &args.csi_endpoint {
+        tracing::info!(csi.endpoint = %csi, "CSI endpoint accepted but not served yet (the CSI services are not part of this build)");
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("listen on {} (metrics)", args.metrics_listen))?;
+
+    let server = NodeServer::new(engine.clone(), args.node_name.clone())
+        .trust_domain(args.trust_domain.clone())
+        .grace_period(Duration::from_secs(args.shutdown_grace_secs));
+    let metrics_task = tokio::spawn(metrics::serve(
+        metrics_listener,
+        server.metrics(),
+        engine.clone(),
+        args.node_name.clone(),
+        stopped(stop_rx.clone()),
+    ));
+    tracing::info!(metrics.listen = %args.metrics_listen, "serving /metrics");
+
+    tokio::spawn(async move {
+        let signal = wait_for_signal().await;
+        tracing::info!(signal, "received signal");
+        let _ = stop_tx.send(true);
+    });
+
+    server.serve(listener, tls, stopped(stop_rx)).await?;
+    let _ = metrics_task.await;
+    tracing::info!("carina-node exits");
+    Ok(())
+}
+
+async fn log_summary(args: &Args, config: &Config, engine: &Engine) {
+    let activation = if engine.device_mapper() {
+        "device-mapper"
+    } else {
+        "loop (no device-mapper in this kernel)"
+    };
+    for group in &config.groups {
+        let patterns: Vec<&str> = group.patterns.iter().map(|r| r.as_str()).collect();
+        tracing::info!(
+            device.group = %group.name,
+            policy = %group.policy,
+            disks = ?patterns,
+            root = ?group.root,
+            reserve_bytes = group.reserve_bytes,
+            activation = %if group.policy == Policy::Lvm { format!("{:?}", group.activation) } else { "-".to_string() },
+            "device group configured"
+        );
+    }
+    let capacity = engine.subscribe().borrow().clone();
+    for g in &capacity.groups {
+        tracing::info!(
+            device.group = %g.group,
+            volumes = g.volume_count,
+            total_bytes = g.total_bytes,
+            allocatable_bytes = g.allocatable_bytes,
+            "device group ready"
+        );
+    }
+    tracing::info!(
+        node.name = %args.node_name,
+        groups = config.groups.len(),
+        lvm.activation = activation,
+        listen = %args.listen,
+        trust_domain = %args.trust_domain,
+        scan_interval = ?config.scan_interval,
+        "carina-node starting"
+    );
+}
+
+/// The name of the first SIGTERM or SIGINT.
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the node");
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}

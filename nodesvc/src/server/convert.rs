@@ -1,0 +1,260 @@
+//! Conversions between the engine's domain types and the NodeStorage wire
+//! types, and validation of request fields at the edge (errors name the
+//! proto field).
+
+use std::path::Path;
+
+use carina_proto::nodestorage as pb;
+
+use crate::engine::{
+    CapacitySnapshot, ChangeReason, CreateRequest, DiskStatus, Error, GroupCapacity, Policy,
+    QuotaMode, Volume, names,
+};
+
+fn path_string(p: Option<&Path>) -> String {
+    p.map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+pub fn policy(p: Policy) -> pb::Policy {
+    match p {
+        Policy::Lvm => pb::Policy::Lvm,
+        Policy::Raw => pb::Policy::Raw,
+        Policy::Host => pb::Policy::Host,
+    }
+}
+
+pub fn quota(q: QuotaMode) -> pb::QuotaMode {
+    match q {
+        QuotaMode::NotApplicable => pb::QuotaMode::NotApplicable,
+        QuotaMode::ProjectQuota => pb::QuotaMode::ProjectQuota,
+        QuotaMode::AccountingOnly => pb::QuotaMode::AccountingOnly,
+    }
+}
+
+pub fn reason(r: ChangeReason) -> pb::ChangeReason {
+    match r {
+        ChangeReason::Start => pb::ChangeReason::Start,
+        ChangeReason::Create => pb::ChangeReason::Create,
+        ChangeReason::Resize => pb::ChangeReason::Resize,
+        ChangeReason::Delete => pb::ChangeReason::Delete,
+        ChangeReason::Rescan => pb::ChangeReason::Rescan,
+        ChangeReason::Config => pb::ChangeReason::Config,
+    }
+}
+
+pub fn volume(v: &Volume) -> pb::LogicVolume {
+    pb::LogicVolume {
+        name: v.name.clone(),
+        device_group: v.group.clone(),
+        policy: policy(v.policy).into(),
+        size_bytes: v.size_bytes,
+        device_path: path_string(v.device_path.as_deref()),
+        host_path: path_string(v.host_path.as_deref()),
+        major: v.major,
+        minor: v.minor,
+        exclusive: v.exclusive,
+        disk: v.disk.clone().unwrap_or_default(),
+    }
+}
+
+pub fn group_capacity(c: &GroupCapacity) -> pb::GroupCapacity {
+    pb::GroupCapacity {
+        device_group: c.group.clone(),
+        policy: policy(c.policy).into(),
+        total_bytes: c.total_bytes,
+        free_bytes: c.free_bytes,
+        reserve_bytes: c.reserve_bytes,
+        allocatable_bytes: c.allocatable_bytes,
+        largest_allocatable_bytes: c.largest_allocatable_bytes,
+        allocation_unit_bytes: c.allocation_unit,
+        volume_count: c.volume_count,
+        quota: quota(c.quota).into(),
+        disks: c.disks.clone(),
+    }
+}
+
+/// A capacity message for `node_name`; `reason` overrides the snapshot's
+/// (CURRENT for on-request answers and the first message of a watch).
+pub fn capacity(
+    node_name: &str,
+    snapshot: &CapacitySnapshot,
+    reason_override: Option<pb::ChangeReason>,
+) -> pb::CapacityResponse {
+    pb::CapacityResponse {
+        node_name: node_name.to_string(),
+        groups: snapshot.groups.iter().map(group_capacity).collect(),
+        generation: snapshot.generation,
+        reason: reason_override
+            .unwrap_or_else(|| reason(snapshot.reason))
+            .into(),
+    }
+}
+
+pub fn disk(s: &DiskStatus) -> pb::Disk {
+    let d = &s.disk;
+    pb::Disk {
+        name: d.name.clone(),
+        path: d.path.to_string_lossy().into_owned(),
+        size_bytes: d.size_bytes,
+        read_only: d.read_only,
+        kind: d.kind.clone(),
+        fstype: d.fstype.clone().unwrap_or_default(),
+        pttype: d.pttype.clone().unwrap_or_default(),
+        mountpoints: d.mountpoints.clone(),
+        partitions: d.partitions.clone(),
+        device_group: s.group.clone().unwrap_or_default(),
+        reason: s.reason.clone(),
+        major: d.major,
+        minor: d.minor,
+    }
+}
+
+/// `name`: the engine's volume-name rules.
+pub fn volume_name(name: &str) -> Result<(), Error> {
+    names::check_volume_name(name)
+}
+
+/// `size_bytes`: greater than zero, at most 2^63-1.
+pub fn size(field: &str, size_bytes: u64) -> Result<(), Error> {
+    if size_bytes == 0 {
+        return Err(invalid(field, "must be greater than zero"));
+    }
+    if size_bytes > names::MAX_SIZE_BYTES {
+        return Err(invalid(
+            field,
+            format!("{size_bytes} is more than the largest size, 2^63-1"),
+        ));
+    }
+    Ok(())
+}
+
+/// A validated `CreateLVRequest`.
+pub fn create_request(req: pb::CreateLvRequest) -> Result<CreateRequest, Error> {
+    volume_name(&req.name)?;
+    if req.device_group.is_empty() {
+        return Err(invalid("device_group", "must not be empty"));
+    }
+    size("size_bytes", req.size_bytes)?;
+    Ok(CreateRequest {
+        name: req.name,
+        group: req.device_group,
+        size_bytes: req.size_bytes,
+        exclusive: req.exclusive,
+    })
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The page token that continues a listing after volume `last` (hex, so
+/// clients treat it as opaque).
+pub fn page_token(last: &str) -> String {
+    last.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The volume name a page token continues after.
+pub fn parse_page_token(token: &str) -> Result<String, Error> {
+    let bad = || invalid("page_token", "not a token from a previous ListLVs response");
+    if !token.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| {
+            token
+                .get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    let name = String::from_utf8(bytes).map_err(|_| bad())?;
+    names::check_volume_name(&name).map_err(|_| bad())?;
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let t = page_token("pvc-1.a_b+c");
+        assert_eq!(parse_page_token(&t).expect("valid"), "pvc-1.a_b+c");
+        for bad in ["xyz", "0", "2d61", "zz", "c3"] {
+            let e = parse_page_token(bad).expect_err(bad);
+            assert!(e.to_string().starts_with("page_token:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn create_request_names_the_field() {
+        let ok = pb::CreateLvRequest {
+            name: "v1".into(),
+            device_group: "g".into(),
+            size_bytes: 1 << 20,
+            exclusive: false,
+        };
+        assert!(create_request(ok.clone()).is_ok());
+        let cases = [
+            (
+                pb::CreateLvRequest {
+                    name: String::new(),
+                    ..ok.clone()
+                },
+                "name:",
+            ),
+            (
+                pb::CreateLvRequest {
+                    device_group: String::new(),
+                    ..ok.clone()
+                },
+                "device_group:",
+            ),
+            (
+                pb::CreateLvRequest {
+                    size_bytes: 0,
+                    ..ok.clone()
+                },
+                "size_bytes:",
+            ),
+            (
+                pb::CreateLvRequest {
+                    size_bytes: u64::MAX,
+                    ..ok.clone()
+                },
+                "size_bytes:",
+            ),
+        ];
+        for (req, want) in cases {
+            let e = create_request(req).expect_err(want);
+            assert!(e.to_string().starts_with(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn volume_fields() {
+        let v = Volume {
+            name: "v".into(),
+            group: "g".into(),
+            policy: Policy::Host,
+            size_bytes: 4096,
+            device_path: None,
+            host_path: Some(PathBuf::from("/srv/g/v")),
+            major: 0,
+            minor: 0,
+            exclusive: false,
+            disk: None,
+        };
+        let p = volume(&v);
+        assert_eq!(p.policy, pb::Policy::Host as i32);
+        assert_eq!(p.host_path, "/srv/g/v");
+        assert_eq!(p.device_path, "");
+        assert_eq!(p.device_group, "g");
+    }
+}

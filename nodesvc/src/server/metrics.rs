@@ -1,0 +1,232 @@
+//! `/metrics` in the Prometheus text format: NodeStorage requests by
+//! method and status code, and the capacity of every device group as of
+//! the engine's latest snapshot. Served over plain HTTP/1 on its own
+//! (by default loopback) address; it carries no volume names.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tonic::Code;
+
+use crate::engine::{CapacitySnapshot, Engine, GroupCapacity};
+
+/// Request counters, shared by the gRPC service and the auth layer.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl Metrics {
+    /// Counts one finished call of `method` (`CreateLV`, `grpc.health.v1.Health/Check`, ...).
+    pub fn observe(&self, method: &str, code: Code) {
+        let mut requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        *requests
+            .entry((method.to_string(), code_name(code)))
+            .or_default() += 1;
+    }
+
+    /// The count for one method and code (for tests and logs).
+    pub fn count(&self, method: &str, code: Code) -> u64 {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(method.to_string(), code_name(code)))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The exposition text for `node` given the latest capacity snapshot.
+    pub fn render(&self, node: &str, snapshot: &CapacitySnapshot) -> String {
+        let mut out = String::new();
+        let node = escape(node);
+        out.push_str(
+            "# HELP carina_node_grpc_requests_total NodeStorage calls by method and status code.\n\
+             # TYPE carina_node_grpc_requests_total counter\n",
+        );
+        for ((method, code), n) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "carina_node_grpc_requests_total{{node=\"{node}\",method=\"{}\",code=\"{code}\"}} {n}",
+                escape(method)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP carina_node_capacity_generation Grows with every capacity change.\n\
+             # TYPE carina_node_capacity_generation counter\n\
+             carina_node_capacity_generation{{node=\"{node}\"}} {}",
+            snapshot.generation
+        );
+        let gauges: [(&str, &str, Gauge); 5] = [
+            ("volumes", "Volumes in the device group.", |g| {
+                u64::from(g.volume_count)
+            }),
+            ("capacity_total_bytes", "Size of the device group.", |g| {
+                g.total_bytes
+            }),
+            ("capacity_free_bytes", "Unallocated bytes.", |g| {
+                g.free_bytes
+            }),
+            (
+                "capacity_reserve_bytes",
+                "Bytes kept free, never allocated.",
+                |g| g.reserve_bytes,
+            ),
+            (
+                "capacity_allocatable_bytes",
+                "Free bytes minus the reserve.",
+                |g| g.allocatable_bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP carina_node_{name} {help}\n# TYPE carina_node_{name} gauge"
+            );
+            for g in &snapshot.groups {
+                let _ = writeln!(
+                    out,
+                    "carina_node_{name}{{node=\"{node}\",device_group=\"{}\",policy=\"{}\"}} {}",
+                    escape(&g.group),
+                    g.policy,
+                    value(g)
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Reads one gauge's value from a group's capacity.
+type Gauge = fn(&GroupCapacity) -> u64;
+
+fn escape(s: &str) -> String {
+    s.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The canonical upper-case name of a gRPC code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    engine: Engine,
+    node_name: String,
+    shutdown: impl Future<Output = ()>,
+) {
+    let node_name: Arc<str> = node_name.into();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        let engine = engine.clone();
+        let node_name = node_name.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let response = if req.uri().path() == "/metrics" {
+                    let text = metrics.render(&node_name, &engine.subscribe().borrow());
+                    hyper::Response::builder()
+                        .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                        .body(text)
+                } else {
+                    hyper::Response::builder()
+                        .status(404)
+                        .body("not found: try /metrics\n".to_string())
+                };
+                std::future::ready(Ok::<_, Infallible>(response.unwrap_or_default()))
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{ChangeReason, Policy, QuotaMode};
+
+    #[test]
+    fn renders_counters_and_gauges() {
+        let m = Metrics::default();
+        m.observe("CreateLV", Code::Ok);
+        m.observe("CreateLV", Code::Ok);
+        m.observe("CreateLV", Code::ResourceExhausted);
+        assert_eq!(m.count("CreateLV", Code::Ok), 2);
+        let snap = CapacitySnapshot {
+            generation: 7,
+            reason: ChangeReason::Create,
+            groups: vec![GroupCapacity {
+                group: "g".into(),
+                policy: Policy::Host,
+                total_bytes: 100,
+                free_bytes: 60,
+                reserve_bytes: 10,
+                allocatable_bytes: 50,
+                largest_allocatable_bytes: 50,
+                allocation_unit: 1,
+                volume_count: 3,
+                quota: QuotaMode::AccountingOnly,
+                disks: vec![],
+            }],
+        };
+        let text = m.render("node-a", &snap);
+        for line in [
+            r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="OK"} 2"#,
+            r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="RESOURCE_EXHAUSTED"} 1"#,
+            r#"carina_node_capacity_generation{node="node-a"} 7"#,
+            r#"carina_node_volumes{node="node-a",device_group="g",policy="HOST"} 3"#,
+            r#"carina_node_capacity_allocatable_bytes{node="node-a",device_group="g",policy="HOST"} 50"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+    }
+}

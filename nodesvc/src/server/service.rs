@@ -1,0 +1,364 @@
+//! The `NodeStorage` gRPC service over the storage [`Engine`].
+//!
+//! Each method validates its request (errors name the proto field), calls
+//! the engine, converts the answer, and counts the outcome. Engine errors
+//! become statuses through the one mapping in [`super::status`]. The
+//! per-volume lock (`ABORTED`) and idempotency by name live in the engine.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use carina_proto::nodestorage as pb;
+use carina_proto::nodestorage::node_storage_server::NodeStorage;
+use futures::Stream;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use super::convert;
+use super::metrics::Metrics;
+use crate::engine::{Config, Engine, Error};
+
+/// Default and largest `ListLVs` page.
+pub const DEFAULT_PAGE_SIZE: usize = 500;
+pub const MAX_PAGE_SIZE: usize = 5000;
+
+const BCACHE_UNIMPLEMENTED: &str = "bcache engine is not implemented yet";
+
+/// The service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct NodeStorageService {
+    engine: Engine,
+    node_name: Arc<str>,
+    metrics: Arc<Metrics>,
+    /// Turns true when the server shuts down; open watches end then.
+    stopping: watch::Receiver<bool>,
+}
+
+impl NodeStorageService {
+    pub fn new(
+        engine: Engine,
+        node_name: &str,
+        metrics: Arc<Metrics>,
+        stopping: watch::Receiver<bool>,
+    ) -> Self {
+        NodeStorageService {
+            engine,
+            node_name: node_name.into(),
+            metrics,
+            stopping,
+        }
+    }
+
+    /// Counts the outcome and wraps the answer.
+    fn done<T>(&self, method: &str, result: Result<T, Status>) -> Result<Response<T>, Status> {
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.metrics.observe(method, code);
+        result.map(Response::new)
+    }
+
+    async fn create(&self, req: pb::CreateLvRequest) -> Result<pb::CreateLvResponse, Status> {
+        let req = convert::create_request(req)?;
+        // The engine answers a repeat with the existing volume; whether it
+        // existed is known from this look-up. (A create that completes for
+        // another caller between the look-up and ours is also reported as
+        // created; the per-volume lock makes that window tiny.)
+        let existed = match self.engine.get_volume(&req.name).await {
+            Ok(_) => true,
+            Err(Error::VolumeNotFound { .. }) => false,
+            Err(e) => return Err(e.into()),
+        };
+        let volume = self.engine.create_volume(req).await?;
+        Ok(pb::CreateLvResponse {
+            volume: Some(convert::volume(&volume)),
+            created: !existed,
+        })
+    }
+
+    async fn list(&self, req: pb::ListLVsRequest) -> Result<pb::ListLVsResponse, Status> {
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(convert::parse_page_token(&req.page_token)?)
+        };
+        let page_size = match req.page_size as usize {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        let group = (!req.device_group.is_empty()).then_some(req.device_group.as_str());
+        let all = self.engine.list_volumes(group).await?;
+        // Sorted by name; continue strictly after the last name sent.
+        let rest: Vec<_> = all
+            .iter()
+            .filter(|v| after.as_deref().is_none_or(|a| v.name.as_str() > a))
+            .collect();
+        let page = &rest[..rest.len().min(page_size)];
+        let next_page_token = match (rest.len() > page.len(), page.last()) {
+            (true, Some(last)) => convert::page_token(&last.name),
+            _ => String::new(),
+        };
+        Ok(pb::ListLVsResponse {
+            volumes: page.iter().map(|v| convert::volume(v)).collect(),
+            next_page_token,
+        })
+    }
+
+    async fn capacity_now(&self, group: &str) -> Result<pb::CapacityResponse, Status> {
+        let group = (!group.is_empty()).then_some(group);
+        let groups = self.engine.capacity(group).await?;
+        let generation = self.engine.subscribe().borrow().generation;
+        Ok(pb::CapacityResponse {
+            node_name: self.node_name.to_string(),
+            groups: groups.iter().map(convert::group_capacity).collect(),
+            generation,
+            reason: pb::ChangeReason::Current.into(),
+        })
+    }
+
+    async fn apply(&self, req: pb::ApplyConfigRequest) -> Result<pb::ApplyConfigResponse, Status> {
+        let config = Config::from_json(&req.config_json).map_err(|e| match e {
+            // The field path inside the JSON, under the proto field.
+            Error::InvalidConfig { field, reason } => {
+                Status::invalid_argument(format!("config_json: {field}: {reason}"))
+            }
+            other => Status::from(other),
+        })?;
+        let device_groups = config.groups.iter().map(|g| g.name.clone()).collect();
+        self.engine.apply_config(config).await?;
+        Ok(pb::ApplyConfigResponse { device_groups })
+    }
+}
+
+/// The stream of `WatchCapacity`.
+pub type CapacityStream = Pin<Box<dyn Stream<Item = Result<pb::CapacityResponse, Status>> + Send>>;
+
+/// The current snapshot at once (reason CURRENT), then one message per
+/// update the engine publishes. Updates that arrive faster than the client
+/// reads are coalesced to the newest (the generation shows the gap). Ends
+/// when the server stops; dropping it (the client went away) unsubscribes.
+fn capacity_stream(
+    node_name: Arc<str>,
+    mut updates: watch::Receiver<crate::engine::CapacitySnapshot>,
+    stopping: watch::Receiver<bool>,
+) -> CapacityStream {
+    let first = convert::capacity(
+        &node_name,
+        &updates.borrow_and_update(),
+        Some(pb::ChangeReason::Current),
+    );
+    let state = (Some(first), updates, stopping, node_name);
+    Box::pin(futures::stream::unfold(
+        state,
+        |(first, mut updates, mut stopping, node_name)| async move {
+            if let Some(first) = first {
+                return Some((Ok(first), (None, updates, stopping, node_name)));
+            }
+            let changed = tokio::select! {
+                changed = updates.changed() => changed.is_ok(),
+                _ = stopping.wait_for(|s| *s) => false,
+            };
+            if !changed {
+                return None;
+            }
+            let msg = convert::capacity(&node_name, &updates.borrow_and_update(), None);
+            Some((Ok(msg), (None, updates, stopping, node_name)))
+        },
+    ))
+}
+
+#[tonic::async_trait]
+impl NodeStorage for NodeStorageService {
+    #[instrument(
+        name = "NodeStorage/CreateLV",
+        skip(self, request),
+        err,
+        fields(
+            volume.name = %request.get_ref().name,
+            volume.group = %request.get_ref().device_group,
+            volume.size = request.get_ref().size_bytes,
+        )
+    )]
+    async fn create_lv(
+        &self,
+        request: Request<pb::CreateLvRequest>,
+    ) -> Result<Response<pb::CreateLvResponse>, Status> {
+        let result = self.create(request.into_inner()).await;
+        self.done("CreateLV", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/DeleteLV",
+        skip(self, request),
+        err,
+        fields(volume.name = %request.get_ref().name)
+    )]
+    async fn delete_lv(
+        &self,
+        request: Request<pb::DeleteLvRequest>,
+    ) -> Result<Response<pb::DeleteLvResponse>, Status> {
+        let name = request.into_inner().name;
+        let result = async {
+            convert::volume_name(&name)?;
+            self.engine.delete_volume(&name).await?;
+            Ok(pb::DeleteLvResponse {})
+        }
+        .await;
+        self.done("DeleteLV", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/ResizeLV",
+        skip(self, request),
+        err,
+        fields(volume.name = %request.get_ref().name, volume.size = request.get_ref().size_bytes)
+    )]
+    async fn resize_lv(
+        &self,
+        request: Request<pb::ResizeLvRequest>,
+    ) -> Result<Response<pb::ResizeLvResponse>, Status> {
+        let req = request.into_inner();
+        let result = async {
+            convert::volume_name(&req.name)?;
+            convert::size("size_bytes", req.size_bytes)?;
+            let volume = self.engine.resize_volume(&req.name, req.size_bytes).await?;
+            Ok(pb::ResizeLvResponse {
+                volume: Some(convert::volume(&volume)),
+            })
+        }
+        .await;
+        self.done("ResizeLV", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/GetLV",
+        skip(self, request),
+        err,
+        fields(volume.name = %request.get_ref().name)
+    )]
+    async fn get_lv(
+        &self,
+        request: Request<pb::GetLvRequest>,
+    ) -> Result<Response<pb::GetLvResponse>, Status> {
+        let name = request.into_inner().name;
+        let result = async {
+            convert::volume_name(&name)?;
+            let volume = self.engine.get_volume(&name).await?;
+            Ok(pb::GetLvResponse {
+                volume: Some(convert::volume(&volume)),
+            })
+        }
+        .await;
+        self.done("GetLV", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/ListLVs",
+        skip(self, request),
+        err,
+        fields(volume.group = %request.get_ref().device_group)
+    )]
+    async fn list_l_vs(
+        &self,
+        request: Request<pb::ListLVsRequest>,
+    ) -> Result<Response<pb::ListLVsResponse>, Status> {
+        let result = self.list(request.into_inner()).await;
+        self.done("ListLVs", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/Capacity",
+        skip(self, request),
+        err,
+        fields(volume.group = %request.get_ref().device_group)
+    )]
+    async fn capacity(
+        &self,
+        request: Request<pb::CapacityRequest>,
+    ) -> Result<Response<pb::CapacityResponse>, Status> {
+        let result = self.capacity_now(&request.get_ref().device_group).await;
+        self.done("Capacity", result)
+    }
+
+    type WatchCapacityStream = CapacityStream;
+
+    #[instrument(name = "NodeStorage/WatchCapacity", skip(self, _request), err)]
+    async fn watch_capacity(
+        &self,
+        _request: Request<pb::WatchCapacityRequest>,
+    ) -> Result<Response<Self::WatchCapacityStream>, Status> {
+        let stream = capacity_stream(
+            self.node_name.clone(),
+            self.engine.subscribe(),
+            self.stopping.clone(),
+        );
+        self.done("WatchCapacity", Ok(stream))
+    }
+
+    #[instrument(name = "NodeStorage/ListDisks", skip(self, _request), err)]
+    async fn list_disks(
+        &self,
+        _request: Request<pb::ListDisksRequest>,
+    ) -> Result<Response<pb::ListDisksResponse>, Status> {
+        let disks = self.engine.disks().iter().map(convert::disk).collect();
+        self.done("ListDisks", Ok(pb::ListDisksResponse { disks }))
+    }
+
+    #[instrument(name = "NodeStorage/ApplyConfig", skip(self, request), err)]
+    async fn apply_config(
+        &self,
+        request: Request<pb::ApplyConfigRequest>,
+    ) -> Result<Response<pb::ApplyConfigResponse>, Status> {
+        let result = self.apply(request.into_inner()).await;
+        if let Ok(r) = &result {
+            tracing::info!(device_groups = ?r.device_groups, "configuration applied");
+        }
+        self.done("ApplyConfig", result)
+    }
+
+    #[instrument(name = "NodeStorage/CreateBcache", skip_all, err)]
+    async fn create_bcache(
+        &self,
+        _request: Request<pb::CreateBcacheRequest>,
+    ) -> Result<Response<pb::CreateBcacheResponse>, Status> {
+        self.done(
+            "CreateBcache",
+            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
+        )
+    }
+
+    #[instrument(name = "NodeStorage/DeleteBcache", skip_all, err)]
+    async fn delete_bcache(
+        &self,
+        _request: Request<pb::DeleteBcacheRequest>,
+    ) -> Result<Response<pb::DeleteBcacheResponse>, Status> {
+        self.done(
+            "DeleteBcache",
+            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
+        )
+    }
+
+    #[instrument(name = "NodeStorage/GetBcache", skip_all, err)]
+    async fn get_bcache(
+        &self,
+        _request: Request<pb::GetBcacheRequest>,
+    ) -> Result<Response<pb::GetBcacheResponse>, Status> {
+        self.done(
+            "GetBcache",
+            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
+        )
+    }
+
+    #[instrument(name = "NodeStorage/SetCacheMode", skip_all, err)]
+    async fn set_cache_mode(
+        &self,
+        _request: Request<pb::SetCacheModeRequest>,
+    ) -> Result<Response<pb::SetCacheModeResponse>, Status> {
+        self.done(
+            "SetCacheMode",
+            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
+        )
+    }
+}

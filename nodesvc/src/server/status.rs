@@ -1,0 +1,159 @@
+//! The one mapping from engine errors to gRPC status codes.
+//!
+//! | engine error | code |
+//! | --- | --- |
+//! | `InvalidArgument`, `InvalidConfig`, `UnknownGroup` | `INVALID_ARGUMENT` |
+//! | `VolumeNotFound` | `NOT_FOUND` |
+//! | `AlreadyExists` | `ALREADY_EXISTS` |
+//! | `ResourceExhausted` | `RESOURCE_EXHAUSTED` |
+//! | `FailedPrecondition`, `Unsupported` | `FAILED_PRECONDITION` |
+//! | `Busy` | `ABORTED` |
+//! | `Command(TimedOut)` | `DEADLINE_EXCEEDED` |
+//! | `Command(Spawn | Failed)`, `Io`, `Parse` | `INTERNAL` |
+//!
+//! The message is the error's `Display`, which names the field, volume or
+//! group, and for commands the command line and its stderr.
+
+use tonic::{Code, Status};
+
+use crate::engine::Error;
+use crate::engine::command::CommandError;
+
+/// The gRPC code an engine error maps to.
+pub fn code(e: &Error) -> Code {
+    match e {
+        Error::InvalidArgument { .. }
+        | Error::InvalidConfig { .. }
+        | Error::UnknownGroup { .. } => Code::InvalidArgument,
+        Error::VolumeNotFound { .. } => Code::NotFound,
+        Error::AlreadyExists { .. } => Code::AlreadyExists,
+        Error::ResourceExhausted { .. } => Code::ResourceExhausted,
+        Error::FailedPrecondition { .. } | Error::Unsupported { .. } => Code::FailedPrecondition,
+        Error::Busy { .. } => Code::Aborted,
+        Error::Command(CommandError::TimedOut { .. }) => Code::DeadlineExceeded,
+        Error::Command(CommandError::Spawn { .. } | CommandError::Failed { .. })
+        | Error::Io { .. }
+        | Error::Parse { .. } => Code::Internal,
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        Status::new(code(&e), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_variant_has_its_code() {
+        let cases = [
+            (
+                Error::InvalidArgument {
+                    field: "size_bytes".into(),
+                    reason: "must be greater than zero".into(),
+                },
+                Code::InvalidArgument,
+                "size_bytes",
+            ),
+            (
+                Error::InvalidConfig {
+                    field: "diskSelector[0].re[0]".into(),
+                    reason: "invalid regex".into(),
+                },
+                Code::InvalidArgument,
+                "diskSelector[0].re[0]",
+            ),
+            (
+                Error::UnknownGroup { group: "g".into() },
+                Code::InvalidArgument,
+                "\"g\"",
+            ),
+            (
+                Error::VolumeNotFound { name: "v".into() },
+                Code::NotFound,
+                "\"v\"",
+            ),
+            (
+                Error::AlreadyExists {
+                    name: "v".into(),
+                    group: "g".into(),
+                    existing_bytes: 1,
+                    requested_bytes: 2,
+                },
+                Code::AlreadyExists,
+                "\"v\"",
+            ),
+            (
+                Error::ResourceExhausted {
+                    group: "g".into(),
+                    requested_bytes: 2,
+                    allocatable_bytes: 1,
+                },
+                Code::ResourceExhausted,
+                "\"g\"",
+            ),
+            (
+                Error::FailedPrecondition {
+                    operation: "resize",
+                    name: "v".into(),
+                    reason: "shrinking".into(),
+                },
+                Code::FailedPrecondition,
+                "shrinking",
+            ),
+            (
+                Error::Unsupported {
+                    group: "g".into(),
+                    policy: "HOST",
+                    operation: "exclusive (whole-disk) volumes",
+                },
+                Code::FailedPrecondition,
+                "HOST",
+            ),
+            (Error::Busy { name: "v".into() }, Code::Aborted, "\"v\""),
+            (
+                Error::Command(CommandError::TimedOut {
+                    command: "lvcreate -n v".into(),
+                    timeout: Duration::from_secs(60),
+                }),
+                Code::DeadlineExceeded,
+                "lvcreate -n v",
+            ),
+            (
+                Error::Command(CommandError::Failed {
+                    command: "lvcreate -n v".into(),
+                    status: "exit status: 5".into(),
+                    stderr: "Volume group not found".into(),
+                }),
+                Code::Internal,
+                "`lvcreate -n v` failed (exit status: 5): Volume group not found",
+            ),
+            (
+                Error::Io {
+                    action: "create directory",
+                    path: "/x".into(),
+                    source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+                },
+                Code::Internal,
+                "create directory /x",
+            ),
+            (
+                Error::Parse {
+                    what: "lvs output".into(),
+                    reason: "eof".into(),
+                },
+                Code::Internal,
+                "lvs output",
+            ),
+        ];
+        for (error, want, text) in cases {
+            let status = Status::from(error);
+            assert_eq!(status.code(), want, "{}", status.message());
+            assert!(status.message().contains(text), "{}", status.message());
+        }
+    }
+}
