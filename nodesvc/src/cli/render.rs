@@ -1,0 +1,434 @@
+//! NodeStorage messages as people read them (tables, human sizes) and as
+//! scripts read them (JSON with exact byte counts).
+//!
+//! JSON field names follow the proto3 JSON mapping (lowerCamelCase), but
+//! 64-bit sizes are JSON numbers rather than strings, and enums drop their
+//! type prefix (`"LVM"`, not `"POLICY_LVM"`).
+
+use serde_json::{Value, json};
+
+use carina_proto::nodestorage::{
+    BcacheDevice, CacheMode, CapacityResponse, ChangeReason, Disk, GroupCapacity, LogicVolume,
+    Policy, QuotaMode,
+};
+
+use super::size::format_size;
+use super::table::{Table, left, right};
+
+/// An enum value's proto name without its type prefix, or `UNKNOWN(n)` for
+/// a value newer than this client.
+fn enum_name<E>(value: i32, prefix: &str, name: impl Fn(E) -> &'static str) -> String
+where
+    E: TryFrom<i32>,
+{
+    match E::try_from(value) {
+        Ok(e) => {
+            let full = name(e);
+            full.strip_prefix(prefix).unwrap_or(full).to_string()
+        }
+        Err(_) => format!("UNKNOWN({value})"),
+    }
+}
+
+pub fn policy_name(value: i32) -> String {
+    enum_name(value, "POLICY_", |p: Policy| p.as_str_name())
+}
+
+pub fn quota_name(value: i32) -> String {
+    enum_name(value, "QUOTA_MODE_", |q: QuotaMode| q.as_str_name())
+}
+
+pub fn reason_name(value: i32) -> String {
+    enum_name(value, "CHANGE_REASON_", |r: ChangeReason| r.as_str_name())
+}
+
+pub fn cache_mode_name(value: i32) -> String {
+    enum_name(value, "CACHE_MODE_", |m: CacheMode| m.as_str_name())
+}
+
+/// `major:minor`, or empty when the thing has no device.
+fn devnum(major: u32, minor: u32) -> String {
+    if major == 0 && minor == 0 {
+        String::new()
+    } else {
+        format!("{major}:{minor}")
+    }
+}
+
+/// The quota column, short.
+fn quota_short(value: i32) -> String {
+    match QuotaMode::try_from(value) {
+        Ok(QuotaMode::NotApplicable) => "n/a".to_string(),
+        Ok(QuotaMode::ProjectQuota) => "project".to_string(),
+        Ok(QuotaMode::AccountingOnly) => "accounting".to_string(),
+        Ok(QuotaMode::Unspecified) => String::new(),
+        Err(_) => quota_name(value),
+    }
+}
+
+// ---- JSON ------------------------------------------------------------------
+
+pub fn volume_json(v: &LogicVolume) -> Value {
+    json!({
+        "name": v.name,
+        "deviceGroup": v.device_group,
+        "policy": policy_name(v.policy),
+        "sizeBytes": v.size_bytes,
+        "devicePath": v.device_path,
+        "hostPath": v.host_path,
+        "major": v.major,
+        "minor": v.minor,
+        "exclusive": v.exclusive,
+        "disk": v.disk,
+    })
+}
+
+pub fn group_json(g: &GroupCapacity) -> Value {
+    json!({
+        "deviceGroup": g.device_group,
+        "policy": policy_name(g.policy),
+        "totalBytes": g.total_bytes,
+        "freeBytes": g.free_bytes,
+        "reserveBytes": g.reserve_bytes,
+        "allocatableBytes": g.allocatable_bytes,
+        "largestAllocatableBytes": g.largest_allocatable_bytes,
+        "allocationUnitBytes": g.allocation_unit_bytes,
+        "volumeCount": g.volume_count,
+        "quota": quota_name(g.quota),
+        "disks": g.disks,
+    })
+}
+
+pub fn capacity_json(c: &CapacityResponse) -> Value {
+    json!({
+        "nodeName": c.node_name,
+        "generation": c.generation,
+        "reason": reason_name(c.reason),
+        "groups": c.groups.iter().map(group_json).collect::<Vec<_>>(),
+    })
+}
+
+pub fn disk_json(d: &Disk) -> Value {
+    json!({
+        "name": d.name,
+        "path": d.path,
+        "sizeBytes": d.size_bytes,
+        "readOnly": d.read_only,
+        "kind": d.kind,
+        "fstype": d.fstype,
+        "pttype": d.pttype,
+        "mountpoints": d.mountpoints,
+        "partitions": d.partitions,
+        "deviceGroup": d.device_group,
+        "reason": d.reason,
+        "major": d.major,
+        "minor": d.minor,
+    })
+}
+
+pub fn bcache_json(b: &BcacheDevice) -> Value {
+    json!({
+        "name": b.name,
+        "backingVolume": b.backing_volume,
+        "cacheVolume": b.cache_volume,
+        "cacheMode": cache_mode_name(b.cache_mode),
+        "devicePath": b.device_path,
+        "major": b.major,
+        "minor": b.minor,
+    })
+}
+
+// ---- tables ----------------------------------------------------------------
+
+pub fn volumes_table<'a>(volumes: impl IntoIterator<Item = &'a LogicVolume>) -> Table {
+    let mut t = Table::new(&[
+        left("NAME"),
+        left("GROUP"),
+        left("POLICY"),
+        right("SIZE"),
+        left("DEVICE/PATH"),
+        left("MAJ:MIN"),
+        left("DISK"),
+    ]);
+    for v in volumes {
+        let mut policy = policy_name(v.policy);
+        if v.exclusive {
+            policy.push_str(" (whole disk)");
+        }
+        let location = if v.device_path.is_empty() {
+            &v.host_path
+        } else {
+            &v.device_path
+        };
+        t.row([
+            v.name.clone(),
+            v.device_group.clone(),
+            policy,
+            format_size(v.size_bytes),
+            location.clone(),
+            devnum(v.major, v.minor),
+            v.disk.clone(),
+        ]);
+    }
+    t
+}
+
+pub fn capacity_table(groups: &[GroupCapacity]) -> Table {
+    let mut t = Table::new(&[
+        left("GROUP"),
+        left("POLICY"),
+        right("TOTAL"),
+        right("FREE"),
+        right("RESERVE"),
+        right("ALLOCATABLE"),
+        right("LARGEST"),
+        right("UNIT"),
+        right("VOLUMES"),
+        left("QUOTA"),
+        left("DISKS"),
+    ]);
+    for g in groups {
+        t.row([
+            g.device_group.clone(),
+            policy_name(g.policy),
+            format_size(g.total_bytes),
+            format_size(g.free_bytes),
+            format_size(g.reserve_bytes),
+            format_size(g.allocatable_bytes),
+            format_size(g.largest_allocatable_bytes),
+            format_size(g.allocation_unit_bytes),
+            g.volume_count.to_string(),
+            quota_short(g.quota),
+            g.disks.join(","),
+        ]);
+    }
+    t
+}
+
+/// The line above a capacity table: whose, which generation, and why.
+pub fn capacity_heading(c: &CapacityResponse) -> String {
+    format!(
+        "node {}  generation {}  reason {}",
+        if c.node_name.is_empty() {
+            "-"
+        } else {
+            &c.node_name
+        },
+        c.generation,
+        reason_name(c.reason)
+    )
+}
+
+pub fn disks_table(disks: &[Disk]) -> Table {
+    let mut t = Table::new(&[
+        left("NAME"),
+        left("PATH"),
+        right("SIZE"),
+        left("KIND"),
+        left("FSTYPE"),
+        left("PTTYPE"),
+        left("RO"),
+        left("MAJ:MIN"),
+        left("GROUP"),
+        left("REASON"),
+    ]);
+    for d in disks {
+        t.row([
+            d.name.clone(),
+            d.path.clone(),
+            format_size(d.size_bytes),
+            d.kind.clone(),
+            d.fstype.clone(),
+            d.pttype.clone(),
+            if d.read_only { "yes" } else { "" }.to_string(),
+            devnum(d.major, d.minor),
+            d.device_group.clone(),
+            d.reason.clone(),
+        ]);
+    }
+    t
+}
+
+pub fn bcache_table(b: &BcacheDevice) -> Table {
+    let mut t = Table::new(&[
+        left("NAME"),
+        left("BACKING"),
+        left("CACHE"),
+        left("MODE"),
+        left("DEVICE"),
+        left("MAJ:MIN"),
+    ]);
+    t.row([
+        b.name.clone(),
+        b.backing_volume.clone(),
+        b.cache_volume.clone(),
+        cache_mode_name(b.cache_mode),
+        b.device_path.clone(),
+        devnum(b.major, b.minor),
+    ]);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lvm_volume() -> LogicVolume {
+        LogicVolume {
+            name: "data-1".into(),
+            device_group: "lvm".into(),
+            policy: Policy::Lvm as i32,
+            size_bytes: 1 << 30,
+            device_path: "/dev/loop5".into(),
+            host_path: String::new(),
+            major: 7,
+            minor: 5,
+            exclusive: false,
+            disk: "/dev/loop4".into(),
+        }
+    }
+
+    fn host_volume() -> LogicVolume {
+        LogicVolume {
+            name: "scratch".into(),
+            device_group: "host".into(),
+            policy: Policy::Host as i32,
+            size_bytes: 256 << 20,
+            host_path: "/srv/carina/scratch".into(),
+            ..LogicVolume::default()
+        }
+    }
+
+    #[test]
+    fn volume_table() {
+        let raw = LogicVolume {
+            name: "whole".into(),
+            device_group: "raw".into(),
+            policy: Policy::Raw as i32,
+            size_bytes: 3 << 29,
+            device_path: "/dev/sdc".into(),
+            major: 8,
+            minor: 32,
+            exclusive: true,
+            disk: "/dev/sdc".into(),
+            ..LogicVolume::default()
+        };
+        let out = volumes_table(&[lvm_volume(), host_volume(), raw]).render();
+        assert_eq!(
+            out,
+            "\
+NAME     GROUP  POLICY               SIZE  DEVICE/PATH          MAJ:MIN  DISK
+data-1   lvm    LVM                 1 GiB  /dev/loop5           7:5      /dev/loop4
+scratch  host   HOST              256 MiB  /srv/carina/scratch  -        -
+whole    raw    RAW (whole disk)  1.5 GiB  /dev/sdc             8:32     /dev/sdc
+"
+        );
+    }
+
+    #[test]
+    fn volume_json_has_exact_bytes() {
+        let v = volume_json(&LogicVolume {
+            size_bytes: (1 << 30) + 1,
+            ..lvm_volume()
+        });
+        assert_eq!(v["sizeBytes"], json!(1_073_741_825u64));
+        assert_eq!(v["policy"], "LVM");
+        assert_eq!(v["deviceGroup"], "lvm");
+        let big = volume_json(&LogicVolume {
+            size_bytes: u64::MAX,
+            ..host_volume()
+        });
+        assert_eq!(big["sizeBytes"].as_u64(), Some(u64::MAX));
+    }
+
+    #[test]
+    fn capacity_rendering() {
+        let c = CapacityResponse {
+            node_name: "demo-node".into(),
+            generation: 7,
+            reason: ChangeReason::Create as i32,
+            groups: vec![
+                GroupCapacity {
+                    device_group: "lvm".into(),
+                    policy: Policy::Lvm as i32,
+                    total_bytes: 2 << 30,
+                    free_bytes: (2 << 30) - (4 << 20),
+                    reserve_bytes: 256 << 20,
+                    allocatable_bytes: (2 << 30) - (260 << 20),
+                    largest_allocatable_bytes: (2 << 30) - (260 << 20),
+                    allocation_unit_bytes: 4 << 20,
+                    volume_count: 0,
+                    quota: QuotaMode::NotApplicable as i32,
+                    disks: vec!["/dev/loop4".into()],
+                },
+                GroupCapacity {
+                    device_group: "host".into(),
+                    policy: Policy::Host as i32,
+                    quota: QuotaMode::AccountingOnly as i32,
+                    volume_count: 2,
+                    disks: vec!["/srv/carina".into()],
+                    ..GroupCapacity::default()
+                },
+            ],
+        };
+        assert_eq!(
+            capacity_heading(&c),
+            "node demo-node  generation 7  reason CREATE"
+        );
+        assert_eq!(
+            capacity_table(&c.groups).render(),
+            "\
+GROUP  POLICY  TOTAL     FREE  RESERVE  ALLOCATABLE  LARGEST   UNIT  VOLUMES  QUOTA       DISKS
+lvm    LVM     2 GiB  2.0 GiB  256 MiB      1.7 GiB  1.7 GiB  4 MiB        0  n/a         /dev/loop4
+host   HOST      0 B      0 B      0 B          0 B      0 B    0 B        2  accounting  /srv/carina
+"
+        );
+        let j = capacity_json(&c);
+        assert_eq!(j["reason"], "CREATE");
+        assert_eq!(j["groups"][0]["freeBytes"], json!((2u64 << 30) - (4 << 20)));
+        assert_eq!(j["groups"][1]["quota"], "ACCOUNTING_ONLY");
+    }
+
+    #[test]
+    fn unknown_enum_values_are_shown_not_hidden() {
+        assert_eq!(policy_name(42), "UNKNOWN(42)");
+        assert_eq!(reason_name(ChangeReason::Current as i32), "CURRENT");
+        assert_eq!(cache_mode_name(CacheMode::Writeback as i32), "WRITEBACK");
+        assert_eq!(quota_short(99), "UNKNOWN(99)");
+    }
+
+    #[test]
+    fn disk_table() {
+        let disks = [
+            Disk {
+                name: "loop4".into(),
+                path: "/dev/loop4".into(),
+                size_bytes: 2 << 30,
+                kind: "loop".into(),
+                fstype: "LVM2_member".into(),
+                device_group: "lvm".into(),
+                major: 7,
+                minor: 4,
+                ..Disk::default()
+            },
+            Disk {
+                name: "sr0".into(),
+                path: "/dev/sr0".into(),
+                size_bytes: 1024,
+                read_only: true,
+                kind: "rom".into(),
+                reason: "read-only".into(),
+                major: 11,
+                ..Disk::default()
+            },
+        ];
+        assert_eq!(
+            disks_table(&disks).render(),
+            "\
+NAME   PATH         SIZE  KIND  FSTYPE       PTTYPE  RO   MAJ:MIN  GROUP  REASON
+loop4  /dev/loop4  2 GiB  loop  LVM2_member  -       -    7:4      lvm    -
+sr0    /dev/sr0    1 KiB  rom   -            -       yes  11:0     -      read-only
+"
+        );
+    }
+}
