@@ -369,6 +369,21 @@ impl Store {
     /// Creates the root and the marker directory if missing and drops
     /// temporary markers a crash left behind.
     fn ensure_layout(&self) -> Result<()> {
+        self.ensure_dirs()?;
+        for entry in read_dir(&self.markers)? {
+            let file_name = entry.file_name();
+            let file_name = file_name.to_string_lossy();
+            if file_name.starts_with('.') && file_name.ends_with(".json.tmp") {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the root and the marker directory if missing; a marker
+    /// path that is not a directory (a file, a link) is an error.
+    fn ensure_dirs(&self) -> Result<()> {
         fs::create_dir_all(&self.root).map_err(|e| Error::io("create", &self.root, e))?;
         match fs::symlink_metadata(&self.markers) {
             Ok(meta) if meta.is_dir() => {}
@@ -390,14 +405,6 @@ impl Store {
                 sync_dir(&self.root)?;
             }
             Err(e) => return Err(Error::io("inspect", &self.markers, e)),
-        }
-        for entry in read_dir(&self.markers)? {
-            let file_name = entry.file_name();
-            let file_name = file_name.to_string_lossy();
-            if file_name.starts_with('.') && file_name.ends_with(".json.tmp") {
-                let path = entry.path();
-                fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
-            }
         }
         Ok(())
     }
@@ -494,7 +501,7 @@ impl Store {
     /// directory cannot be made. Refuses a name whose data path exists
     /// without our marker, and a size above what is allocatable.
     fn create(&self, name: &str, size: u64, with_quota: bool) -> Result<Marker> {
-        self.ensure_layout()?;
+        self.ensure_dirs()?;
         if let Some(existing) = self.read_marker(name)? {
             // The engine looks volumes up before calling us; a marker it did
             // not see (written by another engine over the same root) still
@@ -842,6 +849,23 @@ mod tests {
         assert_eq!(cap.volume_count, 0);
         assert_eq!(cap.allocation_unit, ALLOCATION_UNIT);
         assert_eq!(cap.disks, [root.to_string_lossy().into_owned()]);
+    }
+
+    #[tokio::test]
+    async fn a_marker_path_that_is_not_a_directory_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        fs::create_dir(&root).expect("mkdir");
+        std::os::unix::fs::symlink(tmp.path(), root.join(MARKER_DIR)).expect("symlink");
+        let g = group(&root, 0);
+        let err = g
+            .rescan(&[])
+            .await
+            .expect_err("a link is not our marker dir");
+        assert!(err.to_string().contains(MARKER_DIR), "{err}");
+        let err = g.create(&req("v", 4096)).await.expect_err("nor for create");
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        assert!(!tmp.path().join("v.json").exists());
     }
 
     #[tokio::test]
