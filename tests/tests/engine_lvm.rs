@@ -455,8 +455,17 @@ async fn online_grow_of_a_mounted_volume() {
     let mnt_s = mnt.path().to_string_lossy().into_owned();
     run("xfs_growfs", &[&mnt_s]).expect("online xfs_growfs");
     let df = run("df", &["-B1", "--output=size", &mnt_s]).expect("df");
-    let size: u64 = df.lines().nth(1).expect("size line").trim().parse().expect("number");
-    assert!(size > 500 * MIB, "filesystem grew past the old 320 MiB: {size}");
+    let size: u64 = df
+        .lines()
+        .nth(1)
+        .expect("size line")
+        .trim()
+        .parse()
+        .expect("number");
+    assert!(
+        size > 500 * MIB,
+        "filesystem grew past the old 320 MiB: {size}"
+    );
 }
 
 #[tokio::test]
