@@ -5,6 +5,8 @@
 //! also when the test panics. Under `CI=true` a test that cannot get what it
 //! needs (root, a loop device) fails instead of skipping.
 
+pub mod grpc;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
