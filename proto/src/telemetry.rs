@@ -14,6 +14,7 @@
 //! [`TelemetryConfig::from_lookup`] reads the variables through a function,
 //! so tests pass values without touching the process environment.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -137,8 +138,13 @@ pub fn init_with(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryErr
     let otel = provider
         .as_ref()
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(config.service_name.clone())));
-    let text =
-        (!config.json_logs).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    // Colours only for a person at a terminal, not for log collectors.
+    let ansi = std::io::stderr().is_terminal();
+    let text = (!config.json_logs).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+    });
     let json = config.json_logs.then(|| {
         tracing_subscriber::fmt::layer()
             .json()
