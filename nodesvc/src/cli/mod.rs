@@ -22,7 +22,7 @@ pub mod table;
 use std::error::Error as StdError;
 use std::io::Write;
 
-use serde_json::Value;
+use serde::Serialize;
 use tonic::{Code, Status};
 
 use args::{CertsCommand, Cli, Command, IssueCommand, Output};
@@ -207,10 +207,10 @@ pub struct Printer {
 
 impl Printer {
     /// Prints `table()` or `json()` (pretty) depending on the format.
-    pub fn print(
+    pub fn print<J: Serialize>(
         &self,
         table: impl FnOnce() -> String,
-        json: impl FnOnce() -> Value,
+        json: impl FnOnce() -> J,
     ) -> Result<(), CliError> {
         let text = match self.format {
             Output::Table => table(),
@@ -225,14 +225,19 @@ impl Printer {
     }
 
     /// Prints one line of a stream: `table()` or compact JSON.
-    pub fn print_line(
+    pub fn print_line<J: Serialize>(
         &self,
         table: impl FnOnce() -> String,
-        json: impl FnOnce() -> Value,
+        json: impl FnOnce() -> J,
     ) -> Result<(), CliError> {
         let text = match self.format {
             Output::Table => table(),
-            Output::Json => format!("{}\n", json()),
+            Output::Json => {
+                let mut s = serde_json::to_string(&json())
+                    .map_err(|e| CliError::Local(format!("encode JSON: {e}")))?;
+                s.push('\n');
+                s
+            }
         };
         write_stdout(&text)
     }

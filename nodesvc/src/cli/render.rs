@@ -5,7 +5,7 @@
 //! 64-bit sizes are JSON numbers rather than strings, and enums drop their
 //! type prefix (`"LVM"`, not `"POLICY_LVM"`).
 
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use carina_proto::nodestorage::{
     BcacheDevice, CacheMode, CapacityResponse, ChangeReason, Disk, GroupCapacity, LogicVolume,
@@ -67,75 +67,148 @@ fn quota_short(value: i32) -> String {
 }
 
 // ---- JSON ------------------------------------------------------------------
+//
+// Views that borrow the messages and serialize in field order (proto
+// order), so `-o json` reads like the proto.
 
-pub fn volume_json(v: &LogicVolume) -> Value {
-    json!({
-        "name": v.name,
-        "deviceGroup": v.device_group,
-        "policy": policy_name(v.policy),
-        "sizeBytes": v.size_bytes,
-        "devicePath": v.device_path,
-        "hostPath": v.host_path,
-        "major": v.major,
-        "minor": v.minor,
-        "exclusive": v.exclusive,
-        "disk": v.disk,
-    })
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeView<'a> {
+    name: &'a str,
+    device_group: &'a str,
+    policy: String,
+    size_bytes: u64,
+    device_path: &'a str,
+    host_path: &'a str,
+    major: u32,
+    minor: u32,
+    exclusive: bool,
+    disk: &'a str,
 }
 
-pub fn group_json(g: &GroupCapacity) -> Value {
-    json!({
-        "deviceGroup": g.device_group,
-        "policy": policy_name(g.policy),
-        "totalBytes": g.total_bytes,
-        "freeBytes": g.free_bytes,
-        "reserveBytes": g.reserve_bytes,
-        "allocatableBytes": g.allocatable_bytes,
-        "largestAllocatableBytes": g.largest_allocatable_bytes,
-        "allocationUnitBytes": g.allocation_unit_bytes,
-        "volumeCount": g.volume_count,
-        "quota": quota_name(g.quota),
-        "disks": g.disks,
-    })
+pub fn volume_json(v: &LogicVolume) -> VolumeView<'_> {
+    VolumeView {
+        name: &v.name,
+        device_group: &v.device_group,
+        policy: policy_name(v.policy),
+        size_bytes: v.size_bytes,
+        device_path: &v.device_path,
+        host_path: &v.host_path,
+        major: v.major,
+        minor: v.minor,
+        exclusive: v.exclusive,
+        disk: &v.disk,
+    }
 }
 
-pub fn capacity_json(c: &CapacityResponse) -> Value {
-    json!({
-        "nodeName": c.node_name,
-        "generation": c.generation,
-        "reason": reason_name(c.reason),
-        "groups": c.groups.iter().map(group_json).collect::<Vec<_>>(),
-    })
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupView<'a> {
+    device_group: &'a str,
+    policy: String,
+    total_bytes: u64,
+    free_bytes: u64,
+    reserve_bytes: u64,
+    allocatable_bytes: u64,
+    largest_allocatable_bytes: u64,
+    allocation_unit_bytes: u64,
+    volume_count: u32,
+    quota: String,
+    disks: &'a [String],
 }
 
-pub fn disk_json(d: &Disk) -> Value {
-    json!({
-        "name": d.name,
-        "path": d.path,
-        "sizeBytes": d.size_bytes,
-        "readOnly": d.read_only,
-        "kind": d.kind,
-        "fstype": d.fstype,
-        "pttype": d.pttype,
-        "mountpoints": d.mountpoints,
-        "partitions": d.partitions,
-        "deviceGroup": d.device_group,
-        "reason": d.reason,
-        "major": d.major,
-        "minor": d.minor,
-    })
+pub fn group_json(g: &GroupCapacity) -> GroupView<'_> {
+    GroupView {
+        device_group: &g.device_group,
+        policy: policy_name(g.policy),
+        total_bytes: g.total_bytes,
+        free_bytes: g.free_bytes,
+        reserve_bytes: g.reserve_bytes,
+        allocatable_bytes: g.allocatable_bytes,
+        largest_allocatable_bytes: g.largest_allocatable_bytes,
+        allocation_unit_bytes: g.allocation_unit_bytes,
+        volume_count: g.volume_count,
+        quota: quota_name(g.quota),
+        disks: &g.disks,
+    }
 }
 
-pub fn bcache_json(b: &BcacheDevice) -> Value {
-    json!({
-        "name": b.name,
-        "backingVolume": b.backing_volume,
-        "cacheVolume": b.cache_volume,
-        "cacheMode": cache_mode_name(b.cache_mode),
-        "devicePath": b.device_path,
-        "major": b.major,
-        "minor": b.minor,
-    })
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityView<'a> {
+    node_name: &'a str,
+    generation: u64,
+    reason: String,
+    groups: Vec<GroupView<'a>>,
+}
+
+pub fn capacity_json(c: &CapacityResponse) -> CapacityView<'_> {
+    CapacityView {
+        node_name: &c.node_name,
+        generation: c.generation,
+        reason: reason_name(c.reason),
+        groups: c.groups.iter().map(group_json).collect(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskView<'a> {
+    name: &'a str,
+    path: &'a str,
+    size_bytes: u64,
+    read_only: bool,
+    kind: &'a str,
+    fstype: &'a str,
+    pttype: &'a str,
+    mountpoints: &'a [String],
+    partitions: &'a [String],
+    device_group: &'a str,
+    reason: &'a str,
+    major: u32,
+    minor: u32,
+}
+
+pub fn disk_json(d: &Disk) -> DiskView<'_> {
+    DiskView {
+        name: &d.name,
+        path: &d.path,
+        size_bytes: d.size_bytes,
+        read_only: d.read_only,
+        kind: &d.kind,
+        fstype: &d.fstype,
+        pttype: &d.pttype,
+        mountpoints: &d.mountpoints,
+        partitions: &d.partitions,
+        device_group: &d.device_group,
+        reason: &d.reason,
+        major: d.major,
+        minor: d.minor,
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BcacheView<'a> {
+    name: &'a str,
+    backing_volume: &'a str,
+    cache_volume: &'a str,
+    cache_mode: String,
+    device_path: &'a str,
+    major: u32,
+    minor: u32,
+}
+
+pub fn bcache_json(b: &BcacheDevice) -> BcacheView<'_> {
+    BcacheView {
+        name: &b.name,
+        backing_volume: &b.backing_volume,
+        cache_volume: &b.cache_volume,
+        cache_mode: cache_mode_name(b.cache_mode),
+        device_path: &b.device_path,
+        major: b.major,
+        minor: b.minor,
+    }
 }
 
 // ---- tables ----------------------------------------------------------------
@@ -272,6 +345,11 @@ pub fn bcache_table(b: &BcacheDevice) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+
+    fn value(v: impl Serialize) -> Value {
+        serde_json::to_value(v).expect("serializes")
+    }
 
     fn lvm_volume() -> LogicVolume {
         LogicVolume {
@@ -327,18 +405,30 @@ whole    raw    RAW (whole disk)  1.5 GiB  /dev/sdc             8:32     /dev/sd
 
     #[test]
     fn volume_json_has_exact_bytes() {
-        let v = volume_json(&LogicVolume {
+        let volume = LogicVolume {
             size_bytes: (1 << 30) + 1,
             ..lvm_volume()
-        });
+        };
+        let v = value(volume_json(&volume));
         assert_eq!(v["sizeBytes"], json!(1_073_741_825u64));
         assert_eq!(v["policy"], "LVM");
         assert_eq!(v["deviceGroup"], "lvm");
-        let big = volume_json(&LogicVolume {
+        let big = LogicVolume {
             size_bytes: u64::MAX,
             ..host_volume()
-        });
-        assert_eq!(big["sizeBytes"].as_u64(), Some(u64::MAX));
+        };
+        assert_eq!(
+            value(volume_json(&big))["sizeBytes"].as_u64(),
+            Some(u64::MAX)
+        );
+        // Fields come in proto order, not sorted.
+        let text = serde_json::to_string(&volume_json(&volume)).expect("serializes");
+        assert!(
+            text.starts_with(
+                r#"{"name":"data-1","deviceGroup":"lvm","policy":"LVM","sizeBytes":1073741825,"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -383,7 +473,7 @@ lvm    LVM     2 GiB  2.0 GiB  256 MiB      1.7 GiB  1.7 GiB  4 MiB        0  n/
 host   HOST      0 B      0 B      0 B          0 B      0 B    0 B        2  accounting  /srv/carina
 "
         );
-        let j = capacity_json(&c);
+        let j = value(capacity_json(&c));
         assert_eq!(j["reason"], "CREATE");
         assert_eq!(j["groups"][0]["freeBytes"], json!((2u64 << 30) - (4 << 20)));
         assert_eq!(j["groups"][1]["quota"], "ACCOUNTING_ONLY");

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
 use tonic::Request;
 use tracing::Instrument;
 
@@ -22,6 +23,31 @@ use super::size::format_size;
 use super::{CliError, Printer, error_chain};
 
 type Client = NodeStorageClient<TracedChannel>;
+
+// JSON envelopes, named after the proto responses' fields.
+
+#[derive(Debug, Serialize)]
+struct OneVolume<'a> {
+    /// Only for `lv create`: false when the volume already existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created: Option<bool>,
+    volume: render::VolumeView<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct Volumes<'a> {
+    volumes: Vec<render::VolumeView<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Disks<'a> {
+    disks: Vec<render::DiskView<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Device<'a> {
+    device: render::BcacheView<'a>,
+}
 
 /// A connected client and the per-call timeout.
 struct Node {
@@ -156,12 +182,9 @@ fn print_volume(
             text.push_str(&render::volumes_table([v]).render());
             text
         },
-        || match created {
-            Some(created) => serde_json::json!({
-                "created": created,
-                "volume": render::volume_json(v),
-            }),
-            None => serde_json::json!({ "volume": render::volume_json(v) }),
+        || OneVolume {
+            created,
+            volume: render::volume_json(v),
         },
     )
 }
@@ -205,10 +228,8 @@ async fn lv(node: &mut Node, cmd: LvCommand, out: &Printer) -> Result<(), CliErr
                         render::volumes_table(&volumes).render()
                     }
                 },
-                || {
-                    serde_json::json!({
-                        "volumes": volumes.iter().map(render::volume_json).collect::<Vec<_>>(),
-                    })
+                || Volumes {
+                    volumes: volumes.iter().map(render::volume_json).collect(),
                 },
             )
         }
@@ -318,10 +339,8 @@ async fn disks(node: &mut Node, out: &Printer) -> Result<(), CliError> {
     let response = node.client.list_disks(request).await?.into_inner();
     out.print(
         || render::disks_table(&response.disks).render(),
-        || {
-            serde_json::json!({
-                "disks": response.disks.iter().map(render::disk_json).collect::<Vec<_>>(),
-            })
+        || Disks {
+            disks: response.disks.iter().map(render::disk_json).collect(),
         },
     )
 }
@@ -411,7 +430,9 @@ async fn bcache(node: &mut Node, cmd: BcacheCommand, out: &Printer) -> Result<()
     let device = device.ok_or_else(|| missing("device"))?;
     out.print(
         || render::bcache_table(&device).render(),
-        || serde_json::json!({ "device": render::bcache_json(&device) }),
+        || Device {
+            device: render::bcache_json(&device),
+        },
     )
 }
 
