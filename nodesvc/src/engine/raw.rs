@@ -265,6 +265,11 @@ impl DiskView {
         self.free().iter().map(|e| self.bytes(e.len)).sum()
     }
 
+    /// Entry numbers in use.
+    fn numbers(&self) -> Vec<u32> {
+        self.parts.iter().map(|p| p.entry.number).collect()
+    }
+
     fn free_number(&self) -> Option<u32> {
         (1..=SLOTS).find(|n| self.parts.iter().all(|p| p.entry.number != *n))
     }
@@ -477,15 +482,22 @@ fn kernel_size(disk: &str, number: u32) -> Option<u64> {
     sysfs_u64(disk, &format!("{part}/size")).map(|s| s * 512)
 }
 
-/// Tells the kernel about the table: entry `number` must succeed; then the
-/// whole disk, best effort, because sgdisk's re-read request makes some
-/// kernels drop every partition not in use without adding them back.
-async fn sync_kernel(disk: &Path, number: Option<u32>) -> Result<()> {
+/// Tells the kernel about the table. Entry `number` (just written) must
+/// reach it; the other entries in `expected` are re-added only when the
+/// kernel lacks them. sgdisk's re-read request makes kernels without a GPT
+/// parser drop every partition not in use, and re-adding a partition that
+/// is present would only give it a new device number.
+async fn sync_kernel(disk: &Disk, number: Option<u32>, expected: &[u32]) -> Result<()> {
     if let Some(n) = number {
-        gpt::partx_update(disk, Some(n)).run().await?;
+        gpt::partx_update(&disk.path, Some(n)).run().await?;
     }
-    if let Err(e) = gpt::partx_update(disk, None).run().await {
-        tracing::warn!(disk = %disk.display(), error = %e, "partx update of the whole disk failed");
+    for &n in expected {
+        if Some(n) != number
+            && present_node(&disk.name, n).is_none()
+            && let Err(e) = gpt::partx_update(&disk.path, Some(n)).run().await
+        {
+            tracing::warn!(disk = %disk.path.display(), partition = n, error = %e, "partx update failed");
+        }
     }
     Ok(())
 }
@@ -676,7 +688,7 @@ impl RawGroup {
         if view.record_usable() {
             write_slot(&view.disk.path, entry.number, Some(&slot)).await?;
         }
-        sync_kernel(&view.disk.path, Some(entry.number)).await?;
+        sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
         let node = wait_node(&view.disk.name, entry.number)
             .await
             .ok_or_else(|| no_node("create", volume, view, entry.number))?;
@@ -705,7 +717,7 @@ impl RawGroup {
         entry: &gpt::NewPartition,
         volume: &str,
     ) -> Result<()> {
-        sync_kernel(&view.disk.path, Some(entry.number)).await?;
+        sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
         let want = view.bytes(entry.end - entry.start);
         match kernel_size(&view.disk.name, entry.number) {
             Some(got) if got == want => Ok(()),
@@ -753,9 +765,7 @@ async fn undo_create(view: &DiskView, number: u32) {
         tracing::error!(disk = %path.display(), partition = number, error = %e, "undo: removing the partition failed");
         return;
     }
-    if !view.parts.is_empty() {
-        let _ = sync_kernel(path, None).await;
-    }
+    let _ = sync_kernel(&view.disk, None, &view.numbers()).await;
 }
 
 /// Kernel names of the disks among `disks` (GPT disks, usually) that hold
@@ -792,7 +802,8 @@ impl Backend for RawGroup {
                 && t.label == "gpt"
                 && !t.partitions.is_empty()
             {
-                sync_kernel(&disk.path, None).await?;
+                let numbers: Vec<u32> = t.partitions.iter().map(|p| p.number).collect();
+                sync_kernel(disk, None, &numbers).await?;
             }
         }
         Ok(())
@@ -834,7 +845,7 @@ impl Backend for RawGroup {
         self.make(&views[i], extent, &req.name, req.exclusive).await
     }
 
-    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
+    #[instrument(skip(self, name), err, fields(device.group = %self.config.name, volume.name = %name))]
     async fn get(&self, name: &str) -> Result<Option<Volume>> {
         for view in self.views().await? {
             if let Some((part, owner)) = view.find(name) {
@@ -856,7 +867,7 @@ impl Backend for RawGroup {
         Ok(out)
     }
 
-    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
+    #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %name, volume.size = size_bytes))]
     async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         let size = self.round_size(size_bytes).ok_or_else(|| {
             Error::invalid("size_bytes", format!("{size_bytes} cannot be rounded"))
@@ -933,7 +944,7 @@ impl Backend for RawGroup {
                 .await
             {
                 Ok(_) => {
-                    let _ = sync_kernel(&view.disk.path, Some(old.number)).await;
+                    let _ = sync_kernel(&view.disk, Some(old.number), &view.numbers()).await;
                 }
                 Err(undo) => {
                     tracing::error!(volume.name = %name, error = %undo, "undo: restoring the old partition end failed")
@@ -948,7 +959,7 @@ impl Backend for RawGroup {
         self.volume(&after, part, owner).await
     }
 
-    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
+    #[instrument(skip(self, name), err, fields(device.group = %self.config.name, volume.name = %name))]
     async fn delete(&self, name: &str) -> Result<()> {
         let views = self.views().await?;
         let Some((view, part, owner)) = views
@@ -991,7 +1002,12 @@ impl Backend for RawGroup {
                 tracing::warn!(disk = %path.display(), error = %e, "removing the empty partition table failed");
             }
         } else {
-            sync_kernel(path, None).await?;
+            let others: Vec<u32> = view
+                .numbers()
+                .into_iter()
+                .filter(|n| *n != number)
+                .collect();
+            sync_kernel(&view.disk, None, &others).await?;
         }
         Ok(())
     }
