@@ -50,12 +50,22 @@ impl NodeStorageService {
         }
     }
 
-    /// Counts the outcome and wraps the answer.
+    /// Counts the outcome and wraps the answer. The span records every
+    /// error at INFO (a caller's mistake is not the node's); failures of
+    /// the node itself are logged at ERROR here.
     fn done<T>(&self, method: &str, result: Result<T, Status>) -> Result<Response<T>, Status> {
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(s) => s.code(),
         };
+        if let Err(s) = &result
+            && matches!(
+                code,
+                tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::DataLoss
+            )
+        {
+            tracing::error!(rpc.method = method, error = %s.message(), "call failed");
+        }
         self.metrics.observe(method, code);
         result.map(Response::new)
     }
@@ -174,7 +184,7 @@ impl NodeStorage for NodeStorageService {
     #[instrument(
         name = "NodeStorage/CreateLV",
         skip(self, request),
-        err,
+        err(level = "info"),
         fields(
             volume.name = %request.get_ref().name,
             volume.group = %request.get_ref().device_group,
@@ -192,7 +202,7 @@ impl NodeStorage for NodeStorageService {
     #[instrument(
         name = "NodeStorage/DeleteLV",
         skip(self, request),
-        err,
+        err(level = "info"),
         fields(volume.name = %request.get_ref().name)
     )]
     async fn delete_lv(
@@ -212,7 +222,7 @@ impl NodeStorage for NodeStorageService {
     #[instrument(
         name = "NodeStorage/ResizeLV",
         skip(self, request),
-        err,
+        err(level = "info"),
         fields(volume.name = %request.get_ref().name, volume.size = request.get_ref().size_bytes)
     )]
     async fn resize_lv(
@@ -235,7 +245,7 @@ impl NodeStorage for NodeStorageService {
     #[instrument(
         name = "NodeStorage/GetLV",
         skip(self, request),
-        err,
+        err(level = "info"),
         fields(volume.name = %request.get_ref().name)
     )]
     async fn get_lv(
@@ -257,7 +267,7 @@ impl NodeStorage for NodeStorageService {
     #[instrument(
         name = "NodeStorage/ListLVs",
         skip(self, request),
-        err,
+        err(level = "info"),
         fields(volume.group = %request.get_ref().device_group)
     )]
     async fn list_l_vs(
@@ -271,7 +281,7 @@ impl NodeStorage for NodeStorageService {
     #[instrument(
         name = "NodeStorage/Capacity",
         skip(self, request),
-        err,
+        err(level = "info"),
         fields(volume.group = %request.get_ref().device_group)
     )]
     async fn capacity(
@@ -284,7 +294,11 @@ impl NodeStorage for NodeStorageService {
 
     type WatchCapacityStream = CapacityStream;
 
-    #[instrument(name = "NodeStorage/WatchCapacity", skip(self, _request), err)]
+    #[instrument(
+        name = "NodeStorage/WatchCapacity",
+        skip(self, _request),
+        err(level = "info")
+    )]
     async fn watch_capacity(
         &self,
         _request: Request<pb::WatchCapacityRequest>,
@@ -297,7 +311,11 @@ impl NodeStorage for NodeStorageService {
         self.done("WatchCapacity", Ok(stream))
     }
 
-    #[instrument(name = "NodeStorage/ListDisks", skip(self, _request), err)]
+    #[instrument(
+        name = "NodeStorage/ListDisks",
+        skip(self, _request),
+        err(level = "info")
+    )]
     async fn list_disks(
         &self,
         _request: Request<pb::ListDisksRequest>,
@@ -306,7 +324,11 @@ impl NodeStorage for NodeStorageService {
         self.done("ListDisks", Ok(pb::ListDisksResponse { disks }))
     }
 
-    #[instrument(name = "NodeStorage/ApplyConfig", skip(self, request), err)]
+    #[instrument(
+        name = "NodeStorage/ApplyConfig",
+        skip(self, request),
+        err(level = "info")
+    )]
     async fn apply_config(
         &self,
         request: Request<pb::ApplyConfigRequest>,
@@ -318,7 +340,7 @@ impl NodeStorage for NodeStorageService {
         self.done("ApplyConfig", result)
     }
 
-    #[instrument(name = "NodeStorage/CreateBcache", skip_all, err)]
+    #[instrument(name = "NodeStorage/CreateBcache", skip_all, err(level = "info"))]
     async fn create_bcache(
         &self,
         _request: Request<pb::CreateBcacheRequest>,
@@ -329,7 +351,7 @@ impl NodeStorage for NodeStorageService {
         )
     }
 
-    #[instrument(name = "NodeStorage/DeleteBcache", skip_all, err)]
+    #[instrument(name = "NodeStorage/DeleteBcache", skip_all, err(level = "info"))]
     async fn delete_bcache(
         &self,
         _request: Request<pb::DeleteBcacheRequest>,
@@ -340,7 +362,7 @@ impl NodeStorage for NodeStorageService {
         )
     }
 
-    #[instrument(name = "NodeStorage/GetBcache", skip_all, err)]
+    #[instrument(name = "NodeStorage/GetBcache", skip_all, err(level = "info"))]
     async fn get_bcache(
         &self,
         _request: Request<pb::GetBcacheRequest>,
@@ -351,7 +373,7 @@ impl NodeStorage for NodeStorageService {
         )
     }
 
-    #[instrument(name = "NodeStorage/SetCacheMode", skip_all, err)]
+    #[instrument(name = "NodeStorage/SetCacheMode", skip_all, err(level = "info"))]
     async fn set_cache_mode(
         &self,
         _request: Request<pb::SetCacheModeRequest>,
