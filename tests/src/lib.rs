@@ -152,15 +152,27 @@ impl Drop for LoopDisk {
         if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
             for line in mounts.lines() {
                 let mut f = line.split_whitespace();
-                if let (Some(src), Some(target)) = (f.next(), f.next()) {
-                    if src.starts_with(&dev) {
-                        let _ = run("umount", &["-l", target]);
-                    }
+                if let (Some(src), Some(target)) = (f.next(), f.next())
+                    && is_disk_or_partition(src, &dev)
+                {
+                    let _ = run("umount", &["-l", target]);
                 }
             }
         }
         let _ = run("losetup", &["-d", &dev]);
         let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// True for `dev` itself or one of its partitions (`/dev/loop1p2`), not for
+/// another device that shares the prefix (`/dev/loop10`).
+pub fn is_disk_or_partition(source: &str, dev: &str) -> bool {
+    match source.strip_prefix(dev) {
+        Some("") => true,
+        Some(rest) => rest
+            .strip_prefix('p')
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit())),
+        None => false,
     }
 }
 
@@ -266,6 +278,15 @@ impl Drop for MountGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partitions_of_a_disk_only() {
+        assert!(is_disk_or_partition("/dev/loop1", "/dev/loop1"));
+        assert!(is_disk_or_partition("/dev/loop1p2", "/dev/loop1"));
+        assert!(!is_disk_or_partition("/dev/loop10", "/dev/loop1"));
+        assert!(!is_disk_or_partition("/dev/loop10p1", "/dev/loop1"));
+        assert!(!is_disk_or_partition("/dev/loop1p", "/dev/loop1"));
+    }
 
     #[test]
     fn unique_names_differ() {

@@ -32,8 +32,12 @@ pub struct Disk {
     pub fstype: Option<String>,
     /// Partition-table type (`gpt`, `dos`).
     pub pttype: Option<String>,
-    /// Mount points of the disk and of its partitions.
+    /// Mount points of the disk itself.
     pub mountpoints: Vec<String>,
+    /// What uses its partitions or is stacked on it: partition mount points
+    /// and holders (`holder:<name>`). A disk that is already ours may have
+    /// these (our mounted volumes); any other disk may not.
+    pub children_in_use: Vec<String>,
     /// Kernel names of its partitions.
     pub partitions: Vec<String>,
     /// Loop devices: the backing file.
@@ -107,16 +111,16 @@ pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
             .as_deref()
             .and_then(parse_maj_min)
             .unwrap_or((0, 0));
-        let mut mountpoints: Vec<String> = dev.mountpoints.iter().flatten().cloned().collect();
+        let mountpoints: Vec<String> = dev.mountpoints.iter().flatten().cloned().collect();
         let mut partitions = Vec::new();
+        let mut children_in_use = Vec::new();
         for child in &dev.children {
-            mountpoints.extend(child.mountpoints.iter().flatten().cloned());
+            children_in_use.extend(child.mountpoints.iter().flatten().cloned());
             if child.kind == "part" {
                 partitions.push(child.name.clone());
             } else {
-                // Something is stacked on the disk (dm, md, ...): treat it as
-                // in use by reporting the holder as a mount-like user.
-                mountpoints.push(format!("holder:{}", child.name));
+                // Something is stacked on the disk (dm, md, ...).
+                children_in_use.push(format!("holder:{}", child.name));
             }
         }
         disks.push(Disk {
@@ -130,6 +134,7 @@ pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
             fstype: None,
             pttype: None,
             mountpoints,
+            children_in_use,
             partitions,
             backing_file: None,
             lvm_vg: None,
@@ -293,15 +298,27 @@ fn unusable_reason(
             Some(_) => {}
         }
     }
+    // A disk that is already ours keeps its group while our volumes on it
+    // are mounted or activated; any other disk with users is off limits.
+    let already_ours = match policy {
+        Policy::Lvm => disk.lvm_vg.as_deref() == Some(group),
+        Policy::Raw => ours.iter().any(|d| d == &disk.name),
+        Policy::Host => false,
+    };
+    if !already_ours && !disk.children_in_use.is_empty() {
+        return Some(format!("in use ({})", disk.children_in_use.join(", ")));
+    }
     if disk.size_bytes < min_bytes {
         return Some(format!(
             "too small ({} bytes, at least {min_bytes})",
             disk.size_bytes
         ));
     }
+    if already_ours {
+        return None;
+    }
     match policy {
         Policy::Lvm => match (&disk.lvm_vg, &disk.fstype) {
-            (Some(vg), _) if vg == group => None,
             (Some(vg), _) if vg.is_empty() => None,
             (Some(vg), _) => Some(format!("physical volume of another volume group {vg:?}")),
             (None, Some(fs)) => Some(format!("carries {fs}")),
@@ -311,9 +328,7 @@ fn unusable_reason(
             (None, None) => None,
         },
         Policy::Raw => {
-            if ours.iter().any(|d| d == &disk.name) {
-                None
-            } else if let Some(fs) = &disk.fstype {
+            if let Some(fs) = &disk.fstype {
                 Some(format!("carries {fs}"))
             } else if disk.pttype.is_some() || !disk.partitions.is_empty() {
                 Some("carries partitions that are not ours".into())
@@ -358,6 +373,7 @@ mod tests {
             fstype: None,
             pttype: None,
             mountpoints: vec![],
+            children_in_use: vec![],
             partitions: vec![],
             backing_file: Some("/var/tmp/pool.img".into()),
             lvm_vg: None,
@@ -421,6 +437,10 @@ mod tests {
         d[4].partitions = vec!["loop5p1".into()];
         d[5].pttype = Some("gpt".into());
         d[6].mountpoints = vec!["/mnt".into()];
+        // Our RAW disk with a mounted volume stays ours; a foreign one with a
+        // mounted partition is in use.
+        d[4].children_in_use = vec!["/var/lib/kubelet/x".into()];
+        d[5].children_in_use = vec!["/srv".into()];
         d[8].backing_file = Some("/dev/loop0".into());
         d[9].size_bytes = 4096;
         let s = assign(&cfg, &d, &["loop5".to_string()]);

@@ -2,14 +2,14 @@
 //! device-mapper (`activation: loop`): a loop device over the physical
 //! volume at the LV's byte offset, limited to the LV's size.
 //!
-//! Attaching and detaching go through `losetup`; growing an attached device
-//! in place (it may be mounted) needs the `LOOP_SET_STATUS64` ioctl, the one
-//! call site in the workspace that is allowed `unsafe`.
+//! Attaching goes through `losetup`; detaching (`LOOP_CLR_FD`) and growing
+//! an attached device in place (`LOOP_SET_STATUS64`; it may be mounted) are
+//! ioctls, the only call sites in the workspace allowed `unsafe`.
 
 use std::path::{Path, PathBuf};
 
 use super::command::Cmd;
-use super::disks::{self, LosetupDevice};
+use super::disks::LosetupDevice;
 use super::error::{Error, Result};
 
 /// Attaches a new loop device over `backing` at `offset` bytes, `size` long.
@@ -29,9 +29,29 @@ pub async fn attach(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
     Ok(PathBuf::from(dev))
 }
 
-/// Detaches a loop device.
+/// Detaches a loop device (`LOOP_CLR_FD`, what `losetup -d` does, without
+/// a process per call).
 pub async fn detach(dev: &Path) -> Result<()> {
-    Cmd::new("losetup").arg("-d").arg(dev).run().await?;
+    let path = dev.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        clear_fd_blocking(&path).map_err(|e| Error::io("LOOP_CLR_FD", path, e))
+    })
+    .await
+    .map_err(|e| Error::parse("loop detach task", e))?
+}
+
+const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+
+#[allow(unsafe_code)]
+fn clear_fd_blocking(dev: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new().read(true).open(dev)?;
+    // SAFETY: LOOP_CLR_FD takes no argument; `file` keeps the descriptor
+    // open for the duration of the call.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), LOOP_CLR_FD as _, 0) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(())
 }
 
@@ -47,9 +67,45 @@ pub fn find<'a>(
         .find(|l| l.offset == offset && l.back_file.as_deref() == Some(&*backing))
 }
 
-/// Every attached loop device.
+/// Every attached loop device, read from sysfs (no process to spawn:
+/// this runs on every create and delete).
 pub async fn list() -> Result<Vec<LosetupDevice>> {
-    disks::list_loops().await
+    tokio::task::spawn_blocking(|| list_sysfs(Path::new("/sys/block")))
+        .await
+        .map_err(|e| Error::parse("loop device listing task", e))?
+}
+
+/// Reads `<sys_block>/loop*/loop/{backing_file,offset,sizelimit}`; devices
+/// without a `loop/` directory are not attached.
+pub fn list_sysfs(sys_block: &Path) -> Result<Vec<LosetupDevice>> {
+    let entries = match std::fs::read_dir(sys_block) {
+        Ok(e) => e,
+        Err(e) => return Err(Error::io("read", sys_block, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let dir = entry.path().join("loop");
+        let Ok(back) = std::fs::read_to_string(dir.join("backing_file")) else {
+            continue;
+        };
+        let read_num = |f: &str| -> u64 {
+            std::fs::read_to_string(dir.join(f))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        out.push(LosetupDevice {
+            name: format!("/dev/{name}"),
+            sizelimit: read_num("sizelimit"),
+            offset: read_num("offset"),
+            back_file: Some(back.trim_end_matches('\n').to_string()),
+        });
+    }
+    Ok(out)
 }
 
 /// Fails with `FailedPrecondition` if the block device is mounted or held
@@ -155,6 +211,29 @@ mod tests {
     #[test]
     fn loop_info64_has_the_kernel_layout() {
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+    }
+
+    #[test]
+    fn lists_from_a_sysfs_tree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l3 = dir.path().join("loop3/loop");
+        std::fs::create_dir_all(&l3).expect("mkdir");
+        std::fs::write(l3.join("backing_file"), "/dev/loop0\n").expect("write");
+        std::fs::write(l3.join("offset"), "1048576\n").expect("write");
+        std::fs::write(l3.join("sizelimit"), "8388608\n").expect("write");
+        // loop4 exists but is not attached: no loop/ directory.
+        std::fs::create_dir_all(dir.path().join("loop4")).expect("mkdir");
+        std::fs::create_dir_all(dir.path().join("sda")).expect("mkdir");
+        let loops = list_sysfs(dir.path()).expect("lists");
+        assert_eq!(
+            loops,
+            vec![LosetupDevice {
+                name: "/dev/loop3".into(),
+                sizelimit: 8388608,
+                offset: 1048576,
+                back_file: Some("/dev/loop0".into()),
+            }]
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub const OWNER_TAG: &str = "carina.storage.io/owner=carina";
 
 /// How many bytes at each end of a new volume are zeroed, so an old
 /// filesystem signature never shows through to the next user.
-const WIPE_BYTES: u64 = 1 << 20;
+const WIPE_BYTES: u64 = 512 << 10;
 
 /// An `lvm` command that sees only `devices`.
 pub fn lvm_cmd(subcommand: &str, devices: &[PathBuf]) -> Cmd {
@@ -345,8 +345,7 @@ impl VgSnapshot {
             }
         }
         // Merge neighbouring free runs on the same PV.
-        self.segments
-            .sort_by(|a, b| (a.pv.clone(), a.start).cmp(&(b.pv.clone(), b.start)));
+        self.segments.sort_by_key(|s| (s.pv.clone(), s.start));
         let mut merged: Vec<Segment> = Vec::with_capacity(self.segments.len());
         for s in self.segments.drain(..) {
             match merged.last_mut() {
@@ -616,12 +615,11 @@ impl LvmGroup {
         match result {
             Ok(v) => Ok(v),
             Err(e) => {
-                if let Some((pv, offset)) = snap.byte_offset(&lv) {
-                    if let Ok(loops) = loopdev::list().await {
-                        if let Some(l) = loopdev::find(&loops, &pv, offset) {
-                            let _ = loopdev::detach(Path::new(&l.name)).await;
-                        }
-                    }
+                if let Some((pv, offset)) = snap.byte_offset(&lv)
+                    && let Ok(loops) = loopdev::list().await
+                    && let Some(l) = loopdev::find(&loops, &pv, offset)
+                {
+                    let _ = loopdev::detach(Path::new(&l.name)).await;
                 }
                 self.roll_back(&req.name).await;
                 Err(e)

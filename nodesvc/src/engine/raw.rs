@@ -1064,6 +1064,7 @@ mod tests {
             fstype: None,
             pttype: None,
             mountpoints: vec![],
+            children_in_use: vec![],
             partitions: vec![],
             backing_file: None,
             lvm_vg: None,

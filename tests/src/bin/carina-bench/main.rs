@@ -1,0 +1,92 @@
+//! `make bench`: measures Carina against the physical floor — the raw
+//! commands it stands on — in the same run, and writes
+//! `docs/benchmarks.json` and `docs/benchmarks.md`.
+//!
+//! Usage: `carina-bench [--out DIR] [--iterations N]`. Needs root and loop
+//! devices, like the engine tests.
+
+mod engine;
+mod report;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+
+struct Args {
+    out: PathBuf,
+    iterations: usize,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        out: PathBuf::from("docs"),
+        iterations: 100,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => args.out = PathBuf::from(it.next().context("--out needs a directory")?),
+            "--iterations" => {
+                args.iterations = it
+                    .next()
+                    .context("--iterations needs a number")?
+                    .parse()
+                    .context("--iterations")?
+            }
+            other => bail!("unknown argument {other:?} (expected --out DIR, --iterations N)"),
+        }
+    }
+    if args.iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = parse_args()?;
+    if !carina_tests::have_root("carina-bench") {
+        bail!("carina-bench needs root (loop devices, lvm)");
+    }
+    let mut entries = Vec::new();
+    entries.extend(engine::lvm_create_delete(args.iterations).await?);
+    let context = machine_context();
+    report::write(&args.out, &entries, &context)?;
+    for e in &entries {
+        println!(
+            "{:<55} p50 {:>9.3} {}  p99 {:>9.3}  floor p50 {:>9}  ratio {:>6}",
+            e.name,
+            e.p50,
+            e.unit,
+            e.p99,
+            e.floor_p50
+                .map(|f| format!("{f:.3}"))
+                .unwrap_or_else(|| "-".into()),
+            e.ratio
+                .map(|r| format!("{r:.3}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    println!(
+        "wrote {}/benchmarks.json and benchmarks.md",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// A line about the machine the figures come from.
+fn machine_context() -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let dm = if carina_node::engine::detect_device_mapper() {
+        "device-mapper"
+    } else {
+        "loop (no device-mapper)"
+    };
+    format!(
+        "Last run: {cpus} CPUs, Linux {}, LVM activation: {dm}; volumes on a sparse file behind a loop device.",
+        kernel.trim()
+    )
+}
