@@ -142,8 +142,15 @@ impl Engine {
 
     /// Creates a volume, or returns the existing one when the same name,
     /// group and (rounded) size are requested again.
-    #[instrument(skip(self), err, fields(volume.name = %req.name, volume.group = %req.group, volume.size = req.size_bytes))]
     pub async fn create_volume(&self, req: CreateRequest) -> Result<Volume> {
+        self.ensure_volume(req).await.map(|(v, _)| v)
+    }
+
+    /// [`Engine::create_volume`] that also says whether this call created
+    /// the volume (`false`: it already existed with these arguments). The
+    /// answer is exact: it is decided under the volume's lock.
+    #[instrument(skip(self), err(level = "info"), fields(volume.name = %req.name, volume.group = %req.group, volume.size = req.size_bytes))]
+    pub async fn ensure_volume(&self, req: CreateRequest) -> Result<(Volume, bool)> {
         names::check_volume_name(&req.name)?;
         names::check_size("size_bytes", req.size_bytes)?;
         if req.group.is_empty() {
@@ -174,7 +181,7 @@ impl Engine {
                 && (existing.size_bytes == rounded
                     || (req.exclusive && existing.size_bytes >= rounded));
             if same {
-                return Ok(existing);
+                return Ok((existing, false));
             }
             return Err(Error::AlreadyExists {
                 name: req.name.clone(),
@@ -189,11 +196,11 @@ impl Engine {
         };
         self.index_insert(&volume.name, &volume.group);
         self.notify(ChangeReason::Create).await;
-        Ok(volume)
+        Ok((volume, true))
     }
 
     /// The volume of that name, in whichever group holds it.
-    #[instrument(skip(self), err, fields(volume.name = %name))]
+    #[instrument(skip(self), err(level = "info"), fields(volume.name = %name))]
     pub async fn get_volume(&self, name: &str) -> Result<Volume> {
         names::check_volume_name(name)?;
         self.find(name).await?.ok_or_else(|| Error::VolumeNotFound {
@@ -226,7 +233,7 @@ impl Engine {
 
     /// Grows a volume to at least `size_bytes` (rounded up to the group's
     /// unit). Shrinking is refused; the current size is a no-op.
-    #[instrument(skip(self), err, fields(volume.name = %name, volume.size = size_bytes))]
+    #[instrument(skip(self), err(level = "info"), fields(volume.name = %name, volume.size = size_bytes))]
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         names::check_volume_name(name)?;
         names::check_size("size_bytes", size_bytes)?;
@@ -267,7 +274,7 @@ impl Engine {
     }
 
     /// Deletes a volume we own; `VolumeNotFound` if there is none.
-    #[instrument(skip(self), err, fields(volume.name = %name))]
+    #[instrument(skip(self), err(level = "info"), fields(volume.name = %name))]
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         names::check_volume_name(name)?;
         let _guard = self.inner.locks.try_lock(name)?;

@@ -101,7 +101,13 @@ pub fn disk(s: &DiskStatus) -> pb::Disk {
         kind: d.kind.clone(),
         fstype: d.fstype.clone().unwrap_or_default(),
         pttype: d.pttype.clone().unwrap_or_default(),
-        mountpoints: d.mountpoints.clone(),
+        // Users of its partitions and holders count as its mount points on the wire.
+        mountpoints: d
+            .mountpoints
+            .iter()
+            .chain(&d.children_in_use)
+            .cloned()
+            .collect(),
         partitions: d.partitions.clone(),
         device_group: s.group.clone().unwrap_or_default(),
         reason: s.reason.clone(),

@@ -72,19 +72,10 @@ impl NodeStorageService {
 
     async fn create(&self, req: pb::CreateLvRequest) -> Result<pb::CreateLvResponse, Status> {
         let req = convert::create_request(req)?;
-        // The engine answers a repeat with the existing volume; whether it
-        // existed is known from this look-up. (A create that completes for
-        // another caller between the look-up and ours is also reported as
-        // created; the per-volume lock makes that window tiny.)
-        let existed = match self.engine.get_volume(&req.name).await {
-            Ok(_) => true,
-            Err(Error::VolumeNotFound { .. }) => false,
-            Err(e) => return Err(e.into()),
-        };
-        let volume = self.engine.create_volume(req).await?;
+        let (volume, created) = self.engine.ensure_volume(req).await?;
         Ok(pb::CreateLvResponse {
             volume: Some(convert::volume(&volume)),
-            created: !existed,
+            created,
         })
     }
 
