@@ -57,13 +57,10 @@ setup_go() {
 # ---- go.mod parsing (text of an upstream module's go.mod) --------------------------
 
 # Path of the go.mod of MODULE@VERSION in the module cache (downloads it).
-# Runs in an empty directory so no enclosing module is involved.
+# Run it in a directory that is not (yet) a module.
 upstream_gomod() {
-    local empty gomod
-    empty=$(mktemp -d "$ROOT/.gomod.XXXXXX")
-    gomod=$(cd "$empty" && go mod download -json "$1@$2" |
-        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-    rmdir "$empty"
+    local gomod
+    gomod=$(go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
     [[ -f $gomod ]] || die "could not download go.mod of $1@$2"
     echo "$gomod"
 }
@@ -106,8 +103,8 @@ gomod_replaces() {
 # mapper they are dropped, so the versions upstream requires are used.
 new_wrapper() {
     local dir=$1 mod=$2 ver=$3 mapper=${4:-} gomod r old new target kv
-    gomod=$(upstream_gomod "$mod" "$ver")
     mkdir -p "$dir"
+    gomod=$(cd "$dir" && upstream_gomod "$mod" "$ver")
     printf 'module carina.local/tools/wrapper\n\ngo %s\n' "$(gomod_go_version "$gomod")" >"$dir/go.mod"
     (
         cd "$dir"
@@ -198,6 +195,8 @@ build_jaeger() {
 CLEANUP=()
 cleanup() { [[ ${#CLEANUP[@]} -eq 0 ]] || rm -rf "${CLEANUP[@]}"; }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 is_built() {
     local b dir
@@ -224,6 +223,7 @@ install_tool() {
         exec {lock}>&-
         return
     fi
+    rm -rf "$ROOT/.build-$tool-$ver".*   # left by a killed build
     tmp=$(mktemp -d "$ROOT/.build-$tool-$ver.XXXXXX")
     CLEANUP+=("$tmp")
     mkdir -p "$tmp/out/bin"
