@@ -184,6 +184,19 @@ fn disk_dir() -> PathBuf {
         .unwrap_or_else(std::env::temp_dir)
 }
 
+/// `config.json` text with one LVM or RAW group (`policy`) that takes
+/// exactly `disks`, with `reserve` bytes kept free and no periodic rescan.
+pub fn disk_group_config(group: &str, policy: &str, disks: &[&LoopDisk], reserve: u64) -> String {
+    let patterns: Vec<String> = disks
+        .iter()
+        .map(|d| format!("\"{}\"", d.pattern()))
+        .collect();
+    format!(
+        r#"{{"diskSelector":[{{"name":"{group}","re":[{}],"policy":"{policy}","reserveBytes":{reserve},"minDiskBytes":1048576}}],"diskScanInterval":"0"}}"#,
+        patterns.join(",")
+    )
+}
+
 /// LVM `--config` text that makes LVM see only `devices`.
 pub fn lvm_filter(devices: &[&str]) -> String {
     let accept: Vec<String> = devices.iter().map(|d| format!("\"a|^{d}$|\"")).collect();

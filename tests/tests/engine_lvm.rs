@@ -18,14 +18,7 @@ struct Fixture {
 }
 
 fn config_json(group: &str, disks: &[LoopDisk], reserve: u64) -> String {
-    let patterns: Vec<String> = disks
-        .iter()
-        .map(|d| format!("\"{}\"", d.pattern()))
-        .collect();
-    format!(
-        r#"{{"diskSelector":[{{"name":"{group}","re":[{}],"policy":"LVM","reserveBytes":{reserve},"minDiskBytes":1048576}}],"diskScanInterval":"0"}}"#,
-        patterns.join(",")
-    )
+    carina_tests::disk_group_config(group, "LVM", &disks.iter().collect::<Vec<_>>(), reserve)
 }
 
 async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {

@@ -65,14 +65,7 @@ impl Fixture {
 }
 
 fn config_json(group: &str, disks: &[LoopDisk], reserve: u64) -> String {
-    let patterns: Vec<String> = disks
-        .iter()
-        .map(|d| format!("\"{}\"", d.pattern()))
-        .collect();
-    format!(
-        r#"{{"diskSelector":[{{"name":"{group}","re":[{}],"policy":"RAW","reserveBytes":{reserve},"minDiskBytes":1048576}}],"diskScanInterval":"0"}}"#,
-        patterns.join(",")
-    )
+    carina_tests::disk_group_config(group, "RAW", &disks.iter().collect::<Vec<_>>(), reserve)
 }
 
 async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {

@@ -16,10 +16,7 @@ const MIB: u64 = 1 << 20;
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
 fn config_json(group: &str, disk: &LoopDisk) -> String {
-    format!(
-        r#"{{"diskSelector":[{{"name":"{group}","re":["{}"],"policy":"LVM","reserveBytes":0,"minDiskBytes":1048576}}],"diskScanInterval":"0"}}"#,
-        disk.pattern()
-    )
+    carina_tests::disk_group_config(group, "LVM", &[disk], 0)
 }
 
 fn create(name: &str, group: &str, size: u64) -> pb::CreateLvRequest {

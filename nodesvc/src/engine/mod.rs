@@ -211,18 +211,7 @@ impl Engine {
     /// Every volume we own, optionally of one group, sorted by name.
     #[instrument(skip(self), err)]
     pub async fn list_volumes(&self, group: Option<&str>) -> Result<Vec<Volume>> {
-        let slots: Vec<GroupSlot> = match group {
-            Some(g) => vec![self.slot(g).await?],
-            None => self
-                .inner
-                .state
-                .read()
-                .await
-                .groups
-                .values()
-                .cloned()
-                .collect(),
-        };
+        let slots = self.slots(group).await?;
         let mut all = Vec::new();
         for slot in slots {
             all.extend(slot.backend.list().await?);
@@ -297,18 +286,7 @@ impl Engine {
     /// Capacity of every group (or of one).
     #[instrument(skip(self), err)]
     pub async fn capacity(&self, group: Option<&str>) -> Result<Vec<GroupCapacity>> {
-        let slots: Vec<GroupSlot> = match group {
-            Some(g) => vec![self.slot(g).await?],
-            None => self
-                .inner
-                .state
-                .read()
-                .await
-                .groups
-                .values()
-                .cloned()
-                .collect(),
-        };
+        let slots = self.slots(group).await?;
         let mut out = Vec::with_capacity(slots.len());
         for slot in slots {
             out.push(slot.backend.capacity().await?);
@@ -426,6 +404,25 @@ impl Engine {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// One group's slot, or all of them when `group` is `None`.
+    async fn slots(&self, group: Option<&str>) -> Result<Vec<GroupSlot>> {
+        match group {
+            Some(g) => Ok(vec![self.slot(g).await?]),
+            None => Ok(self.all_slots().await),
+        }
+    }
+
+    async fn all_slots(&self) -> Vec<GroupSlot> {
+        self.inner
+            .state
+            .read()
+            .await
+            .groups
+            .values()
+            .cloned()
+            .collect()
     }
 
     async fn slot(&self, group: &str) -> Result<GroupSlot> {

@@ -19,10 +19,7 @@ pub async fn lvm_create_delete(iterations: usize) -> Result<Vec<Entry>> {
     let vg = unique("bench");
     let _guard = VgGuard::new(&vg, &[&disk]);
     let state = tempfile::tempdir()?;
-    let config = Config::from_json(&format!(
-        r#"{{"diskSelector":[{{"name":"{vg}","re":["{}"],"policy":"LVM","reserveBytes":0}}],"diskScanInterval":"0"}}"#,
-        disk.pattern()
-    ))?;
+    let config = Config::from_json(&carina_tests::disk_group_config(&vg, "LVM", &[&disk], 0))?;
     let engine = Engine::start(
         config,
         EngineOptions {
