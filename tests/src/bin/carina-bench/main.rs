@@ -6,6 +6,7 @@
 //! devices, like the engine tests.
 
 mod engine;
+mod grpc;
 mod report;
 
 use std::path::PathBuf;
@@ -50,6 +51,9 @@ async fn main() -> Result<()> {
     }
     let mut entries = Vec::new();
     entries.extend(engine::lvm_create_delete(args.iterations).await?);
+    entries.extend(grpc::create_delete(args.iterations).await?);
+    entries.extend(grpc::capacity_throughput(std::time::Duration::from_secs(5)).await?);
+    entries.extend(grpc::node_memory().await?);
     let context = machine_context();
     report::write(&args.out, &entries, &context)?;
     for e in &entries {
