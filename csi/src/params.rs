@@ -1,0 +1,233 @@
+//! StorageClass parameters, Carina-compatible. Every `carina.storage.io/*`
+//! key must be known (an unknown one is `INVALID_ARGUMENT` naming it); the
+//! `csi.storage.k8s.io/*` keys external-provisioner adds are accepted; any
+//! other key is kept and ignored.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::CsiError;
+
+pub const DISK_GROUP: &str = "carina.storage.io/disk-group-name";
+pub const EXCLUSIVE: &str = "carina.storage.io/exclusively-raw-disk";
+pub const BACKEND_GROUP: &str = "carina.storage.io/backend-disk-group-name";
+pub const CACHE_GROUP: &str = "carina.storage.io/cache-disk-group-name";
+pub const CACHE_RATIO: &str = "carina.storage.io/cache-disk-ratio";
+pub const CACHE_POLICY: &str = "carina.storage.io/cache-policy";
+pub const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+
+const CARINA_PREFIX: &str = "carina.storage.io/";
+
+/// A filesystem the node can make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    /// Parses a filesystem name; `field` is named in the error.
+    pub fn parse(field: &str, value: &str) -> Result<FsType, CsiError> {
+        match value {
+            "ext4" => Ok(FsType::Ext4),
+            "xfs" => Ok(FsType::Xfs),
+            other => Err(CsiError::invalid(
+                field,
+                format!("unsupported filesystem {other:?} (ext4 or xfs)"),
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+}
+
+/// bcache tiering parameters (the engine support is a later piece of work).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BcacheParams {
+    pub backend_group: String,
+    pub cache_group: String,
+    /// Percent of the volume size given to the cache, 1..=100.
+    pub cache_ratio: u8,
+    pub cache_policy: String,
+}
+
+/// Validated parameters of a CreateVolume request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parameters {
+    pub group: Option<String>,
+    pub exclusive: bool,
+    pub fs_type: Option<FsType>,
+    pub bcache: Option<BcacheParams>,
+    /// Keys we do not interpret (kept for the record).
+    pub other: BTreeMap<String, String>,
+}
+
+impl Parameters {
+    /// Validates `parameters` of a CreateVolume request.
+    pub fn parse(raw: &HashMap<String, String>) -> Result<Parameters, CsiError> {
+        let mut p = Parameters::default();
+        let field = |k: &str| format!("parameters[{k:?}]");
+        let mut keys: Vec<&String> = raw.keys().collect();
+        keys.sort();
+        for key in keys {
+            let value = raw[key].as_str();
+            match key.as_str() {
+                DISK_GROUP => {
+                    if value.is_empty() {
+                        return Err(CsiError::invalid(field(key), "must not be empty"));
+                    }
+                    p.group = Some(value.to_string());
+                }
+                EXCLUSIVE => {
+                    p.exclusive = match value {
+                        "true" => true,
+                        "false" | "" => false,
+                        other => {
+                            return Err(CsiError::invalid(
+                                field(key),
+                                format!("{other:?} is not \"true\" or \"false\""),
+                            ));
+                        }
+                    }
+                }
+                FS_TYPE => p.fs_type = Some(FsType::parse(&field(key), value)?),
+                BACKEND_GROUP | CACHE_GROUP | CACHE_RATIO | CACHE_POLICY => {}
+                k if k.starts_with(CARINA_PREFIX) => {
+                    return Err(CsiError::invalid(field(k), "unknown Carina parameter"));
+                }
+                k => {
+                    p.other.insert(k.to_string(), value.to_string());
+                }
+            }
+        }
+        p.bcache = parse_bcache(raw)?;
+        Ok(p)
+    }
+}
+
+fn parse_bcache(raw: &HashMap<String, String>) -> Result<Option<BcacheParams>, CsiError> {
+    let any = [BACKEND_GROUP, CACHE_GROUP, CACHE_RATIO, CACHE_POLICY]
+        .iter()
+        .any(|k| raw.contains_key(*k));
+    if !any {
+        return Ok(None);
+    }
+    let need = |k: &str| {
+        raw.get(k)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .ok_or_else(|| {
+                CsiError::invalid(
+                    format!("parameters[{k:?}]"),
+                    "required with the other bcache parameters",
+                )
+            })
+    };
+    let ratio_text = need(CACHE_RATIO)?;
+    let cache_ratio: u8 = ratio_text
+        .parse()
+        .ok()
+        .filter(|r| (1..=100).contains(r))
+        .ok_or_else(|| {
+            CsiError::invalid(
+                format!("parameters[{CACHE_RATIO:?}]"),
+                format!("{ratio_text:?} is not a percentage from 1 to 100"),
+            )
+        })?;
+    let cache_policy = raw
+        .get(CACHE_POLICY)
+        .cloned()
+        .unwrap_or_else(|| "writethrough".into());
+    if !matches!(
+        cache_policy.as_str(),
+        "writethrough" | "writeback" | "writearound" | "none"
+    ) {
+        return Err(CsiError::invalid(
+            format!("parameters[{CACHE_POLICY:?}]"),
+            format!("{cache_policy:?} is not writethrough, writeback, writearound or none"),
+        ));
+    }
+    Ok(Some(BcacheParams {
+        backend_group: need(BACKEND_GROUP)?,
+        cache_group: need(CACHE_GROUP)?,
+        cache_ratio,
+        cache_policy,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn carina_storageclass_examples() {
+        let p = Parameters::parse(&map(&[
+            (DISK_GROUP, "carina-vg-ssd"),
+            (FS_TYPE, "xfs"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ]))
+        .expect("valid");
+        assert_eq!(p.group.as_deref(), Some("carina-vg-ssd"));
+        assert_eq!(p.fs_type, Some(FsType::Xfs));
+        assert!(!p.exclusive);
+        let p = Parameters::parse(&map(&[(DISK_GROUP, "carina-raw-ssd"), (EXCLUSIVE, "true")]))
+            .expect("valid");
+        assert!(p.exclusive);
+        let p = Parameters::parse(&map(&[
+            (BACKEND_GROUP, "carina-vg-hdd"),
+            (CACHE_GROUP, "carina-vg-ssd"),
+            (CACHE_RATIO, "50"),
+            (CACHE_POLICY, "writethrough"),
+        ]))
+        .expect("valid");
+        assert_eq!(p.bcache.expect("bcache").cache_ratio, 50);
+        assert_eq!(
+            Parameters::parse(&HashMap::new()).expect("empty"),
+            Parameters::default()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            (
+                vec![("carina.storage.io/disk-group", "x")],
+                "parameters[\"carina.storage.io/disk-group\"]: unknown Carina parameter",
+            ),
+            (vec![(FS_TYPE, "btrfs")], "unsupported filesystem"),
+            (vec![(EXCLUSIVE, "yes")], "exclusively-raw-disk"),
+            (vec![(DISK_GROUP, "")], "disk-group-name"),
+            (vec![(CACHE_RATIO, "50")], "backend-disk-group-name"),
+            (
+                vec![(BACKEND_GROUP, "a"), (CACHE_GROUP, "b"), (CACHE_RATIO, "0")],
+                "cache-disk-ratio",
+            ),
+            (
+                vec![
+                    (BACKEND_GROUP, "a"),
+                    (CACHE_GROUP, "b"),
+                    (CACHE_RATIO, "5"),
+                    (CACHE_POLICY, "fast"),
+                ],
+                "cache-policy",
+            ),
+        ];
+        for (pairs, want) in cases {
+            let err = Parameters::parse(&map(&pairs))
+                .expect_err("invalid")
+                .to_string();
+            assert!(err.contains(want), "{pairs:?}: {err}");
+        }
+    }
+}

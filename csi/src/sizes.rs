@@ -1,0 +1,137 @@
+//! Size policy: a CSI capacity range becomes one size, rounded up to the
+//! group's allocation unit (not to whole GiB) and never above the limit.
+
+use crate::error::CsiError;
+use crate::types::CapacityRange;
+
+/// Size given when a request names neither a required size nor a limit.
+pub const DEFAULT_SIZE: u64 = 1 << 30;
+
+/// Validates the raw `int64` fields of a capacity range.
+pub fn range(required: i64, limit: i64) -> Result<CapacityRange, CsiError> {
+    if required < 0 {
+        return Err(CsiError::invalid(
+            "capacity_range.required_bytes",
+            format!("{required} is negative"),
+        ));
+    }
+    if limit < 0 {
+        return Err(CsiError::invalid(
+            "capacity_range.limit_bytes",
+            format!("{limit} is negative"),
+        ));
+    }
+    if limit > 0 && required > limit {
+        return Err(CsiError::invalid(
+            "capacity_range",
+            format!("required_bytes {required} exceeds limit_bytes {limit}"),
+        ));
+    }
+    Ok(CapacityRange {
+        required_bytes: required as u64,
+        limit_bytes: limit as u64,
+    })
+}
+
+/// The size to allocate for `range` in a group whose unit is `unit`:
+/// the required size (or [`DEFAULT_SIZE`], capped by the limit) rounded up
+/// to the unit; if that passes the limit, the limit rounded down, as long
+/// as it still covers the required size. Otherwise `OUT_OF_RANGE`.
+pub fn allocation(range: &CapacityRange, unit: u64) -> Result<u64, CsiError> {
+    let unit = unit.max(1);
+    let want = match (range.required_bytes, range.limit_bytes) {
+        (0, 0) => DEFAULT_SIZE,
+        (0, limit) => DEFAULT_SIZE.min(limit),
+        (required, _) => required,
+    };
+    let up = want
+        .div_ceil(unit)
+        .checked_mul(unit)
+        .ok_or_else(|| CsiError::OutOfRange(format!("{want} bytes cannot be rounded to {unit}")))?;
+    if range.limit_bytes == 0 || up <= range.limit_bytes {
+        return Ok(up);
+    }
+    let down = range.limit_bytes / unit * unit;
+    if down >= range.required_bytes.max(1) {
+        Ok(down)
+    } else {
+        Err(CsiError::OutOfRange(format!(
+            "no multiple of the allocation unit ({unit} bytes) lies between required_bytes {} and limit_bytes {}",
+            range.required_bytes, range.limit_bytes
+        )))
+    }
+}
+
+/// True if an existing volume of `size` satisfies `range` (idempotent
+/// repeats of CreateVolume).
+pub fn satisfies(range: &CapacityRange, size: u64) -> bool {
+    size >= range.required_bytes && (range.limit_bytes == 0 || size <= range.limit_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn r(required: u64, limit: u64) -> CapacityRange {
+        CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        }
+    }
+
+    #[test]
+    fn validation() {
+        assert!(matches!(
+            range(-1, 0),
+            Err(CsiError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            range(0, -1),
+            Err(CsiError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            range(10, 5),
+            Err(CsiError::InvalidArgument { .. })
+        ));
+        assert_eq!(range(5, 0).expect("ok"), r(5, 0));
+        assert_eq!(range(5, 5).expect("ok"), r(5, 5));
+    }
+
+    #[test]
+    fn rounding() {
+        assert_eq!(allocation(&r(10 * MIB, 0), 4 * MIB).expect("ok"), 12 * MIB);
+        assert_eq!(allocation(&r(0, 0), 4 * MIB).expect("ok"), DEFAULT_SIZE);
+        assert_eq!(
+            allocation(&r(0, 100 * MIB), 4 * MIB).expect("ok"),
+            100 * MIB
+        );
+        assert_eq!(
+            allocation(&r(0, 101 * MIB), 4 * MIB).expect("ok"),
+            100 * MIB
+        );
+        // 10 MiB..11 MiB with 4 MiB extents: nothing fits.
+        assert!(matches!(
+            allocation(&r(10 * MIB, 11 * MIB), 4 * MIB),
+            Err(CsiError::OutOfRange(_))
+        ));
+        // Exactly at the limit.
+        assert_eq!(
+            allocation(&r(12 * MIB, 12 * MIB), 4 * MIB).expect("ok"),
+            12 * MIB
+        );
+        assert_eq!(allocation(&r(1, 0), 1).expect("ok"), 1);
+        assert!(matches!(
+            allocation(&r(u64::MAX, 0), 4096),
+            Err(CsiError::OutOfRange(_))
+        ));
+    }
+
+    #[test]
+    fn satisfaction() {
+        assert!(satisfies(&r(10, 0), 12));
+        assert!(!satisfies(&r(10, 11), 12));
+        assert!(!satisfies(&r(13, 0), 12));
+    }
+}

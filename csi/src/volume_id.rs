@@ -1,0 +1,76 @@
+//! Volume ids: `<volume>@<node>`. The id names the node, so deleting or
+//! expanding a volume needs no stored state. Node names (DNS subdomains)
+//! and volume names (see [`crate::names`]) never contain `@`.
+
+use crate::error::CsiError;
+
+/// A decoded volume id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeId {
+    /// The node-local volume name (the LV, partition or directory name).
+    pub volume: String,
+    pub node: String,
+}
+
+impl VolumeId {
+    pub fn new(volume: impl Into<String>, node: impl Into<String>) -> Self {
+        VolumeId {
+            volume: volume.into(),
+            node: node.into(),
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        format!("{}@{}", self.volume, self.node)
+    }
+
+    /// Parses an id. A malformed id is `NotFound` (no such volume can exist),
+    /// an empty one `InvalidArgument`.
+    pub fn parse(id: &str) -> Result<VolumeId, CsiError> {
+        if id.is_empty() {
+            return Err(CsiError::invalid("volume_id", "must not be empty"));
+        }
+        match id.rsplit_once('@') {
+            Some((volume, node))
+                if !volume.is_empty() && !node.is_empty() && !volume.contains('@') =>
+            {
+                Ok(VolumeId::new(volume, node))
+            }
+            _ => Err(CsiError::NotFound(format!(
+                "volume {id:?} does not exist (ids look like <volume>@<node>)"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.encode())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let id = VolumeId::new("pvc-1234", "node-a.example.com");
+        assert_eq!(id.encode(), "pvc-1234@node-a.example.com");
+        assert_eq!(VolumeId::parse(&id.encode()).expect("parses"), id);
+    }
+
+    #[test]
+    fn malformed_ids() {
+        assert!(matches!(
+            VolumeId::parse(""),
+            Err(CsiError::InvalidArgument { .. })
+        ));
+        for bad in ["no-node", "@node", "vol@", "a@b@c"] {
+            assert!(
+                matches!(VolumeId::parse(bad), Err(CsiError::NotFound(_))),
+                "{bad}"
+            );
+        }
+    }
+}
