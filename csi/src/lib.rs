@@ -7,6 +7,7 @@
 //! live in [`types`]; [`error::CsiError`] is mapped to `tonic::Status` in
 //! one place.
 
+pub mod command;
 pub mod error;
 pub mod names;
 pub mod params;

@@ -1,0 +1,264 @@
+//! Running external tools: argv only (never a shell), a timeout on every
+//! run, and errors that carry the command line and its stderr.
+//!
+//! Tool-specific builders (`lvm`, `sgdisk`, `losetup`, ...) live next to
+//! their parsers; they all end in [`Cmd::run`].
+
+use std::ffi::OsString;
+use std::fmt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tracing::Instrument;
+
+/// Default limit for one command run.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors from running an external command.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The program could not be started (usually: not installed).
+    #[error("cannot run `{command}`: {source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The program exited unsuccessfully.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    /// The program did not finish in time and was killed.
+    #[error("`{command}` timed out after {timeout:?}")]
+    TimedOut { command: String, timeout: Duration },
+}
+
+impl CommandError {
+    /// The stderr of a failed command, empty for other kinds.
+    pub fn stderr(&self) -> &str {
+        match self {
+            CommandError::Failed { stderr, .. } => stderr,
+            _ => "",
+        }
+    }
+}
+
+/// What a successful command printed.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// A command line under construction.
+#[derive(Debug, Clone)]
+pub struct Cmd {
+    program: String,
+    args: Vec<OsString>,
+    env: Vec<(String, String)>,
+    timeout: Duration,
+    stdin: Option<Vec<u8>>,
+}
+
+impl Cmd {
+    /// Starts a command line for `program`, looked up on `PATH`.
+    pub fn new(program: impl Into<String>) -> Self {
+        Cmd {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            stdin: None,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn stdin(mut self, input: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(input.into());
+        self
+    }
+
+    /// The program name without its directory (the span name uses it).
+    pub fn program(&self) -> &str {
+        self.program.rsplit('/').next().unwrap_or(&self.program)
+    }
+
+    /// The argv as one line, quoted where needed, for logs and errors.
+    pub fn line(&self) -> String {
+        let mut line = quote(&self.program);
+        for arg in &self.args {
+            line.push(' ');
+            line.push_str(&quote(&arg.to_string_lossy()));
+        }
+        line
+    }
+
+    /// Runs the command; a non-zero exit, a spawn failure or the timeout is
+    /// an error carrying the command line.
+    pub async fn run(self) -> Result<Output, CommandError> {
+        let line = self.line();
+        let span =
+            tracing::debug_span!("command", otel.name = %self.program(), command.line = %line);
+        self.run_inner(line).instrument(span).await
+    }
+
+    async fn run_inner(self, line: String) -> Result<Output, CommandError> {
+        let started = Instant::now();
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("LC_ALL", "C")
+            .stdin(if self.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| CommandError::Spawn {
+            command: line.clone(),
+            source,
+        })?;
+        if let (Some(input), Some(mut pipe)) = (self.stdin, child.stdin.take()) {
+            // A child that exits without reading its input closes the pipe;
+            // its exit status tells the real story, so the write error is moot.
+            let _ = pipe.write_all(&input).await;
+        }
+        let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+            Ok(result) => result.map_err(|source| CommandError::Spawn {
+                command: line.clone(),
+                source,
+            })?,
+            Err(_) => {
+                tracing::warn!(command.line = %line, "command timed out");
+                return Err(CommandError::TimedOut {
+                    command: line,
+                    timeout: self.timeout,
+                });
+            }
+        };
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        tracing::debug!(
+            command.line = %line,
+            status = %output.status,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "command finished"
+        );
+        if !output.status.success() {
+            return Err(CommandError::Failed {
+                command: line,
+                status: output.status.to_string(),
+                stderr: stderr.trim().to_string(),
+            });
+        }
+        Ok(Output { stdout, stderr })
+    }
+}
+
+impl fmt::Display for Cmd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
+/// Quotes one argument the way a shell user would read it.
+fn quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_quotes_only_what_needs_it() {
+        let cmd = Cmd::new("/usr/sbin/lvm")
+            .args(["lvcreate", "-n", "a b", "--config", "x{y=1}"])
+            .arg("it's");
+        assert_eq!(
+            cmd.line(),
+            r#"/usr/sbin/lvm lvcreate -n 'a b' --config 'x{y=1}' 'it'\''s'"#
+        );
+        assert_eq!(cmd.program(), "lvm");
+    }
+
+    #[tokio::test]
+    async fn failure_carries_command_and_stderr() {
+        let err = Cmd::new("sh")
+            .args(["-c", "echo boom >&2; exit 3"])
+            .run()
+            .await
+            .expect_err("must fail");
+        let text = err.to_string();
+        assert!(text.contains("sh -c"), "{text}");
+        assert!(text.contains("boom"), "{text}");
+        assert_eq!(err.stderr(), "boom");
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_command() {
+        let err = Cmd::new("sleep")
+            .arg("5")
+            .timeout(Duration::from_millis(100))
+            .run()
+            .await
+            .expect_err("must time out");
+        assert!(matches!(err, CommandError::TimedOut { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_a_spawn_error() {
+        let err = Cmd::new("carina-no-such-tool")
+            .run()
+            .await
+            .expect_err("must fail");
+        assert!(matches!(err, CommandError::Spawn { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn stdin_is_fed() {
+        let out = Cmd::new("cat")
+            .stdin("hello")
+            .run()
+            .await
+            .expect("cat runs");
+        assert_eq!(out.stdout, "hello");
+    }
+}
