@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test tier and prints how many tests ran in each.
-# Usage: hack/test.sh [tier...]   tiers: unit engine grpc (default: all)
+# Usage: hack/test.sh [tier...]   tiers: unit engine grpc csi sanity (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,10 +51,19 @@ for tier in "${tiers[@]}"; do
   case $tier in
     unit)
       run_tier unit cargo test --workspace --lib --bins ;;
-    engine|grpc)
+    engine|grpc|csi)
       mapfile -t t < <(targets "$tier")
       if [ ${#t[@]} -eq 0 ]; then echo "=== tier: $tier: no test targets"; continue; fi
       run_tier "$tier" cargo test -p carina-tests "${t[@]}" ;;
+    sanity)
+      # csi-sanity against the real binaries: build them and the
+      # upstream suite (cached after the first build) first.
+      cargo build --workspace --bins || { FAILED[sanity]=1; overall=1; continue; }
+      tests/tools/build.sh csi-sanity || { FAILED[sanity]=1; overall=1; continue; }
+      CARINA_CSI_SANITY="$(tests/tools/build.sh --print-path csi-sanity)/csi-sanity" \
+        CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
+        run_tier sanity cargo test -p carina-tests --test sanity_csi -- --test-threads=1 --nocapture
+      grep -h '^csi-sanity ' "$LOG_DIR/sanity.log" || true ;;
     *)
       echo "unknown tier: $tier" >&2; exit 2 ;;
   esac

@@ -18,6 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;
+    // The node's NodeStorage port reflects only what it serves.
+    let nodestorage = protox::compile([files[0]], ["proto"])?;
+    std::fs::write(
+        out.join("nodestorage_descriptor.bin"),
+        nodestorage.encode_to_vec(),
+    )?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

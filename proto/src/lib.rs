@@ -39,6 +39,11 @@ pub mod csi {
 /// Encoded `FileDescriptorSet` of every Carina proto, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 
+/// Encoded `FileDescriptorSet` of NodeStorage alone (and what it imports),
+/// for reflection on the node's NodeStorage port, which serves no CSI.
+pub const NODESTORAGE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/nodestorage_descriptor.bin"));
+
 /// The canonical upper-case name of a gRPC code (`NOT_FOUND`), as grpcurl
 /// and the other gRPC tools print it.
 pub fn code_name(code: tonic::Code) -> &'static str {

@@ -111,7 +111,7 @@ impl NodeServer {
             .await;
         let reflection = || {
             tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(carina_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(carina_proto::NODESTORAGE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
         let reflection_v1 = reflection().build_v1()?;

@@ -1,0 +1,161 @@
+//! Processes under test: the project's binaries started as real processes
+//! with their output in a log file, stopped (SIGTERM, then SIGKILL) when
+//! the guard drops.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// A binary of this workspace, next to the test executable's target dir
+/// (`target/<profile>/<name>`). `cargo build --workspace --bins` makes them.
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test>-<hash> → target/<profile>/<name>
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| {
+            if deps.ends_with("deps") {
+                deps.parent()
+            } else {
+                Some(deps)
+            }
+        })
+        .context("test executable has no directory")?;
+    let path = profile_dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// An upstream tool built by `tests/tools/build.sh`: the `env` variable if
+/// set, else `<cache>/<dir>/bin/<name>` under `CARINA_TOOLS_CACHE`
+/// (default `/var/cache/carina-tools`).
+pub fn upstream_tool(env: &str, dir: &str, name: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Ok(PathBuf::from(p));
+    }
+    let cache = std::env::var_os("CARINA_TOOLS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/carina-tools"));
+    let path = cache.join(dir).join("bin").join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: run tests/tools/build.sh first (or set {env})",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A running child process; its stdout and stderr go to `log`.
+#[derive(Debug)]
+pub struct ChildGuard {
+    pub name: String,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Starts `program args...` with output appended to `log`.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<ChildGuard> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let err = out.try_clone()?;
+        let child = Command::new(program)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("start {}", program.display()))?;
+        Ok(ChildGuard {
+            name: name.to_string(),
+            log: log.to_path_buf(),
+            child: Some(child),
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Fails if the process has already exited (with its log's tail).
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(child) = self.child.as_mut()
+            && let Some(status) = child.try_wait()?
+        {
+            bail!(
+                "{} exited ({status}); log:\n{}",
+                self.name,
+                tail(&self.log, 40)
+            );
+        }
+        Ok(())
+    }
+
+    /// Sends SIGTERM and waits up to `grace`, then SIGKILL.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
+    }
+}
+
+/// Waits until `path` exists (a unix socket being created), checking that
+/// `child` is still alive. The wait is for a process to start, bounded by
+/// `timeout`.
+pub fn wait_for_path(path: &Path, child: &mut ChildGuard, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if path.exists() {
+            return Ok(());
+        }
+        child.check_running()?;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!(
+        "{} did not appear within {timeout:?}; {} log:\n{}",
+        path.display(),
+        child.name,
+        tail(&child.log, 40)
+    )
+}
+
+/// The last `n` lines of a file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
