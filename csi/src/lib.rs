@@ -8,6 +8,7 @@
 //! one place.
 
 pub mod command;
+pub mod controller;
 pub mod error;
 pub mod names;
 pub mod params;

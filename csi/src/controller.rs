@@ -1,0 +1,1082 @@
+//! The CSI Controller service over a [`Provisioner`].
+//!
+//! This module owns what the CSI spec asks of a controller and nothing about
+//! where volumes live: request validation (errors name the field path),
+//! the capability table, the per-volume in-flight lock, `ListVolumes`
+//! pagination, and the conversions between the CSI wire and the domain
+//! types. Every RPC this driver does not offer answers `UNIMPLEMENTED`.
+//!
+//! - Access: Carina volumes are local to one node, so only the single-node
+//!   access modes are accepted (`SINGLE_NODE_WRITER`,
+//!   `SINGLE_NODE_READER_ONLY`, `SINGLE_NODE_SINGLE_WRITER`,
+//!   `SINGLE_NODE_MULTI_WRITER`), as block or as a mount with file system
+//!   `ext4`, `xfs` or the default.
+//! - In flight: a second CreateVolume, DeleteVolume or ControllerExpandVolume
+//!   for a volume that already has one running answers `ABORTED` (the CO
+//!   retries). The key is the node-local volume name, so a create by name
+//!   and a delete by id of the same volume exclude each other too.
+//! - Pagination: volumes are listed in id order; a `next_token` names the
+//!   last id returned, so a page boundary survives the deletion of that
+//!   volume and volumes created meanwhile that sort later are seen. A token
+//!   this service did not issue is `ABORTED`, as the spec asks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use carina_proto::csi;
+use carina_proto::csi::controller_server::{Controller, ControllerServer};
+use carina_proto::csi::controller_service_capability::rpc::Type as Capability;
+use carina_proto::csi::volume_capability::AccessType;
+use carina_proto::csi::volume_capability::access_mode::Mode;
+use tonic::{Code, Request, Response, Status};
+
+use crate::error::CsiError;
+use crate::names::local_name;
+use crate::params::{FsType, Parameters};
+use crate::sizes;
+use crate::types::{Accessibility, ProvisionedVolume, Provisioner, Topology, VolumeRequest};
+use crate::volume_id::VolumeId;
+use crate::{TOPOLOGY_KEY, context};
+
+/// What the controller advertises. `SINGLE_NODE_MULTI_WRITER` is the spec's
+/// switch for the `SINGLE_NODE_SINGLE_WRITER` and `SINGLE_NODE_MULTI_WRITER`
+/// access modes.
+pub const CAPABILITIES: [Capability; 5] = [
+    Capability::CreateDeleteVolume,
+    Capability::ExpandVolume,
+    Capability::GetCapacity,
+    Capability::ListVolumes,
+    Capability::SingleNodeMultiWriter,
+];
+
+/// Prefix of the `ListVolumes` tokens this service issues.
+const TOKEN_PREFIX: &str = "after.";
+
+/// How a volume is used, from validated capabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A raw block device.
+    Block,
+    /// A mounted file system; `None` is the node's default.
+    Mount { fs_type: Option<FsType> },
+}
+
+/// Validates one capability (`field` is its path in the request): a
+/// single-node access mode, and block or a mount with a file system the
+/// node can make.
+pub fn check_capability(field: &str, cap: &csi::VolumeCapability) -> Result<Access, CsiError> {
+    let mode_field = format!("{field}.access_mode");
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .ok_or_else(|| CsiError::invalid(&mode_field, "is required"))?
+        .mode;
+    match Mode::try_from(mode) {
+        Ok(
+            Mode::SingleNodeWriter
+            | Mode::SingleNodeReaderOnly
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter,
+        ) => {}
+        Ok(Mode::Unknown) => return Err(CsiError::invalid(mode_field + ".mode", "is required")),
+        Ok(multi) => {
+            return Err(CsiError::invalid(
+                mode_field + ".mode",
+                format!(
+                    "{} is not supported: a Carina volume lives on one node",
+                    multi.as_str_name()
+                ),
+            ));
+        }
+        Err(_) => {
+            return Err(CsiError::invalid(
+                mode_field + ".mode",
+                format!("unknown access mode {mode}"),
+            ));
+        }
+    }
+    match &cap.access_type {
+        None => Err(CsiError::invalid(
+            format!("{field}.access_type"),
+            "block or mount is required",
+        )),
+        Some(AccessType::Block(_)) => Ok(Access::Block),
+        Some(AccessType::Mount(m)) if m.fs_type.is_empty() => Ok(Access::Mount { fs_type: None }),
+        Some(AccessType::Mount(m)) => Ok(Access::Mount {
+            fs_type: Some(FsType::parse(
+                &format!("{field}.mount.fs_type"),
+                &m.fs_type,
+            )?),
+        }),
+    }
+}
+
+/// Validates the capabilities of one volume: at least one, all supported,
+/// all block or all mount, and no two file systems.
+pub fn check_capabilities(field: &str, caps: &[csi::VolumeCapability]) -> Result<Access, CsiError> {
+    let mut access: Option<Access> = None;
+    for (i, cap) in caps.iter().enumerate() {
+        let this_field = format!("{field}[{i}]");
+        let this = check_capability(&this_field, cap)?;
+        access = Some(match (access, this) {
+            (None, a) => a,
+            (Some(Access::Block), Access::Block) => Access::Block,
+            (Some(Access::Mount { fs_type: a }), Access::Mount { fs_type: b }) => match (a, b) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(CsiError::invalid(
+                        this_field + ".mount.fs_type",
+                        format!(
+                            "{} conflicts with {} of an earlier capability",
+                            b.as_str(),
+                            a.as_str()
+                        ),
+                    ));
+                }
+                (a, b) => Access::Mount { fs_type: a.or(b) },
+            },
+            _ => {
+                return Err(CsiError::invalid(
+                    this_field + ".access_type",
+                    "a volume is either block or mount, not both",
+                ));
+            }
+        });
+    }
+    access.ok_or_else(|| CsiError::invalid(field, "at least one capability is required"))
+}
+
+/// Validates a CreateVolume request into a [`VolumeRequest`]. Nothing is
+/// created for a request that fails here.
+pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, CsiError> {
+    if req.name.is_empty() {
+        return Err(CsiError::invalid("name", "is required"));
+    }
+    let access = check_capabilities("volume_capabilities", &req.volume_capabilities)?;
+    let capacity = match &req.capacity_range {
+        Some(r) => sizes::range(r.required_bytes, r.limit_bytes)?,
+        None => Default::default(),
+    };
+    let mut parameters = Parameters::parse(&req.parameters)?;
+    if let Some(source) = &req.volume_content_source {
+        let what = match source.r#type {
+            Some(csi::volume_content_source::Type::Snapshot(_)) => "snapshots",
+            Some(csi::volume_content_source::Type::Volume(_)) => "other volumes (clones)",
+            None => "a content source",
+        };
+        return Err(CsiError::invalid(
+            "volume_content_source",
+            format!("creating volumes from {what} is not supported"),
+        ));
+    }
+    if !req.mutable_parameters.is_empty() {
+        return Err(CsiError::invalid(
+            "mutable_parameters",
+            "volume modification is not supported",
+        ));
+    }
+    if parameters.bcache.is_some() {
+        return Err(CsiError::Unimplemented(
+            "bcache volumes are not implemented yet".into(),
+        ));
+    }
+    if let Access::Mount {
+        fs_type: Some(from_cap),
+    } = access
+    {
+        match parameters.fs_type {
+            Some(from_param) if from_param != from_cap => {
+                return Err(CsiError::invalid(
+                    "volume_capabilities.mount.fs_type",
+                    format!(
+                        "{} conflicts with parameters[{:?}] {}",
+                        from_cap.as_str(),
+                        crate::params::FS_TYPE,
+                        from_param.as_str()
+                    ),
+                ));
+            }
+            _ => parameters.fs_type = Some(from_cap),
+        }
+    }
+    let accessibility = req
+        .accessibility_requirements
+        .as_ref()
+        .map(|a| Accessibility {
+            requisite: a.requisite.iter().map(topology).collect(),
+            preferred: a.preferred.iter().map(topology).collect(),
+        })
+        .unwrap_or_default();
+    Ok(VolumeRequest {
+        name: req.name.clone(),
+        local_name: local_name(&req.name),
+        capacity,
+        parameters,
+        accessibility,
+        block: access == Access::Block,
+    })
+}
+
+fn topology(t: &csi::Topology) -> Topology {
+    t.segments
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn wire_bytes(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The wire form of a volume; its accessible topology is its node.
+pub fn wire_volume(v: &ProvisionedVolume) -> csi::Volume {
+    csi::Volume {
+        capacity_bytes: wire_bytes(v.capacity_bytes),
+        volume_id: v.volume_id.clone(),
+        volume_context: v
+            .context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        content_source: None,
+        accessible_topology: vec![csi::Topology {
+            segments: HashMap::from([(TOPOLOGY_KEY.to_string(), v.node.clone())]),
+        }],
+    }
+}
+
+/// The `next_token` that continues after `volume_id`.
+pub fn encode_token(volume_id: &str) -> String {
+    let hex: String = volume_id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{TOKEN_PREFIX}{hex}")
+}
+
+/// The volume id a token continues after; `ABORTED` for a token this
+/// service did not issue.
+pub fn decode_token(token: &str) -> Result<String, CsiError> {
+    let bad = || {
+        CsiError::Aborted(format!(
+            "starting_token {token:?} was not issued by this plugin; list again without it"
+        ))
+    };
+    let hex = token.strip_prefix(TOKEN_PREFIX).ok_or_else(bad)?;
+    if hex.is_empty() || hex.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
+/// Volume names with an operation in progress.
+#[derive(Debug, Clone, Default)]
+struct InFlight(Arc<Mutex<HashSet<String>>>);
+
+impl InFlight {
+    /// Claims `volume`; `ABORTED` if an operation on it is running.
+    fn claim(&self, volume: &str) -> Result<Claim, CsiError> {
+        // A panic while holding this lock cannot leave the set half-changed
+        // (insert and remove are single calls), so a poisoned lock is fine.
+        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !set.insert(volume.to_string()) {
+            return Err(CsiError::Aborted(format!(
+                "an operation on volume {volume:?} is already in progress"
+            )));
+        }
+        Ok(Claim {
+            set: self.0.clone(),
+            volume: volume.to_string(),
+        })
+    }
+}
+
+/// Releases its volume when dropped (also when the call is cancelled).
+struct Claim {
+    set: Arc<Mutex<HashSet<String>>>,
+    volume: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.volume);
+    }
+}
+
+/// The CSI Controller service. Cheap to clone; clones share the in-flight
+/// set.
+#[derive(Debug)]
+pub struct ControllerService<P> {
+    provisioner: Arc<P>,
+    in_flight: InFlight,
+}
+
+impl<P> Clone for ControllerService<P> {
+    fn clone(&self) -> Self {
+        ControllerService {
+            provisioner: self.provisioner.clone(),
+            in_flight: self.in_flight.clone(),
+        }
+    }
+}
+
+impl<P: Provisioner> ControllerService<P> {
+    pub fn new(provisioner: Arc<P>) -> Self {
+        ControllerService {
+            provisioner,
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// The tonic service to add to a server.
+    pub fn into_server(self) -> ControllerServer<Self> {
+        ControllerServer::new(self)
+    }
+
+    #[tracing::instrument(name = "Controller/CreateVolume", skip_all, err(level = "info"), fields(volume.name = %req.name))]
+    async fn create(
+        &self,
+        req: csi::CreateVolumeRequest,
+    ) -> Result<csi::CreateVolumeResponse, CsiError> {
+        let request = volume_request(&req)?;
+        let _claim = self.in_flight.claim(&request.local_name)?;
+        let volume = self.provisioner.create_volume(&request).await?;
+        tracing::info!(volume.id = %volume.volume_id, volume.size = volume.capacity_bytes, "volume ready");
+        Ok(csi::CreateVolumeResponse {
+            volume: Some(wire_volume(&volume)),
+        })
+    }
+
+    #[tracing::instrument(name = "Controller/DeleteVolume", skip_all, err(level = "info"), fields(volume.id = %req.volume_id))]
+    async fn delete(
+        &self,
+        req: csi::DeleteVolumeRequest,
+    ) -> Result<csi::DeleteVolumeResponse, CsiError> {
+        // An empty id is INVALID_ARGUMENT; no volume can have a malformed
+        // one, so deleting it is done.
+        let id = match VolumeId::parse(&req.volume_id) {
+            Ok(id) => id,
+            Err(CsiError::NotFound(_)) => return Ok(csi::DeleteVolumeResponse {}),
+            Err(e) => return Err(e),
+        };
+        let _claim = self.in_flight.claim(&id.volume)?;
+        match self.provisioner.delete_volume(&req.volume_id).await {
+            Err(e) if e.code() != Code::NotFound => Err(e),
+            _ => Ok(csi::DeleteVolumeResponse {}),
+        }
+    }
+
+    #[tracing::instrument(name = "Controller/ControllerExpandVolume", skip_all, err(level = "info"), fields(volume.id = %req.volume_id))]
+    async fn expand(
+        &self,
+        req: csi::ControllerExpandVolumeRequest,
+    ) -> Result<csi::ControllerExpandVolumeResponse, CsiError> {
+        if req.volume_id.is_empty() {
+            return Err(CsiError::invalid("volume_id", "is required"));
+        }
+        let range = req
+            .capacity_range
+            .as_ref()
+            .ok_or_else(|| CsiError::invalid("capacity_range", "is required"))?;
+        let range = sizes::range(range.required_bytes, range.limit_bytes)?;
+        if range.required_bytes == 0 {
+            return Err(CsiError::invalid(
+                "capacity_range.required_bytes",
+                "must be greater than zero for an expansion",
+            ));
+        }
+        let access = req
+            .volume_capability
+            .as_ref()
+            .map(|c| check_capability("volume_capability", c))
+            .transpose()?;
+        let id = VolumeId::parse(&req.volume_id)?;
+        let _claim = self.in_flight.claim(&id.volume)?;
+        let size = self
+            .provisioner
+            .expand_volume(&req.volume_id, &range)
+            .await?;
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: wire_bytes(size),
+            // Without a capability the volume may be a file system; the
+            // node's expansion is a no-op where there is nothing to grow.
+            node_expansion_required: access != Some(Access::Block),
+        })
+    }
+
+    #[tracing::instrument(name = "Controller/ValidateVolumeCapabilities", skip_all, err(level = "info"), fields(volume.id = %req.volume_id))]
+    async fn validate(
+        &self,
+        req: csi::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, CsiError> {
+        if req.volume_id.is_empty() {
+            return Err(CsiError::invalid("volume_id", "is required"));
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(CsiError::invalid(
+                "volume_capabilities",
+                "at least one capability is required",
+            ));
+        }
+        VolumeId::parse(&req.volume_id)?;
+        let volume = self
+            .provisioner
+            .get_volume(&req.volume_id)
+            .await?
+            .ok_or_else(|| {
+                CsiError::NotFound(format!("volume {:?} does not exist", req.volume_id))
+            })?;
+        Ok(match unsupported(&req, &volume) {
+            Some(message) => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message,
+            },
+            None => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: HashMap::new(),
+                }),
+                message: String::new(),
+            },
+        })
+    }
+
+    #[tracing::instrument(name = "Controller/ListVolumes", skip_all, err(level = "info"), fields(max_entries = req.max_entries))]
+    async fn list(
+        &self,
+        req: csi::ListVolumesRequest,
+    ) -> Result<csi::ListVolumesResponse, CsiError> {
+        if req.max_entries < 0 {
+            return Err(CsiError::invalid(
+                "max_entries",
+                format!("{} is negative", req.max_entries),
+            ));
+        }
+        let after = match req.starting_token.as_str() {
+            "" => None,
+            token => Some(decode_token(token)?),
+        };
+        let mut volumes = self.provisioner.list_volumes().await?;
+        volumes.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
+        if let Some(after) = &after {
+            volumes.retain(|v| v.volume_id.as_str() > after.as_str());
+        }
+        let max = match usize::try_from(req.max_entries) {
+            Ok(0) | Err(_) => usize::MAX,
+            Ok(n) => n,
+        };
+        let next_token = match volumes.get(max.saturating_sub(1)) {
+            Some(last) if volumes.len() > max => encode_token(&last.volume_id),
+            _ => String::new(),
+        };
+        Ok(csi::ListVolumesResponse {
+            entries: volumes
+                .iter()
+                .take(max)
+                .map(|v| csi::list_volumes_response::Entry {
+                    volume: Some(wire_volume(v)),
+                    status: None,
+                })
+                .collect(),
+            next_token,
+        })
+    }
+
+    #[tracing::instrument(name = "Controller/GetCapacity", skip_all, err(level = "info"))]
+    async fn capacity(
+        &self,
+        req: csi::GetCapacityRequest,
+    ) -> Result<csi::GetCapacityResponse, CsiError> {
+        let parameters = Parameters::parse(&req.parameters)?;
+        let possible = req
+            .volume_capabilities
+            .iter()
+            .enumerate()
+            .all(|(i, c)| check_capability(&format!("volume_capabilities[{i}]"), c).is_ok())
+            && parameters.bcache.is_none();
+        if !possible {
+            // No volume with these capabilities or parameters can be made.
+            return Ok(csi::GetCapacityResponse {
+                available_capacity: 0,
+                maximum_volume_size: Some(0),
+                minimum_volume_size: None,
+            });
+        }
+        let topology = req
+            .accessible_topology
+            .as_ref()
+            .filter(|t| !t.segments.is_empty())
+            .map(topology);
+        let info = self
+            .provisioner
+            .capacity(topology.as_ref(), parameters.group.as_deref())
+            .await?;
+        Ok(csi::GetCapacityResponse {
+            available_capacity: wire_bytes(info.available_bytes),
+            maximum_volume_size: Some(wire_bytes(info.maximum_volume_size)),
+            minimum_volume_size: None,
+        })
+    }
+}
+
+/// Why `volume` cannot be used as `req` asks, or `None` if it can.
+fn unsupported(
+    req: &csi::ValidateVolumeCapabilitiesRequest,
+    volume: &ProvisionedVolume,
+) -> Option<String> {
+    let access = match check_capabilities("volume_capabilities", &req.volume_capabilities) {
+        Ok(a) => a,
+        Err(e) => return Some(e.to_string()),
+    };
+    if access == Access::Block
+        && volume.context.get(context::POLICY).map(String::as_str) == Some("HOST")
+    {
+        return Some("volume_capabilities: a HOST volume is a directory and cannot be used as a block device".into());
+    }
+    if let Err(e) = Parameters::parse(&req.parameters) {
+        return Some(e.to_string());
+    }
+    if !req.mutable_parameters.is_empty() {
+        return Some("mutable_parameters: volume modification is not supported".into());
+    }
+    let mismatch = req
+        .volume_context
+        .iter()
+        .find(|(k, v)| volume.context.get(*k).is_some_and(|ours| ours != *v));
+    if let Some((k, v)) = mismatch {
+        return Some(format!(
+            "volume_context[{k:?}]: {v:?} does not match the volume's {:?}",
+            volume
+                .context
+                .get(k)
+                .map(String::as_str)
+                .unwrap_or_default()
+        ));
+    }
+    None
+}
+
+fn answer<T>(result: Result<T, CsiError>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(Status::from)
+}
+
+fn unimplemented<T>(rpc: &str) -> Result<Response<T>, Status> {
+    Err(Status::unimplemented(format!(
+        "{rpc} is not offered by the Carina controller"
+    )))
+}
+
+#[tonic::async_trait]
+impl<P: Provisioner> Controller for ControllerService<P> {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        answer(self.create(request.into_inner()).await)
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        answer(self.delete(request.into_inner()).await)
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        unimplemented("ControllerPublishVolume")
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        unimplemented("ControllerUnpublishVolume")
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        answer(self.validate(request.into_inner()).await)
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        answer(self.list(request.into_inner()).await)
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        answer(self.capacity(request.into_inner()).await)
+    }
+
+    #[tracing::instrument(name = "Controller/ControllerGetCapabilities", skip_all)]
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        use csi::controller_service_capability::{Rpc, Type};
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: CAPABILITIES
+                .iter()
+                .map(|c| csi::ControllerServiceCapability {
+                    r#type: Some(Type::Rpc(Rpc { r#type: *c as i32 })),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        _request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        unimplemented("CreateSnapshot")
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        unimplemented("DeleteSnapshot")
+    }
+
+    async fn list_snapshots(
+        &self,
+        _request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        unimplemented("ListSnapshots")
+    }
+
+    async fn get_snapshot(
+        &self,
+        _request: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        unimplemented("GetSnapshot")
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        answer(self.expand(request.into_inner()).await)
+    }
+
+    async fn controller_get_volume(
+        &self,
+        _request: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        unimplemented("ControllerGetVolume")
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _request: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        unimplemented("ControllerModifyVolume")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex as StdMutex;
+
+    use async_trait::async_trait;
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::types::{CapacityInfo, CapacityRange};
+
+    const GIB: i64 = 1 << 30;
+
+    /// Volumes in memory on one node `n`; `gate`, when set, holds every
+    /// create until notified.
+    #[derive(Default)]
+    struct Fake {
+        volumes: StdMutex<BTreeMap<String, ProvisionedVolume>>,
+        gate: Option<Arc<Notify>>,
+        entered: Arc<Notify>,
+    }
+
+    fn fake_volume(local: &str, size: u64) -> ProvisionedVolume {
+        ProvisionedVolume {
+            volume_id: VolumeId::new(local, "n").encode(),
+            capacity_bytes: size,
+            node: "n".into(),
+            group: "g".into(),
+            context: BTreeMap::from([(context::POLICY.to_string(), "HOST".to_string())]),
+        }
+    }
+
+    #[async_trait]
+    impl Provisioner for Fake {
+        async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
+            self.entered.notify_one();
+            if let Some(gate) = &self.gate {
+                gate.notified().await;
+            }
+            let size = sizes::allocation(&req.capacity, 4096)?;
+            let v = fake_volume(&req.local_name, size);
+            self.volumes
+                .lock()
+                .expect("not poisoned")
+                .insert(v.volume_id.clone(), v.clone());
+            Ok(v)
+        }
+
+        async fn delete_volume(&self, volume_id: &str) -> Result<(), CsiError> {
+            self.volumes.lock().expect("not poisoned").remove(volume_id);
+            Ok(())
+        }
+
+        async fn expand_volume(
+            &self,
+            volume_id: &str,
+            range: &CapacityRange,
+        ) -> Result<u64, CsiError> {
+            let mut vols = self.volumes.lock().expect("not poisoned");
+            let v = vols
+                .get_mut(volume_id)
+                .ok_or_else(|| CsiError::NotFound(volume_id.into()))?;
+            v.capacity_bytes = v.capacity_bytes.max(range.required_bytes);
+            Ok(v.capacity_bytes)
+        }
+
+        async fn get_volume(&self, volume_id: &str) -> Result<Option<ProvisionedVolume>, CsiError> {
+            Ok(self
+                .volumes
+                .lock()
+                .expect("not poisoned")
+                .get(volume_id)
+                .cloned())
+        }
+
+        async fn list_volumes(&self) -> Result<Vec<ProvisionedVolume>, CsiError> {
+            Ok(self
+                .volumes
+                .lock()
+                .expect("not poisoned")
+                .values()
+                .cloned()
+                .collect())
+        }
+
+        async fn capacity(
+            &self,
+            _: Option<&Topology>,
+            _: Option<&str>,
+        ) -> Result<CapacityInfo, CsiError> {
+            Ok(CapacityInfo {
+                available_bytes: 100,
+                maximum_volume_size: 60,
+            })
+        }
+    }
+
+    fn cap(mode: Mode, access: AccessType) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+            access_type: Some(access),
+        }
+    }
+
+    fn mount(fs: &str) -> AccessType {
+        AccessType::Mount(csi::volume_capability::MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })
+    }
+
+    fn block() -> AccessType {
+        AccessType::Block(csi::volume_capability::BlockVolume {})
+    }
+
+    fn create_req(name: &str) -> csi::CreateVolumeRequest {
+        csi::CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![cap(Mode::SingleNodeWriter, mount(""))],
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: GIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn capabilities_single_node_only() {
+        for mode in [
+            Mode::SingleNodeWriter,
+            Mode::SingleNodeReaderOnly,
+            Mode::SingleNodeSingleWriter,
+            Mode::SingleNodeMultiWriter,
+        ] {
+            assert_eq!(
+                check_capability("c", &cap(mode, block())).expect("supported"),
+                Access::Block
+            );
+        }
+        for mode in [
+            Mode::MultiNodeReaderOnly,
+            Mode::MultiNodeSingleWriter,
+            Mode::MultiNodeMultiWriter,
+            Mode::Unknown,
+        ] {
+            let e = check_capability("c", &cap(mode, block())).expect_err("unsupported");
+            assert!(e.to_string().starts_with("c.access_mode.mode:"), "{e}");
+        }
+        assert_eq!(
+            check_capability("c", &cap(Mode::SingleNodeWriter, mount("xfs"))).expect("xfs"),
+            Access::Mount {
+                fs_type: Some(FsType::Xfs)
+            }
+        );
+        let e =
+            check_capability("c", &cap(Mode::SingleNodeWriter, mount("btrfs"))).expect_err("btrfs");
+        assert!(e.to_string().starts_with("c.mount.fs_type:"), "{e}");
+        let mut no_type = cap(Mode::SingleNodeWriter, block());
+        no_type.access_type = None;
+        assert!(check_capability("c", &no_type).is_err());
+        let both = [
+            cap(Mode::SingleNodeWriter, block()),
+            cap(Mode::SingleNodeWriter, mount("")),
+        ];
+        assert!(check_capabilities("v", &both).is_err());
+        let clash = [
+            cap(Mode::SingleNodeWriter, mount("ext4")),
+            cap(Mode::SingleNodeWriter, mount("xfs")),
+        ];
+        assert!(check_capabilities("v", &clash).is_err());
+        assert!(check_capabilities("v", &[]).is_err());
+    }
+
+    #[test]
+    fn create_request_validation() {
+        let ok = volume_request(&create_req("pvc-1")).expect("valid");
+        assert_eq!(ok.local_name, "pvc-1");
+        assert!(!ok.block);
+        let mut r = create_req("pvc-1");
+        r.volume_capabilities = vec![cap(Mode::SingleNodeWriter, mount("xfs"))];
+        let v = volume_request(&r).expect("valid");
+        assert_eq!(
+            v.parameters.fs_type,
+            Some(FsType::Xfs),
+            "fs type from the capability"
+        );
+        r.parameters = HashMap::from([(crate::params::FS_TYPE.to_string(), "ext4".to_string())]);
+        assert!(matches!(
+            volume_request(&r),
+            Err(CsiError::InvalidArgument { .. })
+        ));
+
+        let mut r = create_req("pvc-1");
+        r.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: "s".into(),
+                },
+            )),
+        });
+        assert!(matches!(
+            volume_request(&r),
+            Err(CsiError::InvalidArgument { .. })
+        ));
+
+        let mut r = create_req("pvc-1");
+        r.parameters = HashMap::from(
+            [
+                (crate::params::BACKEND_GROUP, "hdd"),
+                (crate::params::CACHE_GROUP, "ssd"),
+                (crate::params::CACHE_RATIO, "10"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let e = volume_request(&r).expect_err("bcache");
+        assert_eq!(e.code(), Code::Unimplemented);
+        assert_eq!(e.to_string(), "bcache volumes are not implemented yet");
+
+        let mut r = create_req("pvc-1");
+        r.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![csi::Topology {
+                segments: HashMap::from([(TOPOLOGY_KEY.to_string(), "n".to_string())]),
+            }],
+            preferred: vec![],
+        });
+        let v = volume_request(&r).expect("valid");
+        assert_eq!(v.accessibility.requisite[0][TOPOLOGY_KEY], "n");
+    }
+
+    #[test]
+    fn tokens() {
+        for id in ["a@n", "pvc-1@node-b.example", "ü@n"] {
+            assert_eq!(decode_token(&encode_token(id)).expect("round trip"), id);
+        }
+        for bad in [
+            "invalid-token",
+            "after.",
+            "after.0",
+            "after.zz",
+            "after.ff",
+            "61406e",
+        ] {
+            assert!(
+                matches!(decode_token(bad), Err(CsiError::Aborted(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn second_operation_on_a_busy_volume_is_aborted() {
+        let gate = Arc::new(Notify::new());
+        let fake = Arc::new(Fake {
+            gate: Some(gate.clone()),
+            ..Default::default()
+        });
+        let svc = ControllerService::new(fake.clone());
+        let first = tokio::spawn({
+            let svc = svc.clone();
+            async move { svc.create(create_req("pvc-1")).await }
+        });
+        fake.entered.notified().await;
+        let again = svc.create(create_req("pvc-1")).await.expect_err("busy");
+        assert_eq!(again.code(), Code::Aborted);
+        let delete = svc
+            .delete(csi::DeleteVolumeRequest {
+                volume_id: "pvc-1@n".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("busy");
+        assert_eq!(delete.code(), Code::Aborted);
+        gate.notify_one();
+        first.await.expect("joined").expect("created");
+        // Released: the next operation runs.
+        svc.delete(csi::DeleteVolumeRequest {
+            volume_id: "pvc-1@n".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("deleted");
+    }
+
+    #[tokio::test]
+    async fn list_pages_survive_deleting_the_last_entry() {
+        let fake = Arc::new(Fake::default());
+        let svc = ControllerService::new(fake.clone());
+        for i in 0..5 {
+            svc.create(create_req(&format!("v{i}")))
+                .await
+                .expect("created");
+        }
+        let page = |max: i32, token: String| {
+            let svc = svc.clone();
+            async move {
+                svc.list(csi::ListVolumesRequest {
+                    max_entries: max,
+                    starting_token: token,
+                })
+                .await
+                .expect("listed")
+            }
+        };
+        let ids = |r: &csi::ListVolumesResponse| -> Vec<String> {
+            r.entries
+                .iter()
+                .map(|e| e.volume.as_ref().expect("volume").volume_id.clone())
+                .collect()
+        };
+        let p1 = page(2, String::new()).await;
+        assert_eq!(ids(&p1), ["v0@n", "v1@n"]);
+        svc.delete(csi::DeleteVolumeRequest {
+            volume_id: "v1@n".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("deleted");
+        let p2 = page(2, p1.next_token.clone()).await;
+        assert_eq!(ids(&p2), ["v2@n", "v3@n"]);
+        let p3 = page(2, p2.next_token.clone()).await;
+        assert_eq!(ids(&p3), ["v4@n"]);
+        assert!(p3.next_token.is_empty());
+        assert_eq!(ids(&page(0, String::new()).await).len(), 4);
+        assert_eq!(ids(&page(4, String::new()).await).len(), 4);
+        assert!(
+            page(4, String::new()).await.next_token.is_empty(),
+            "exactly one page"
+        );
+    }
+
+    #[tokio::test]
+    async fn validate_and_expand() {
+        let fake = Arc::new(Fake::default());
+        let svc = ControllerService::new(fake.clone());
+        svc.create(create_req("v")).await.expect("created");
+        let validate = |caps: Vec<csi::VolumeCapability>| {
+            let svc = svc.clone();
+            async move {
+                svc.validate(csi::ValidateVolumeCapabilitiesRequest {
+                    volume_id: "v@n".into(),
+                    volume_capabilities: caps,
+                    ..Default::default()
+                })
+                .await
+                .expect("answered")
+            }
+        };
+        let ok = validate(vec![cap(Mode::SingleNodeWriter, mount(""))]).await;
+        assert!(
+            ok.confirmed
+                .is_some_and(|c| c.volume_capabilities.len() == 1)
+        );
+        let multi = validate(vec![cap(Mode::MultiNodeMultiWriter, mount(""))]).await;
+        assert!(multi.confirmed.is_none());
+        assert!(
+            multi.message.contains("MULTI_NODE_MULTI_WRITER"),
+            "{}",
+            multi.message
+        );
+        let host_block = validate(vec![cap(Mode::SingleNodeWriter, block())]).await;
+        assert!(
+            host_block.confirmed.is_none(),
+            "a directory is no block device"
+        );
+
+        let expand = |access: AccessType| {
+            let svc = svc.clone();
+            async move {
+                svc.expand(csi::ControllerExpandVolumeRequest {
+                    volume_id: "v@n".into(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 2 * GIB,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(cap(Mode::SingleNodeWriter, access)),
+                    ..Default::default()
+                })
+                .await
+                .expect("expanded")
+            }
+        };
+        let r = expand(mount("")).await;
+        assert_eq!(r.capacity_bytes, 2 * GIB);
+        assert!(r.node_expansion_required);
+        assert!(!expand(block()).await.node_expansion_required);
+    }
+}
