@@ -2,9 +2,10 @@
 //! device-mapper (`activation: loop`): a loop device over the physical
 //! volume at the LV's byte offset, limited to the LV's size.
 //!
-//! Attaching goes through `losetup`; detaching (`LOOP_CLR_FD`) and growing
-//! an attached device in place (`LOOP_SET_STATUS64`; it may be mounted) are
-//! ioctls, the only call sites in the workspace allowed `unsafe`.
+//! Attaching (`LOOP_CONFIGURE`), detaching (`LOOP_CLR_FD`) and growing an
+//! attached device in place (`LOOP_SET_STATUS64`; it may be mounted) are
+//! ioctls, the only call sites in the workspace allowed `unsafe`; `losetup`
+//! is the fallback for kernels without `LOOP_CONFIGURE`.
 
 use std::path::{Path, PathBuf};
 
@@ -12,8 +13,26 @@ use super::command::Cmd;
 use super::disks::LosetupDevice;
 use super::error::{Error, Result};
 
-/// Attaches a new loop device over `backing` at `offset` bytes, `size` long.
+/// Attaches a new loop device over `backing` at `offset` bytes, `size`
+/// long: `LOOP_CTL_GET_FREE` + `LOOP_CONFIGURE` (one atomic set-up, no
+/// process), falling back to `losetup` on kernels without `LOOP_CONFIGURE`.
 pub async fn attach(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
+    let path = backing.to_path_buf();
+    let direct = tokio::task::spawn_blocking(move || configure_blocking(&path, offset, size))
+        .await
+        .map_err(|e| Error::parse("loop attach task", e))?;
+    match direct {
+        Ok(dev) => Ok(dev),
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL) =>
+        {
+            attach_with_losetup(backing, offset, size).await
+        }
+        Err(e) => Err(Error::io("LOOP_CONFIGURE", backing, e)),
+    }
+}
+
+async fn attach_with_losetup(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
     let out = Cmd::new("losetup")
         .args(["-f", "--show", "--offset"])
         .arg(offset.to_string())
@@ -27,6 +46,73 @@ pub async fn attach(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
         return Err(Error::parse("losetup --show output", "no device printed"));
     }
     Ok(PathBuf::from(dev))
+}
+
+/// `struct loop_config` from `<linux/loop.h>`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+
+#[allow(unsafe_code)]
+fn configure_blocking(backing: &Path, offset: u64, size: u64) -> std::io::Result<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let control = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(backing)?;
+    // Another process may take the free device between our two calls: the
+    // kernel then answers EBUSY and we ask for the next free one.
+    for _ in 0..16 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number;
+        // `control` stays open for the call.
+        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let dev = PathBuf::from(format!("/dev/loop{n}"));
+        let loop_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)?;
+        // SAFETY: `LoopConfig` is plain old data for which all-zero bytes
+        // are a valid value.
+        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        config.fd = file.as_raw_fd() as u32;
+        config.info.lo_offset = offset;
+        config.info.lo_sizelimit = size;
+        let name = backing.as_os_str().as_encoded_bytes();
+        let len = name.len().min(config.info.lo_file_name.len() - 1);
+        config.info.lo_file_name[..len].copy_from_slice(&name[..len]);
+        // SAFETY: `config` is a fully initialised `loop_config` that lives
+        // across the call; both descriptors are open.
+        let rc = unsafe {
+            libc::ioctl(
+                loop_file.as_raw_fd(),
+                LOOP_CONFIGURE as _,
+                &config as *const LoopConfig,
+            )
+        };
+        if rc == 0 {
+            return Ok(dev);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(err);
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::EBUSY))
 }
 
 /// Detaches a loop device (`LOOP_CLR_FD`, what `losetup -d` does, without
@@ -209,8 +295,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loop_info64_has_the_kernel_layout() {
+    fn structs_have_the_kernel_layout() {
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
     }
 
     #[test]
