@@ -3,3 +3,5 @@
 //! CRD-to-gRPC bridge, the capacity publisher, configuration push, and the
 //! direct (static node list) provisioner. They arrive with the control-plane
 //! work; this crate is the place they will live.
+
+pub mod crd;

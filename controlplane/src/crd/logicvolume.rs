@@ -1,0 +1,159 @@
+//! `LogicVolume` (`carina.storage.io/v1`): one volume on one node, written by
+//! the Kubernetes provisioner and fulfilled by the bridge.
+//!
+//! The spec and the first seven status fields keep the Go original's names
+//! and JSON types, so existing objects and tooling read the same; the
+//! standard `conditions` and `observedGeneration` are additions.
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What the provisioner asks for: a volume of `size` in `deviceGroup` on
+/// `nodeName`. Cluster-scoped; the object's name is the volume's name.
+// Each `printcolumn(...)` repeats `type_`/`priority`; clippy takes the
+// repeats for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "carina.storage.io",
+    version = "v1",
+    kind = "LogicVolume",
+    plural = "logicvolumes",
+    shortname = "lv",
+    status = "LogicVolumeStatus",
+    derive = "PartialEq",
+    doc = "A volume carved from a device group on one node",
+    printcolumn(name = "Size", type_ = "string", json_path = ".spec.size"),
+    printcolumn(name = "Group", type_ = "string", json_path = ".spec.deviceGroup"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.status"),
+    printcolumn(
+        name = "Namespace",
+        type_ = "string",
+        json_path = ".spec.nameSpace",
+        priority = 1
+    ),
+    printcolumn(name = "PVC", type_ = "string", json_path = ".spec.pvc", priority = 1),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LogicVolumeSpec {
+    /// The node that holds the volume.
+    pub node_name: String,
+    /// Requested size (Carina writes whole GiB, e.g. `10Gi`).
+    #[schemars(schema_with = "super::quantity_schema")]
+    pub size: Quantity,
+    /// The device group (disk selector name) to allocate from.
+    pub device_group: String,
+    /// Name of the PersistentVolumeClaim the volume was made for; empty
+    /// when made outside a claim.
+    #[serde(default)]
+    pub pvc: String,
+    /// Namespace of that claim (Carina's spelling `nameSpace`).
+    #[serde(default)]
+    pub name_space: String,
+}
+
+/// What the bridge observed. Every field is optional on the wire, as in
+/// the Go original (`omitempty`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = super::kubernetes_integers)]
+pub struct LogicVolumeStatus {
+    /// The node-side volume id; set once the volume exists.
+    #[serde(rename = "volumeID", default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    /// gRPC status code of the last node operation (0 or absent: OK).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// Error text of the last failed node operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Size of the volume as created or last resized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::quantity_schema")]
+    pub current_size: Option<Quantity>,
+    /// `Success` or `Failed`, as Carina writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// Device major number on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_major: Option<u32>,
+    /// Device minor number on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_minor: Option<u32>,
+    /// Standard conditions, keyed by `type`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// `status.status` after a successful node operation.
+pub const STATUS_SUCCESS: &str = "Success";
+/// `status.status` after a failed node operation.
+pub const STATUS_FAILED: &str = "Failed";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wire_names_match_carina() {
+        let mut lv = LogicVolume::new(
+            "pvc-1",
+            LogicVolumeSpec {
+                node_name: "node-a".into(),
+                size: Quantity("10Gi".into()),
+                device_group: "carina-vg-ssd".into(),
+                pvc: "data".into(),
+                name_space: "default".into(),
+            },
+        );
+        lv.status = Some(LogicVolumeStatus {
+            volume_id: Some("volume-pvc-1".into()),
+            code: Some(0),
+            current_size: Some(Quantity("10Gi".into())),
+            status: Some(STATUS_SUCCESS.into()),
+            device_major: Some(7),
+            device_minor: Some(3),
+            ..LogicVolumeStatus::default()
+        });
+        let v = serde_json::to_value(&lv).expect("serializes");
+        assert_eq!(v["apiVersion"], "carina.storage.io/v1");
+        assert_eq!(v["kind"], "LogicVolume");
+        assert_eq!(
+            v["spec"],
+            json!({"nodeName": "node-a", "size": "10Gi", "deviceGroup": "carina-vg-ssd",
+                   "pvc": "data", "nameSpace": "default"})
+        );
+        assert_eq!(
+            v["status"],
+            json!({"volumeID": "volume-pvc-1", "code": 0, "currentSize": "10Gi",
+                   "status": "Success", "deviceMajor": 7, "deviceMinor": 3})
+        );
+    }
+
+    #[test]
+    fn reads_a_carina_object_without_status_or_claim() {
+        let lv: LogicVolume = serde_json::from_value(json!({
+            "apiVersion": "carina.storage.io/v1",
+            "kind": "LogicVolume",
+            "metadata": {"name": "v"},
+            "spec": {"nodeName": "n", "size": "1Gi", "deviceGroup": "g"},
+        }))
+        .expect("deserializes");
+        assert_eq!(lv.spec.pvc, "");
+        assert!(lv.status.is_none());
+    }
+}

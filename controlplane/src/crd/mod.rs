@@ -1,0 +1,271 @@
+//! Carina's custom resources, wire-compatible with the Go original:
+//! [`LogicVolume`] (`carina.storage.io/v1`) and [`NodeStorageResource`]
+//! (`carina.storage.io/v1beta1`), both cluster-scoped, with the status
+//! subresource; the names of the finalizer and annotations the control plane
+//! puts on them; and the CRD manifests generated from the types
+//! ([`crds_yaml`], checked in as `deploy/crds/carina.storage.io_crds.yaml`).
+
+pub mod logicvolume;
+pub mod nodestorageresource;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResourceExt;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde_json::Value;
+
+pub use logicvolume::{LogicVolume, LogicVolumeSpec, LogicVolumeStatus};
+pub use nodestorageresource::{
+    DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceSpec,
+    NodeStorageResourceStatus, PvInfo, VgGroup,
+};
+
+/// The API group of both resources.
+pub const GROUP: &str = "carina.storage.io";
+
+/// Finalizer on every `LogicVolume` the provisioner creates; the bridge
+/// removes it once the node has deleted the volume.
+pub const LOGICVOLUME_FINALIZER: &str = "carina.storage.io/logicvolume";
+
+/// Annotation carrying the W3C `traceparent` of the request that created or
+/// changed the object, so the bridge continues that trace.
+pub const TRACEPARENT_ANNOTATION: &str = "carina.storage.io/traceparent";
+
+/// Annotation on a Node (or a `LogicVolume`) naming the node's `NodeStorage`
+/// endpoint (`host:port`), overriding the Node's `InternalIP`.
+pub const NODE_ENDPOINT_ANNOTATION: &str = "carina.storage.io/node-endpoint";
+
+/// Prefix of the keys of `NodeStorageResource.status.capacity` and
+/// `.allocatable`.
+pub const CAPACITY_KEY_PREFIX: &str = "carina.storage.io/";
+
+/// The `capacity`/`allocatable` key of a device group:
+/// `carina.storage.io/<group>`.
+pub fn capacity_key(group: &str) -> String {
+    format!("{CAPACITY_KEY_PREFIX}{group}")
+}
+
+/// Where the generated manifests are checked in, relative to the repository.
+pub const CRDS_FILE: &str = "deploy/crds/carina.storage.io_crds.yaml";
+
+/// Both CRDs, `LogicVolume` first.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![LogicVolume::crd(), NodeStorageResource::crd()]
+}
+
+/// Both CRDs as one multi-document YAML, ready for `kubectl apply -f -`.
+/// The output depends only on the types (maps in the schema are ordered),
+/// so it is byte-for-byte stable.
+pub fn crds_yaml() -> String {
+    let mut out = String::from(
+        "# Carina's CustomResourceDefinitions, generated from the types in\n\
+         # controlplane/src/crd/. Do not edit: regenerate with\n\
+         # CARINA_UPDATE_CRDS=1 cargo test -p carina-controlplane --lib crd::\n",
+    );
+    for crd in crds() {
+        out.push_str("---\n");
+        // A CRD is plain data (strings, numbers, maps with string keys):
+        // serializing it cannot fail.
+        out.push_str(&serde_yaml::to_string(&crd).expect("a CRD serializes to YAML"));
+    }
+    out
+}
+
+/// Schema of a `resource.Quantity` field: an integer or a string in
+/// Kubernetes quantity syntax, like the Go original's CRD.
+pub(crate) fn quantity_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        "x-kubernetes-int-or-string": true,
+    })
+}
+
+/// Rewrites the JSON Schema formats schemars gives Rust's unsigned integers
+/// (`uint32`, `uint64`) to what Kubernetes knows: `int64`, with
+/// `minimum: 0`. Applied to each top-level spec and
+/// status type; it walks the whole (inlined) schema.
+pub(crate) fn kubernetes_integers(schema: &mut Schema) {
+    fn walk(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(format)) = map.get("format")
+                    && format.starts_with("uint")
+                {
+                    map.insert("format".into(), "int64".into());
+                    map.insert("minimum".into(), 0.into());
+                }
+                map.values_mut().for_each(walk);
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        map.values_mut().for_each(walk);
+    }
+}
+
+/// Schema of a map from names to quantities.
+pub(crate) fn quantity_map_schema(generator: &mut SchemaGenerator) -> Schema {
+    let value = quantity_schema(generator);
+    json_schema!({
+        "type": "object",
+        "additionalProperties": value,
+    })
+}
+
+/// Schema of a standard condition list: a list-map keyed by `type`, so
+/// server-side apply merges conditions of different writers.
+pub(crate) fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = Vec::<Condition>::json_schema(generator);
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    schema
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion;
+    use serde::Deserialize;
+
+    fn only_version(crd: &CustomResourceDefinition) -> &CustomResourceDefinitionVersion {
+        assert_eq!(crd.spec.versions.len(), 1);
+        &crd.spec.versions[0]
+    }
+
+    fn columns(v: &CustomResourceDefinitionVersion) -> Vec<(&str, &str)> {
+        v.additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| (c.name.as_str(), c.json_path.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn logicvolume_crd_is_carinas() {
+        let crd = LogicVolume::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("logicvolumes.carina.storage.io")
+        );
+        assert_eq!(crd.spec.group, GROUP);
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.kind, "LogicVolume");
+        assert_eq!(crd.spec.names.plural, "logicvolumes");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["lv".to_string()]));
+        let v = only_version(&crd);
+        assert_eq!(v.name, "v1");
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let cols = columns(v);
+        for want in [
+            ("Size", ".spec.size"),
+            ("Group", ".spec.deviceGroup"),
+            ("Node", ".spec.nodeName"),
+            ("Status", ".status.status"),
+            ("Age", ".metadata.creationTimestamp"),
+        ] {
+            assert!(cols.contains(&want), "{want:?} missing from {cols:?}");
+        }
+    }
+
+    #[test]
+    fn nodestorageresource_crd_is_carinas() {
+        let crd = NodeStorageResource::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("nodestorageresources.carina.storage.io")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["nsr".to_string()]));
+        let v = only_version(&crd);
+        assert_eq!(v.name, "v1beta1");
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        assert!(columns(v).contains(&("Node", ".spec.nodeName")));
+    }
+
+    #[test]
+    fn quantities_are_int_or_string() {
+        let crd = serde_json::to_value(LogicVolume::crd()).expect("serializes");
+        let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+        for q in [
+            &props["spec"]["properties"]["size"],
+            &props["status"]["properties"]["currentSize"],
+        ] {
+            assert_eq!(q["x-kubernetes-int-or-string"], true, "{q}");
+        }
+        let crd = serde_json::to_value(NodeStorageResource::crd()).expect("serializes");
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"];
+        assert_eq!(
+            status["capacity"]["additionalProperties"]["x-kubernetes-int-or-string"],
+            true
+        );
+        assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+    }
+
+    #[test]
+    fn integers_use_kubernetes_formats() {
+        let yaml = crds_yaml();
+        assert!(!yaml.contains("format: uint"), "{yaml}");
+        let crd = serde_json::to_value(LogicVolume::crd()).expect("serializes");
+        let major = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["deviceMajor"];
+        assert_eq!(major["format"], "int64");
+        // JSONSchemaProps holds `minimum` as a float.
+        assert_eq!(major["minimum"].as_f64(), Some(0.0));
+    }
+
+    #[test]
+    fn yaml_parses_back_to_both_crds() {
+        let yaml = crds_yaml();
+        assert_eq!(yaml, crds_yaml());
+        let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&yaml)
+            .map(|d| CustomResourceDefinition::deserialize(d).expect("parses back"))
+            .collect();
+        assert_eq!(docs, crds());
+    }
+
+    /// The checked-in manifests are what the types generate. With
+    /// `CARINA_UPDATE_CRDS=1` the test rewrites the file instead.
+    #[test]
+    fn checked_in_crds_are_current() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(CRDS_FILE);
+        let want = crds_yaml();
+        if std::env::var_os("CARINA_UPDATE_CRDS").is_some() {
+            std::fs::create_dir_all(path.parent().expect("file has a directory"))
+                .expect("create deploy/crds");
+            std::fs::write(&path, &want).expect("write CRDs");
+            return;
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        let first_diff = have
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(have.lines().count().min(want.lines().count()));
+        assert!(
+            have == want,
+            "{CRDS_FILE} is out of date with the CRD types (first difference at line {}). \
+             Regenerate it with:\n    CARINA_UPDATE_CRDS=1 cargo test -p carina-controlplane --lib crd::",
+            first_diff + 1
+        );
+    }
+}
