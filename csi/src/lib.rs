@@ -10,7 +10,11 @@
 pub mod command;
 pub mod controller;
 pub mod error;
+pub mod format;
+pub mod identity;
+pub mod mount;
 pub mod names;
+pub mod node;
 pub mod params;
 pub mod sizes;
 pub mod types;

@@ -1,0 +1,318 @@
+//! Filesystems on block volumes: what a device already holds
+//! (`blkid -p`, probing the device itself, no cache and no udev), making a
+//! filesystem on a **blank** device only, and growing a mounted one.
+//!
+//! A device that carries any signature (a filesystem of another type, a
+//! partition table, an LVM label, ...) is never formatted: that would
+//! destroy data someone may still want. It is `FAILED_PRECONDITION`,
+//! naming what was found and what was asked for.
+
+use std::io::{Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::command::{Cmd, CommandError};
+use crate::error::CsiError;
+use crate::mount::command_error;
+use crate::params::FsType;
+
+/// The smallest device `mkfs.xfs` accepts (xfsprogs 5.19 and later).
+pub const XFS_MIN_BYTES: u64 = 300 << 20;
+
+/// mkfs and grow may touch much of a large device.
+const LONG_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `blkid` exits with 2 when it finds nothing on the device.
+const BLKID_NOTHING_FOUND: &str = "exit status: 2";
+
+/// Errors of probing, formatting and growing.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// The device holds something other than the filesystem asked for.
+    #[error("{} holds {found}, not {wanted}; it is left as it is (Carina formats blank devices only)", device.display())]
+    Occupied {
+        device: PathBuf,
+        found: String,
+        wanted: String,
+    },
+    #[error("{} is {size_bytes} bytes; {fs} needs at least {min_bytes}", device.display())]
+    TooSmall {
+        device: PathBuf,
+        fs: &'static str,
+        size_bytes: u64,
+        min_bytes: u64,
+    },
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<FormatError> for CsiError {
+    fn from(e: FormatError) -> CsiError {
+        match e {
+            FormatError::Command(c) => command_error(c),
+            FormatError::Occupied { .. } | FormatError::TooSmall { .. } => {
+                CsiError::FailedPrecondition(e.to_string())
+            }
+            FormatError::Io { .. } => CsiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// What `blkid -p` found on a device that is not blank.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Signature {
+    /// `TYPE`: a filesystem or other content (`ext4`, `LVM2_member`, `swap`).
+    pub fs_type: Option<String>,
+    /// `PTTYPE`: a partition table (`gpt`, `dos`).
+    pub pt_type: Option<String>,
+}
+
+impl Signature {
+    /// The filesystem to mount, if the signature is exactly one we support.
+    pub fn filesystem(&self) -> Option<FsType> {
+        if self.pt_type.is_some() {
+            return None;
+        }
+        match self.fs_type.as_deref()? {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+
+    /// For messages: `ext4`, `a gpt partition table`, `an unrecognised signature`.
+    pub fn describe(&self) -> String {
+        match (&self.fs_type, &self.pt_type) {
+            (Some(t), None) => t.clone(),
+            (Some(t), Some(p)) => format!("{t} and a {p} partition table"),
+            (None, Some(p)) => format!("a {p} partition table"),
+            (None, None) => "an unrecognised signature".to_string(),
+        }
+    }
+}
+
+/// Parses `blkid -p -o export` (`KEY=value` lines).
+pub fn parse_blkid_export(text: &str) -> Signature {
+    let mut sig = Signature::default();
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("TYPE=") {
+            sig.fs_type = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("PTTYPE=") {
+            sig.pt_type = Some(v.to_string());
+        }
+    }
+    sig
+}
+
+/// What the device holds: `None` if it is blank.
+pub async fn probe(device: &Path) -> Result<Option<Signature>, FormatError> {
+    match Cmd::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(device)
+        .run()
+        .await
+    {
+        Ok(out) => Ok(Some(parse_blkid_export(&out.stdout))),
+        Err(CommandError::Failed { status, .. }) if status == BLKID_NOTHING_FOUND => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A filesystem ready to mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepared {
+    pub fs: FsType,
+    /// This call made it (the device was blank).
+    pub formatted: bool,
+}
+
+/// Makes sure `device` holds a filesystem to mount. A blank device is
+/// formatted with `requested` (ext4 when nothing was requested). An
+/// existing ext4 or xfs is kept when it is what was requested, or when
+/// nothing was. Anything else is [`FormatError::Occupied`].
+pub async fn ensure_filesystem(
+    device: &Path,
+    requested: Option<FsType>,
+) -> Result<Prepared, FormatError> {
+    match probe(device).await? {
+        None => {
+            let fs = requested.unwrap_or(FsType::Ext4);
+            make_filesystem(device, fs).await?;
+            Ok(Prepared {
+                fs,
+                formatted: true,
+            })
+        }
+        Some(sig) => match (sig.filesystem(), requested) {
+            (Some(found), Some(wanted)) if found == wanted => Ok(Prepared {
+                fs: found,
+                formatted: false,
+            }),
+            (Some(found), None) => Ok(Prepared {
+                fs: found,
+                formatted: false,
+            }),
+            (_, wanted) => Err(FormatError::Occupied {
+                device: device.to_path_buf(),
+                found: sig.describe(),
+                wanted: wanted.map_or("ext4 or xfs", FsType::as_str).to_string(),
+            }),
+        },
+    }
+}
+
+/// Runs mkfs on `device`. Private: only [`ensure_filesystem`], after
+/// probing the device blank, may call it.
+async fn make_filesystem(device: &Path, fs: FsType) -> Result<(), FormatError> {
+    let cmd = match fs {
+        // -m0: no blocks reserved for root; a volume belongs to its pod.
+        FsType::Ext4 => Cmd::new("mkfs.ext4").args(["-F", "-m0"]),
+        FsType::Xfs => {
+            let size_bytes = device_size(device).await?;
+            if size_bytes < XFS_MIN_BYTES {
+                return Err(FormatError::TooSmall {
+                    device: device.to_path_buf(),
+                    fs: "xfs",
+                    size_bytes,
+                    min_bytes: XFS_MIN_BYTES,
+                });
+            }
+            Cmd::new("mkfs.xfs").arg("-f")
+        }
+    };
+    cmd.arg(device).timeout(LONG_TIMEOUT).run().await?;
+    tracing::info!(device = %device.display(), fs = fs.as_str(), "made a filesystem on a blank device");
+    Ok(())
+}
+
+/// Grows the filesystem mounted at `mount_point` (from `device`) to fill
+/// the device: `resize2fs <device>` for ext4, `xfs_growfs <mount point>`
+/// for xfs. Both work online.
+pub async fn grow_filesystem(
+    fs: FsType,
+    device: &Path,
+    mount_point: &Path,
+) -> Result<(), FormatError> {
+    let cmd = match fs {
+        FsType::Ext4 => Cmd::new("resize2fs").arg(device),
+        FsType::Xfs => Cmd::new("xfs_growfs").arg(mount_point),
+    };
+    cmd.timeout(LONG_TIMEOUT).run().await?;
+    Ok(())
+}
+
+/// The size of a block device (or file) in bytes.
+pub async fn device_size(device: &Path) -> Result<u64, FormatError> {
+    let path = device.to_path_buf();
+    let size = tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&path).and_then(|mut f| f.seek(SeekFrom::End(0)))
+    })
+    .await
+    .map_err(|join| FormatError::Io {
+        action: "measure",
+        path: device.to_path_buf(),
+        source: std::io::Error::other(join),
+    })?;
+    size.map_err(|source| FormatError::Io {
+        action: "measure",
+        path: device.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_blkid_export() {
+        let ext4 = "DEVNAME=/dev/loop3\nUUID=4a1e\nBLOCK_SIZE=4096\nTYPE=ext4\nUSAGE=filesystem\n";
+        let sig = parse_blkid_export(ext4);
+        assert_eq!(sig.filesystem(), Some(FsType::Ext4));
+        assert_eq!(sig.describe(), "ext4");
+
+        let gpt = "DEVNAME=/dev/loop4\nPTUUID=77e0\nPTTYPE=gpt\n";
+        let sig = parse_blkid_export(gpt);
+        assert_eq!(sig.filesystem(), None);
+        assert_eq!(sig.describe(), "a gpt partition table");
+
+        let lvm = "DEVNAME=/dev/loop5\nUUID=x\nVERSION=LVM2 001\nTYPE=LVM2_member\nUSAGE=raid\n";
+        assert_eq!(parse_blkid_export(lvm).filesystem(), None);
+        assert_eq!(parse_blkid_export(lvm).describe(), "LVM2_member");
+        assert_eq!(
+            parse_blkid_export("DEVNAME=/dev/x\n").describe(),
+            "an unrecognised signature"
+        );
+    }
+
+    #[test]
+    fn occupied_is_failed_precondition_naming_both() {
+        let e: CsiError = FormatError::Occupied {
+            device: "/dev/loop3".into(),
+            found: "xfs".into(),
+            wanted: "ext4".into(),
+        }
+        .into();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        let text = e.to_string();
+        assert!(text.contains("xfs") && text.contains("ext4"), "{text}");
+    }
+
+    /// Probing, formatting and refusing on a real file (mkfs and blkid work
+    /// on regular files as on devices).
+    #[tokio::test]
+    async fn formats_blank_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let img = dir.path().join("disk.img");
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(64 << 20))
+            .expect("image");
+        if Cmd::new("mkfs.ext4").arg("-V").run().await.is_err() {
+            eprintln!("SKIP formats_blank_only: mkfs.ext4 is not installed");
+            return;
+        }
+        assert_eq!(probe(&img).await.expect("probe"), None);
+        let p = ensure_filesystem(&img, None).await.expect("format");
+        assert_eq!(
+            p,
+            Prepared {
+                fs: FsType::Ext4,
+                formatted: true
+            }
+        );
+        // Again: kept, not reformatted.
+        let p = ensure_filesystem(&img, Some(FsType::Ext4))
+            .await
+            .expect("kept");
+        assert!(!p.formatted);
+        // Another type asked for: refused, data intact.
+        let err = ensure_filesystem(&img, Some(FsType::Xfs))
+            .await
+            .expect_err("refused");
+        assert!(matches!(err, FormatError::Occupied { .. }), "{err}");
+        assert_eq!(
+            probe(&img)
+                .await
+                .expect("probe")
+                .and_then(|s| s.filesystem()),
+            Some(FsType::Ext4)
+        );
+        // xfs on a 64 MiB device is refused before mkfs runs.
+        let small = dir.path().join("small.img");
+        std::fs::File::create(&small)
+            .and_then(|f| f.set_len(64 << 20))
+            .expect("image");
+        let err = ensure_filesystem(&small, Some(FsType::Xfs))
+            .await
+            .expect_err("too small");
+        assert!(matches!(err, FormatError::TooSmall { .. }), "{err}");
+        assert_eq!(device_size(&small).await.expect("size"), 64 << 20);
+    }
+}
