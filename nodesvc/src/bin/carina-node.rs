@@ -1,15 +1,18 @@
 //! `carina-node`: the node daemon. Starts the storage engine on the
-//! node's device groups and serves `NodeStorage` over mutual TLS, plus
-//! `/metrics`. Every flag has an environment fallback.
+//! node's device groups and serves `NodeStorage` over mutual TLS, CSI
+//! Identity and Node on a unix socket (`--csi-endpoint`), and `/metrics`.
+//! Every flag has an environment fallback.
 //!
 //! SIGTERM or SIGINT: stop accepting, let in-flight calls finish (bounded
 //! by `--shutdown-grace-secs`), exit 0.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use carina_node::csi_local::serve::{CsiNodeServer, bind, socket_path};
 use carina_node::engine::{Config, Engine, EngineOptions, Policy};
 use carina_node::server::{NodeServer, metrics};
 use carina_proto::tls::{
@@ -51,9 +54,14 @@ struct Args {
     #[arg(long, env = "CARINA_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
     trust_domain: String,
 
-    /// Unix socket for the CSI Identity and Node services (not served yet).
+    /// Unix socket for the CSI Identity and Node services
+    /// (`unix:///csi/csi.sock` or a path); not served when unset.
     #[arg(long, env = "CSI_ENDPOINT")]
     csi_endpoint: Option<String>,
+
+    /// NodeGetInfo's max_volumes_per_node (0: no limit).
+    #[arg(long, env = "CARINA_MAX_VOLUMES", default_value_t = 0)]
+    max_volumes: u64,
 
     /// Address of the plain-HTTP /metrics endpoint.
     #[arg(long, env = "CARINA_METRICS_LISTEN", default_value = "127.0.0.1:9180")]
@@ -113,13 +121,34 @@ async fn run(args: Args) -> Result<()> {
     log_summary(&args, &config, &engine).await;
     let _rescan = engine.spawn_periodic_rescan();
 
-    if let Some(csi) = &args.csi_endpoint {
-        tracing::info!(csi.endpoint = %csi, "CSI endpoint accepted but not served yet (the CSI services are not part of this build)");
-    }
-
     let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let csi_task = match &args.csi_endpoint {
+        Some(endpoint) => {
+            let listener = bind(&socket_path(endpoint)?)?;
+            let csi = CsiNodeServer::new(engine.clone(), args.node_name.clone())
+                .max_volumes(args.max_volumes)
+                .grace_period(Duration::from_secs(args.shutdown_grace_secs));
+            let serve = csi.serve(listener, stopped(stop_rx.clone()));
+            let stop = stop_tx.clone();
+            Some(tokio::spawn(async move {
+                let result = serve.await;
+                if let Err(e) = &result {
+                    // Without CSI the node is useless to kubelet: stop all.
+                    tracing::error!(error = %e, "CSI server failed; stopping");
+                    let _ = stop.send(true);
+                }
+                result
+            }))
+        }
+        None => {
+            tracing::info!("no --csi-endpoint: CSI Identity and Node are not served");
+            None
+        }
     };
 
     let listener = TcpListener::bind(args.listen)
@@ -149,6 +178,9 @@ async fn run(args: Args) -> Result<()> {
 
     server.serve(listener, tls, stopped(stop_rx)).await?;
     let _ = metrics_task.await;
+    if let Some(task) = csi_task {
+        task.await.context("CSI server task")??;
+    }
     tracing::info!("carina-node exits");
     Ok(())
 }

@@ -1,0 +1,141 @@
+//! The node's CSI side: [`EngineVolumes`] tells the CSI Node service which
+//! local device or directory a volume id is, by asking the engine, and
+//! [`serve`] runs CSI Identity and Node on the kubelet plugin socket.
+
+pub mod serve;
+
+use async_trait::async_trait;
+use carina_csi::volume_id::VolumeId;
+use carina_csi::{CsiError, LocalKind, LocalVolume, LocalVolumes};
+use tonic::Status;
+
+use crate::engine::{Engine, Error, Policy, Volume};
+
+/// [`LocalVolumes`] over the node's engine. A volume id names its node
+/// (`<volume>@<node>`); an id of another node, a malformed id and a volume
+/// the engine does not have are all "not here".
+#[derive(Debug, Clone)]
+pub struct EngineVolumes {
+    engine: Engine,
+    node: String,
+    max_volumes: u64,
+}
+
+impl EngineVolumes {
+    pub fn new(engine: Engine, node_name: impl Into<String>) -> Self {
+        EngineVolumes {
+            engine,
+            node: node_name.into(),
+            max_volumes: 0,
+        }
+    }
+
+    /// The most volumes NodeGetInfo says this node publishes (0: no limit).
+    pub fn with_max_volumes(mut self, max_volumes: u64) -> Self {
+        self.max_volumes = max_volumes;
+        self
+    }
+}
+
+#[async_trait]
+impl LocalVolumes for EngineVolumes {
+    fn node_id(&self) -> &str {
+        &self.node
+    }
+
+    fn max_volumes(&self) -> u64 {
+        self.max_volumes
+    }
+
+    async fn find(&self, volume_id: &str) -> Result<Option<LocalVolume>, CsiError> {
+        let id = match VolumeId::parse(volume_id) {
+            Ok(id) => id,
+            Err(CsiError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if id.node != self.node {
+            return Ok(None);
+        }
+        match self.engine.get_volume(&id.volume).await {
+            Ok(v) => local_volume(volume_id, v).map(Some),
+            // A name the engine would refuse cannot be one of its volumes.
+            Err(Error::VolumeNotFound { .. } | Error::InvalidArgument { .. }) => Ok(None),
+            // The engine's own status table decides the code.
+            Err(e) => Err(CsiError::node(
+                format!("volume {volume_id:?}"),
+                Status::from(e),
+            )),
+        }
+    }
+}
+
+/// What an engine volume is to the CSI node service: LVM and RAW volumes
+/// are block devices, HOST volumes directories.
+pub fn local_volume(volume_id: &str, v: Volume) -> Result<LocalVolume, CsiError> {
+    let missing = |what: &str| {
+        CsiError::Internal(format!(
+            "volume {:?} ({} group {:?}) has no {what}",
+            v.name, v.policy, v.group
+        ))
+    };
+    let kind = match v.policy {
+        Policy::Lvm | Policy::Raw => LocalKind::Block {
+            device: v.device_path.clone().ok_or_else(|| missing("device"))?,
+        },
+        Policy::Host => LocalKind::Directory {
+            path: v.host_path.clone().ok_or_else(|| missing("directory"))?,
+        },
+    };
+    Ok(LocalVolume {
+        volume_id: volume_id.to_string(),
+        kind,
+        size_bytes: v.size_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(policy: Policy) -> Volume {
+        Volume {
+            name: "pvc-1".into(),
+            group: "g".into(),
+            policy,
+            size_bytes: 1 << 30,
+            device_path: None,
+            host_path: None,
+            major: 0,
+            minor: 0,
+            exclusive: false,
+            disk: None,
+        }
+    }
+
+    #[test]
+    fn kinds_by_policy() {
+        let mut v = volume(Policy::Lvm);
+        v.device_path = Some("/dev/loop7".into());
+        let l = local_volume("pvc-1@n", v).expect("block");
+        assert_eq!(
+            l.kind,
+            LocalKind::Block {
+                device: "/dev/loop7".into()
+            }
+        );
+        assert_eq!(l.size_bytes, 1 << 30);
+        assert_eq!(l.volume_id, "pvc-1@n");
+
+        let mut v = volume(Policy::Host);
+        v.host_path = Some("/srv/carina/pvc-1".into());
+        assert_eq!(
+            local_volume("pvc-1@n", v).expect("dir").kind,
+            LocalKind::Directory {
+                path: "/srv/carina/pvc-1".into()
+            }
+        );
+
+        let err = local_volume("pvc-1@n", volume(Policy::Raw)).expect_err("no device");
+        assert_eq!(err.code(), tonic::Code::Internal);
+    }
+}
