@@ -5,3 +5,5 @@
 //! work; this crate is the place they will live.
 
 pub mod crd;
+pub mod direct;
+pub mod serve;

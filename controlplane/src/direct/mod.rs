@@ -1,0 +1,544 @@
+//! The direct control plane: a [`Provisioner`] over a static node list,
+//! talking to each node's NodeStorage service over mutual TLS. No
+//! Kubernetes and no stored state: the volume id `<volume>@<node>` names
+//! the node, and the nodes' own volume lists are the truth.
+//!
+//! - [`nodes`]: the node list (YAML);
+//! - [`pool`]: one client per node;
+//! - [`placement`]: where a new volume goes (groups, accessibility,
+//!   `binpack`/`spreadout`).
+//!
+//! **Idempotency.** CreateVolume first asks every node for the volume's
+//! local name (`GetLV`). Found and compatible (size within the range, the
+//! requested group, exclusivity, access, accessible node): it is returned.
+//! Found and incompatible: `ALREADY_EXISTS`. A node that cannot be asked
+//! makes the call `UNAVAILABLE` (retryable) rather than risk a second copy
+//! on another node.
+//!
+//! **Codes from the nodes.** `ALREADY_EXISTS`, `RESOURCE_EXHAUSTED` (the
+//! next candidate is tried first), `UNAVAILABLE`, `DEADLINE_EXCEEDED` and
+//! the rest pass through with the node named in the message; a node that
+//! cannot be reached is `UNAVAILABLE`. DeleteVolume treats `NOT_FOUND`, an
+//! unknown node and an impossible volume name as already deleted.
+//!
+//! **Context.** `volume_context` carries `carina.storage.io/path` (the
+//! device, or the directory of a HOST volume), `/node`, `/major`, `/minor`
+//! (block volumes), `/disk-group-name`, `/policy`, and
+//! `csi.storage.k8s.io/fstype` when CreateVolume was given one (the node
+//! does not store it, so listed volumes lack it).
+
+pub mod nodes;
+pub mod placement;
+pub mod pool;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use carina_csi::params::FsType;
+use carina_csi::volume_id::VolumeId;
+use carina_csi::{
+    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
+    context, sizes,
+};
+use carina_proto::nodestorage as pb;
+use carina_proto::tls::ClientTls;
+use futures::future::join_all;
+use tonic::Code;
+
+pub use self::nodes::{NodeList, NodeSpec, NodesError};
+use self::placement::NodeCapacity;
+pub use self::placement::{Placement, Strategy};
+use self::pool::NodeClients;
+
+/// Volumes on a static list of nodes.
+#[derive(Debug)]
+pub struct DirectProvisioner {
+    nodes: NodeList,
+    clients: NodeClients,
+    strategy: Strategy,
+}
+
+impl DirectProvisioner {
+    /// A provisioner over `nodes`, reaching them with `tls` (a client
+    /// certificate with role `controller`; its `server_name` is replaced
+    /// by each node's name).
+    pub fn new(nodes: NodeList, tls: ClientTls, strategy: Strategy) -> Self {
+        DirectProvisioner {
+            nodes,
+            clients: NodeClients::new(tls),
+            strategy,
+        }
+    }
+
+    /// Bounds each NodeStorage call (default [`pool::DEFAULT_CALL_TIMEOUT`]).
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.clients = self.clients.call_timeout(timeout);
+        self
+    }
+
+    pub fn nodes(&self) -> &NodeList {
+        &self.nodes
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// The volume `name` on `node`, if it has one.
+    async fn get_lv(
+        &self,
+        node: &NodeSpec,
+        name: &str,
+    ) -> Result<Option<pb::LogicVolume>, CsiError> {
+        let req = pb::GetLvRequest {
+            name: name.to_string(),
+        };
+        match self
+            .clients
+            .call(node, &format!("GetLV {name}"), |mut c| async move {
+                c.get_lv(req).await
+            })
+            .await
+        {
+            Ok(r) => Ok(r.volume),
+            Err(e) if e.code() == Code::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn capacity_of(&self, node: &NodeSpec) -> Result<Vec<pb::GroupCapacity>, CsiError> {
+        let r = self
+            .clients
+            .call(node, "Capacity", |mut c| async move {
+                c.capacity(pb::CapacityRequest::default()).await
+            })
+            .await?;
+        Ok(r.groups)
+    }
+
+    async fn list_of(&self, node: &NodeSpec) -> Result<Vec<pb::LogicVolume>, CsiError> {
+        let mut all = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let req = pb::ListLVsRequest {
+                device_group: String::new(),
+                page_size: 0,
+                page_token,
+            };
+            let page = self
+                .clients
+                .call(
+                    node,
+                    "ListLVs",
+                    |mut c| async move { c.list_l_vs(req).await },
+                )
+                .await?;
+            all.extend(page.volumes);
+            if page.next_page_token.is_empty() {
+                return Ok(all);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// The node and volume name of an id this provisioner could have made;
+    /// `None` when no such volume can exist (malformed id, unknown node,
+    /// a name no node accepts).
+    fn locate<'a>(&'a self, volume_id: &str) -> Result<Option<(&'a NodeSpec, String)>, CsiError> {
+        let id = match VolumeId::parse(volume_id) {
+            Ok(id) => id,
+            Err(CsiError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !possible_volume_name(&id.volume) {
+            return Ok(None);
+        }
+        Ok(self.nodes.get(&id.node).map(|n| (n, id.volume)))
+    }
+
+    /// The existing volume named like the request, checked against it.
+    async fn existing(&self, req: &VolumeRequest) -> Result<Option<ProvisionedVolume>, CsiError> {
+        let lookups = join_all(
+            self.nodes
+                .nodes
+                .iter()
+                .map(|n| self.get_lv(n, &req.local_name)),
+        )
+        .await;
+        for (node, found) in self.nodes.nodes.iter().zip(lookups) {
+            let found = found.map_err(|e| {
+                unavailable_or(e, |m| {
+                    format!(
+                        "cannot tell whether volume {:?} already exists: {m}",
+                        req.local_name
+                    )
+                })
+            })?;
+            let Some(lv) = found else { continue };
+            if let Some(why) = incompatible(req, node, &lv) {
+                return Err(CsiError::AlreadyExists(format!(
+                    "volume {:?} exists on node {} ({} bytes in group {:?}) but {why}",
+                    req.name, node.name, lv.size_bytes, lv.device_group
+                )));
+            }
+            return Ok(Some(provisioned(node, &lv, fs_type(req))));
+        }
+        Ok(None)
+    }
+}
+
+impl DirectProvisioner {
+    /// Removes a volume just created that turned out larger than the
+    /// range allows (a whole disk), and says why.
+    async fn undo(
+        &self,
+        node: &NodeSpec,
+        lv: &pb::LogicVolume,
+        created: bool,
+        range: &CapacityRange,
+    ) -> CsiError {
+        let why = format!(
+            "volume {:?} on node {} would be {} bytes, above limit_bytes {}",
+            lv.name, node.name, lv.size_bytes, range.limit_bytes
+        );
+        if created {
+            let req = pb::DeleteLvRequest {
+                name: lv.name.clone(),
+            };
+            let what = format!("DeleteLV {}", lv.name);
+            if let Err(e) = self
+                .clients
+                .call(node, &what, |mut c| async move { c.delete_lv(req).await })
+                .await
+            {
+                tracing::warn!(error = %e, "removing the oversized volume failed");
+            }
+        }
+        CsiError::OutOfRange(why)
+    }
+}
+
+/// Keeps an `UNAVAILABLE` (or deadline) error's code and rewrites its
+/// message; other errors pass unchanged.
+fn unavailable_or(e: CsiError, message: impl Fn(&str) -> String) -> CsiError {
+    match e.code() {
+        Code::Unavailable => CsiError::Unavailable(message(&e.to_string())),
+        Code::DeadlineExceeded => CsiError::DeadlineExceeded(message(&e.to_string())),
+        _ => e,
+    }
+}
+
+/// The node's volume-name rule: ASCII letters, digits, `.`, `_`, `-`,
+/// `+`; 1 to 100 bytes; not starting with `-` or `.`.
+fn possible_volume_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with(['-', '.'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
+}
+
+fn fs_type(req: &VolumeRequest) -> Option<FsType> {
+    if req.block {
+        None
+    } else {
+        req.parameters.fs_type
+    }
+}
+
+/// Why an existing volume does not satisfy `req`, if it does not.
+fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> Option<String> {
+    if !sizes::satisfies(&req.capacity, lv.size_bytes) {
+        return Some(format!(
+            "the request asks for {}..{} bytes",
+            req.capacity.required_bytes,
+            match req.capacity.limit_bytes {
+                0 => "unlimited".to_string(),
+                l => l.to_string(),
+            }
+        ));
+    }
+    if let Some(g) = &req.parameters.group
+        && *g != lv.device_group
+    {
+        return Some(format!("the request names group {g:?}"));
+    }
+    if req.parameters.exclusive != lv.exclusive {
+        return Some(format!(
+            "the request asks for exclusively-raw-disk {}",
+            req.parameters.exclusive
+        ));
+    }
+    if !placement::policy_suits(req, lv.policy()) {
+        return Some(format!(
+            "a {} volume cannot serve this access",
+            policy_name(lv.policy())
+        ));
+    }
+    let accessible = req.accessibility.requisite.is_empty()
+        || req.accessibility.requisite.iter().any(|t| node.matches(t));
+    if !accessible {
+        return Some("its node is outside the requested accessible topology".to_string());
+    }
+    None
+}
+
+fn policy_name(p: pb::Policy) -> &'static str {
+    match p {
+        pb::Policy::Lvm => "LVM",
+        pb::Policy::Raw => "RAW",
+        pb::Policy::Host => "HOST",
+        pb::Policy::Unspecified => "UNSPECIFIED",
+    }
+}
+
+/// The control plane's view of a node's volume.
+fn provisioned(
+    node: &NodeSpec,
+    lv: &pb::LogicVolume,
+    fs_type: Option<FsType>,
+) -> ProvisionedVolume {
+    let mut ctx = BTreeMap::new();
+    let path = if lv.device_path.is_empty() {
+        &lv.host_path
+    } else {
+        &lv.device_path
+    };
+    ctx.insert(context::PATH.to_string(), path.clone());
+    ctx.insert(context::NODE.to_string(), node.name.clone());
+    if !lv.device_path.is_empty() {
+        ctx.insert(context::MAJOR.to_string(), lv.major.to_string());
+        ctx.insert(context::MINOR.to_string(), lv.minor.to_string());
+    }
+    ctx.insert(context::GROUP.to_string(), lv.device_group.clone());
+    ctx.insert(
+        context::POLICY.to_string(),
+        policy_name(lv.policy()).to_string(),
+    );
+    if let Some(fs) = fs_type {
+        ctx.insert(context::FS_TYPE.to_string(), fs.as_str().to_string());
+    }
+    ProvisionedVolume {
+        volume_id: VolumeId::new(lv.name.clone(), node.name.clone()).encode(),
+        capacity_bytes: lv.size_bytes,
+        node: node.name.clone(),
+        group: lv.device_group.clone(),
+        context: ctx,
+    }
+}
+
+#[async_trait]
+impl Provisioner for DirectProvisioner {
+    #[tracing::instrument(name = "direct.create_volume", skip_all, err(level = "info"), fields(volume.name = %req.local_name))]
+    async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
+        if let Some(found) = self.existing(req).await? {
+            tracing::info!(volume.id = %found.volume_id, "volume exists already");
+            return Ok(found);
+        }
+        let capacities = join_all(self.nodes.nodes.iter().map(|n| self.capacity_of(n))).await;
+        let mut views = Vec::with_capacity(capacities.len());
+        for (node, groups) in self.nodes.nodes.iter().zip(capacities) {
+            match groups {
+                Ok(groups) => views.push(NodeCapacity { node, groups }),
+                // It answered GetLV a moment ago; it cannot take the
+                // volume now, but the others may.
+                Err(e) => {
+                    tracing::warn!(node.name = %node.name, error = %e, "no capacity from node; not placing there")
+                }
+            }
+        }
+        let ranked = placement::rank(req, &views, self.strategy)?;
+        let mut exhausted = Vec::new();
+        for p in ranked {
+            let Some(node) = self.nodes.get(&p.node) else {
+                continue;
+            };
+            let create = pb::CreateLvRequest {
+                name: req.local_name.clone(),
+                device_group: p.group.clone(),
+                size_bytes: p.size_bytes,
+                exclusive: req.parameters.exclusive,
+            };
+            tracing::info!(node.name = %p.node, volume.group = %p.group, volume.size = p.size_bytes, strategy = %self.strategy, "placing volume");
+            let what = format!("CreateLV {} in group {:?}", req.local_name, p.group);
+            match self
+                .clients
+                .call(
+                    node,
+                    &what,
+                    |mut c| async move { c.create_lv(create).await },
+                )
+                .await
+            {
+                Ok(r) => {
+                    let lv = r.volume.ok_or_else(|| {
+                        CsiError::Internal(format!("node {}: CreateLV answered no volume", p.node))
+                    })?;
+                    if !sizes::satisfies(&req.capacity, lv.size_bytes) {
+                        // A whole disk larger than limit_bytes.
+                        return Err(self.undo(node, &lv, r.created, &req.capacity).await);
+                    }
+                    return Ok(provisioned(node, &lv, fs_type(req)));
+                }
+                // Someone took the space since Capacity: try the next.
+                Err(e) if e.code() == Code::ResourceExhausted => exhausted.push(e.to_string()),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CsiError::ResourceExhausted(exhausted.join("; ")))
+    }
+
+    #[tracing::instrument(name = "direct.delete_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
+    async fn delete_volume(&self, volume_id: &str) -> Result<(), CsiError> {
+        let Some((node, name)) = self.locate(volume_id)? else {
+            tracing::info!("no such volume can exist: nothing to delete");
+            return Ok(());
+        };
+        let req = pb::DeleteLvRequest { name: name.clone() };
+        match self
+            .clients
+            .call(node, &format!("DeleteLV {name}"), |mut c| async move {
+                c.delete_lv(req).await
+            })
+            .await
+        {
+            Err(e) if e.code() == Code::NotFound => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    #[tracing::instrument(name = "direct.expand_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id, volume.size = range.required_bytes))]
+    async fn expand_volume(&self, volume_id: &str, range: &CapacityRange) -> Result<u64, CsiError> {
+        let not_found = || CsiError::NotFound(format!("volume {volume_id:?} does not exist"));
+        let (node, name) = self.locate(volume_id)?.ok_or_else(not_found)?;
+        let lv = self.get_lv(node, &name).await?.ok_or_else(not_found)?;
+        if lv.size_bytes >= range.required_bytes {
+            return Ok(lv.size_bytes);
+        }
+        let unit = self
+            .capacity_of(node)
+            .await?
+            .iter()
+            .find(|g| g.device_group == lv.device_group)
+            .map(|g| g.allocation_unit_bytes)
+            .ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "node {} no longer has group {:?} of volume {name:?}",
+                    node.name, lv.device_group
+                ))
+            })?;
+        let size = sizes::allocation(range, unit)?;
+        let req = pb::ResizeLvRequest {
+            name: name.clone(),
+            size_bytes: size,
+        };
+        let r = self
+            .clients
+            .call(node, &format!("ResizeLV {name}"), |mut c| async move {
+                c.resize_lv(req).await
+            })
+            .await?;
+        Ok(r.volume.map_or(size, |v| v.size_bytes))
+    }
+
+    #[tracing::instrument(name = "direct.get_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
+    async fn get_volume(&self, volume_id: &str) -> Result<Option<ProvisionedVolume>, CsiError> {
+        let Some((node, name)) = self.locate(volume_id)? else {
+            return Ok(None);
+        };
+        Ok(self
+            .get_lv(node, &name)
+            .await?
+            .map(|lv| provisioned(node, &lv, None)))
+    }
+
+    #[tracing::instrument(name = "direct.list_volumes", skip_all, err(level = "info"))]
+    async fn list_volumes(&self) -> Result<Vec<ProvisionedVolume>, CsiError> {
+        let lists = join_all(self.nodes.nodes.iter().map(|n| self.list_of(n))).await;
+        let mut all = Vec::new();
+        for (node, lvs) in self.nodes.nodes.iter().zip(lists) {
+            all.extend(lvs?.iter().map(|lv| provisioned(node, lv, None)));
+        }
+        all.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
+        Ok(all)
+    }
+
+    #[tracing::instrument(name = "direct.capacity", skip_all, err(level = "info"), fields(volume.group = group.unwrap_or_default()))]
+    async fn capacity(
+        &self,
+        topology: Option<&Topology>,
+        group: Option<&str>,
+    ) -> Result<CapacityInfo, CsiError> {
+        let nodes: Vec<&NodeSpec> = self
+            .nodes
+            .nodes
+            .iter()
+            .filter(|n| topology.is_none_or(|t| n.matches(t)))
+            .collect();
+        let answers = join_all(nodes.iter().map(|n| self.capacity_of(n))).await;
+        let mut info = CapacityInfo::default();
+        for groups in answers {
+            for g in groups?
+                .iter()
+                .filter(|g| group.is_none_or(|w| g.device_group == w))
+            {
+                info.available_bytes = info.available_bytes.saturating_add(g.allocatable_bytes);
+                info.maximum_volume_size =
+                    info.maximum_volume_size.max(g.largest_allocatable_bytes);
+            }
+        }
+        Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_names_the_nodes_accept() {
+        for ok in ["pvc-1", "csi-0123abcd", "a.b_c+d", &"x".repeat(100)] {
+            assert!(possible_volume_name(ok), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "a b", "a/b", &"x".repeat(101), "ü"] {
+            assert!(!possible_volume_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn context_of_block_and_host_volumes() {
+        let node = NodeSpec {
+            name: "n".into(),
+            endpoint: "n:1".into(),
+            topology: Topology::new(),
+        };
+        let block = pb::LogicVolume {
+            name: "v".into(),
+            device_group: "g".into(),
+            policy: pb::Policy::Lvm as i32,
+            size_bytes: 8,
+            device_path: "/dev/loop9".into(),
+            major: 7,
+            minor: 9,
+            ..Default::default()
+        };
+        let v = provisioned(&node, &block, Some(FsType::Xfs));
+        assert_eq!(v.volume_id, "v@n");
+        assert_eq!(v.context[context::PATH], "/dev/loop9");
+        assert_eq!(v.context[context::MAJOR], "7");
+        assert_eq!(v.context[context::POLICY], "LVM");
+        assert_eq!(v.context[context::FS_TYPE], "xfs");
+        let host = pb::LogicVolume {
+            policy: pb::Policy::Host as i32,
+            device_path: String::new(),
+            host_path: "/srv/g/v".into(),
+            ..block
+        };
+        let v = provisioned(&node, &host, None);
+        assert_eq!(v.context[context::PATH], "/srv/g/v");
+        assert!(!v.context.contains_key(context::MAJOR));
+        assert!(!v.context.contains_key(context::FS_TYPE));
+    }
+}

@@ -1,0 +1,370 @@
+//! Where a new volume goes: pure functions over the nodes' capacities, so
+//! the rules are tested without a node.
+//!
+//! 1. **Group.** With `carina.storage.io/disk-group-name` the volume goes
+//!    into that group. Without it, each node offers the first group in its
+//!    own order (its configuration's) whose policy suits the request and
+//!    that has room. Policies that suit: `exclusively-raw-disk` → RAW only;
+//!    block access → LVM or RAW; a mount → LVM, RAW or HOST.
+//! 2. **Room.** The size is the request's capacity range rounded to the
+//!    group's allocation unit ([`carina_csi::sizes::allocation`]); a group
+//!    fits when its `largest_allocatable_bytes` holds that size.
+//! 3. **Accessibility.** Only nodes matching one of the `requisite`
+//!    topologies (all nodes when there are none). The `preferred`
+//!    topologies come first, in their order; within each, and for the
+//!    remaining nodes, the strategy orders.
+//! 4. **Strategy.** `binpack`: the fitting node with the least allocatable
+//!    bytes in the chosen group first; `spreadout`: the most first. Ties
+//!    keep the node list's order.
+
+use std::fmt;
+use std::str::FromStr;
+
+use carina_csi::params::{DISK_GROUP, EXCLUSIVE};
+use carina_csi::{CsiError, VolumeRequest, sizes};
+use carina_proto::nodestorage::{GroupCapacity, Policy};
+
+use super::nodes::NodeSpec;
+
+/// Carina's `schedulerStrategy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// Fill the fullest node that still fits.
+    Binpack,
+    /// Use the emptiest node.
+    #[default]
+    Spreadout,
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Strategy, String> {
+        match s {
+            "binpack" => Ok(Strategy::Binpack),
+            "spreadout" => Ok(Strategy::Spreadout),
+            other => Err(format!("{other:?} is not binpack or spreadout")),
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Strategy::Binpack => "binpack",
+            Strategy::Spreadout => "spreadout",
+        })
+    }
+}
+
+/// One node and the capacity of its groups, in the node's order.
+#[derive(Debug, Clone)]
+pub struct NodeCapacity<'a> {
+    pub node: &'a NodeSpec,
+    pub groups: Vec<GroupCapacity>,
+}
+
+/// A place for the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub node: String,
+    pub group: String,
+    /// The size to create, rounded to the group's unit.
+    pub size_bytes: u64,
+    /// The group's allocatable bytes before the volume (the strategy's key).
+    pub allocatable_bytes: u64,
+}
+
+/// Whether a group of `policy` can hold the volume `req` asks for.
+pub fn policy_suits(req: &VolumeRequest, policy: Policy) -> bool {
+    match policy {
+        Policy::Raw => true,
+        Policy::Lvm => !req.parameters.exclusive,
+        Policy::Host => !req.parameters.exclusive && !req.block,
+        Policy::Unspecified => false,
+    }
+}
+
+fn why_unsuitable(req: &VolumeRequest) -> (String, &'static str) {
+    if req.parameters.exclusive {
+        (
+            format!("parameters[{EXCLUSIVE:?}]"),
+            "a whole-disk volume needs a RAW group",
+        )
+    } else {
+        (
+            "volume_capabilities".to_string(),
+            "block access needs an LVM or RAW group (HOST volumes are directories)",
+        )
+    }
+}
+
+/// The places the volume can go, best first. Errors: `INVALID_ARGUMENT`
+/// when no node has a suitable group at all (an unknown group name, a
+/// policy that cannot serve the request); `OUT_OF_RANGE` when no suitable
+/// group's unit fits the capacity range; `RESOURCE_EXHAUSTED` when no
+/// accessible node has room.
+pub fn rank(
+    req: &VolumeRequest,
+    nodes: &[NodeCapacity<'_>],
+    strategy: Strategy,
+) -> Result<Vec<Placement>, CsiError> {
+    let wanted = req.parameters.group.as_deref();
+    let named = |g: &GroupCapacity| wanted.is_none_or(|w| g.device_group == w);
+    let suits = |g: &GroupCapacity| named(g) && policy_suits(req, g.policy());
+    let all_groups = || nodes.iter().flat_map(|n| n.groups.iter());
+    if let Some(w) = wanted
+        && !all_groups().any(named)
+    {
+        return Err(CsiError::invalid(
+            format!("parameters[{DISK_GROUP:?}]"),
+            format!("no node has a device group {w:?}"),
+        ));
+    }
+    if !all_groups().any(suits) {
+        let (field, reason) = why_unsuitable(req);
+        let which = match wanted {
+            Some(w) => format!("group {w:?} does not suit: {reason}"),
+            None => format!("no node has a suitable group: {reason}"),
+        };
+        return Err(CsiError::invalid(field, which));
+    }
+
+    let accessible = |n: &NodeSpec| {
+        req.accessibility.requisite.is_empty()
+            || req.accessibility.requisite.iter().any(|t| n.matches(t))
+    };
+    let mut out_of_range: Option<CsiError> = None;
+    let mut any_size = false;
+    let mut fitting: Vec<(usize, Placement)> = Vec::new();
+    for (i, n) in nodes.iter().enumerate().filter(|(_, n)| accessible(n.node)) {
+        for g in n.groups.iter().filter(|g| suits(g)) {
+            let size = match sizes::allocation(&req.capacity, g.allocation_unit_bytes) {
+                Ok(s) => s,
+                Err(e) => {
+                    out_of_range.get_or_insert(e);
+                    continue;
+                }
+            };
+            any_size = true;
+            if g.largest_allocatable_bytes >= size {
+                fitting.push((
+                    i,
+                    Placement {
+                        node: n.node.name.clone(),
+                        group: g.device_group.clone(),
+                        size_bytes: size,
+                        allocatable_bytes: g.allocatable_bytes,
+                    },
+                ));
+                break;
+            }
+        }
+    }
+    if fitting.is_empty() {
+        if let (false, Some(e)) = (any_size, out_of_range) {
+            return Err(e);
+        }
+        let group = wanted.map_or_else(
+            || "any suitable group".to_string(),
+            |w| format!("group {w:?}"),
+        );
+        let scope = if req.accessibility.requisite.is_empty() {
+            "no node"
+        } else {
+            "no node in the accessible topology"
+        };
+        return Err(CsiError::ResourceExhausted(format!(
+            "{scope} has room for {} bytes in {group}",
+            req.capacity.required_bytes.max(1)
+        )));
+    }
+
+    let order = |v: &mut Vec<(usize, Placement)>| match strategy {
+        // Stable sorts: ties keep the node list's order.
+        Strategy::Binpack => v.sort_by_key(|(i, p)| (p.allocatable_bytes, *i)),
+        Strategy::Spreadout => v.sort_by_key(|(i, p)| (std::cmp::Reverse(p.allocatable_bytes), *i)),
+    };
+    let mut ranked = Vec::with_capacity(fitting.len());
+    for t in &req.accessibility.preferred {
+        let (mut these, rest): (Vec<_>, Vec<_>) = fitting
+            .into_iter()
+            .partition(|(i, _)| nodes[*i].node.matches(t));
+        order(&mut these);
+        ranked.extend(these);
+        fitting = rest;
+    }
+    order(&mut fitting);
+    ranked.extend(fitting);
+    Ok(ranked.into_iter().map(|(_, p)| p).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use carina_csi::params::Parameters;
+    use carina_csi::{Accessibility, CapacityRange, TOPOLOGY_KEY, Topology};
+
+    const MIB: u64 = 1 << 20;
+
+    fn node(name: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            endpoint: format!("{name}:7443"),
+            topology: Topology::from([(TOPOLOGY_KEY.to_string(), name.to_string())]),
+        }
+    }
+
+    fn group(name: &str, policy: Policy, allocatable: u64) -> GroupCapacity {
+        GroupCapacity {
+            device_group: name.into(),
+            policy: policy as i32,
+            allocatable_bytes: allocatable,
+            largest_allocatable_bytes: allocatable,
+            allocation_unit_bytes: 4 * MIB,
+            ..Default::default()
+        }
+    }
+
+    fn request(required: u64) -> VolumeRequest {
+        VolumeRequest {
+            name: "v".into(),
+            local_name: "v".into(),
+            capacity: CapacityRange {
+                required_bytes: required,
+                limit_bytes: 0,
+            },
+            parameters: Parameters::default(),
+            accessibility: Accessibility::default(),
+            block: false,
+        }
+    }
+
+    fn on(t: &str) -> Topology {
+        Topology::from([(TOPOLOGY_KEY.to_string(), t.to_string())])
+    }
+
+    fn names(r: &[Placement]) -> Vec<&str> {
+        r.iter().map(|p| p.node.as_str()).collect()
+    }
+
+    #[test]
+    fn strategies() {
+        let (a, b, c) = (node("a"), node("b"), node("c"));
+        let nodes = [
+            NodeCapacity {
+                node: &a,
+                groups: vec![group("g", Policy::Lvm, 100 * MIB)],
+            },
+            NodeCapacity {
+                node: &b,
+                groups: vec![group("g", Policy::Lvm, 300 * MIB)],
+            },
+            NodeCapacity {
+                node: &c,
+                groups: vec![group("g", Policy::Lvm, 200 * MIB)],
+            },
+        ];
+        let spread = rank(&request(50 * MIB), &nodes, Strategy::Spreadout).expect("fits");
+        assert_eq!(names(&spread), ["b", "c", "a"]);
+        let pack = rank(&request(50 * MIB), &nodes, Strategy::Binpack).expect("fits");
+        assert_eq!(names(&pack), ["a", "c", "b"]);
+        // a cannot hold 150 MiB: binpack takes the next fullest that fits.
+        let pack = rank(&request(150 * MIB), &nodes, Strategy::Binpack).expect("fits");
+        assert_eq!(names(&pack), ["c", "b"]);
+        assert_eq!(pack[0].size_bytes, 152 * MIB, "rounded to the 4 MiB unit");
+        let none = rank(&request(400 * MIB), &nodes, Strategy::Binpack).expect_err("full");
+        assert!(matches!(none, CsiError::ResourceExhausted(_)), "{none}");
+    }
+
+    #[test]
+    fn accessibility() {
+        let (a, b, c) = (node("a"), node("b"), node("c"));
+        let nodes = [
+            NodeCapacity {
+                node: &a,
+                groups: vec![group("g", Policy::Lvm, 100 * MIB)],
+            },
+            NodeCapacity {
+                node: &b,
+                groups: vec![group("g", Policy::Lvm, 300 * MIB)],
+            },
+            NodeCapacity {
+                node: &c,
+                groups: vec![group("g", Policy::Lvm, 200 * MIB)],
+            },
+        ];
+        let mut req = request(10 * MIB);
+        req.accessibility.requisite = vec![on("a"), on("c")];
+        assert_eq!(
+            names(&rank(&req, &nodes, Strategy::Spreadout).expect("ok")),
+            ["c", "a"]
+        );
+        req.accessibility.preferred = vec![on("a")];
+        assert_eq!(
+            names(&rank(&req, &nodes, Strategy::Spreadout).expect("ok")),
+            ["a", "c"]
+        );
+        // A preferred node without room yields to the others.
+        req.capacity.required_bytes = 150 * MIB;
+        assert_eq!(
+            names(&rank(&req, &nodes, Strategy::Spreadout).expect("ok")),
+            ["c"]
+        );
+        req.accessibility.requisite = vec![on("x")];
+        let e = rank(&req, &nodes, Strategy::Spreadout).expect_err("nowhere");
+        assert!(e.to_string().contains("accessible topology"), "{e}");
+    }
+
+    #[test]
+    fn groups_and_policies() {
+        let (a, b) = (node("a"), node("b"));
+        let nodes = [
+            NodeCapacity {
+                node: &a,
+                groups: vec![
+                    group("host", Policy::Host, 900 * MIB),
+                    group("raw", Policy::Raw, 64 * MIB),
+                ],
+            },
+            NodeCapacity {
+                node: &b,
+                groups: vec![group("host", Policy::Host, 800 * MIB)],
+            },
+        ];
+        let mount = rank(&request(MIB), &nodes, Strategy::Spreadout).expect("ok");
+        assert_eq!(
+            (mount[0].node.as_str(), mount[0].group.as_str()),
+            ("a", "host")
+        );
+        let mut block = request(MIB);
+        block.block = true;
+        let r = rank(&block, &nodes, Strategy::Spreadout).expect("raw fits");
+        assert_eq!((names(&r), r[0].group.as_str()), (vec!["a"], "raw"));
+        let mut exclusive = request(MIB);
+        exclusive.parameters.exclusive = true;
+        assert_eq!(
+            rank(&exclusive, &nodes, Strategy::Binpack).expect("raw")[0].group,
+            "raw"
+        );
+        exclusive.parameters.group = Some("host".into());
+        let e = rank(&exclusive, &nodes, Strategy::Binpack).expect_err("host is no RAW group");
+        assert!(e.to_string().contains("exclusively-raw-disk"), "{e}");
+        let mut unknown = request(MIB);
+        unknown.parameters.group = Some("ssd".into());
+        let e = rank(&unknown, &nodes, Strategy::Binpack).expect_err("unknown");
+        assert!(matches!(e, CsiError::InvalidArgument { .. }), "{e}");
+        // 5..7 MiB holds no multiple of 4 MiB.
+        let mut odd = request(5 * MIB);
+        odd.capacity.limit_bytes = 7 * MIB;
+        let e = rank(&odd, &nodes, Strategy::Binpack).expect_err("no size");
+        assert!(matches!(e, CsiError::OutOfRange(_)), "{e}");
+    }
+
+    #[test]
+    fn strategy_names() {
+        assert_eq!("binpack".parse::<Strategy>(), Ok(Strategy::Binpack));
+        assert_eq!(Strategy::default().to_string(), "spreadout");
+        assert!("random".parse::<Strategy>().is_err());
+    }
+}
