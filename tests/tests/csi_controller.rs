@@ -1,0 +1,978 @@
+//! The CSI Controller over the direct control plane, end to end: two
+//! in-process NodeStorage servers (`node-a`, `node-b`) with HOST groups on
+//! their own tmpfs (so capacities are exact: 256 MiB and 512 MiB), a
+//! `DirectProvisioner` reaching them over mutual TLS, and the Controller
+//! served on a unix socket and called through a tonic client, as the CSI
+//! sidecars call it.
+//!
+//! Needs root (tmpfs mounts, loop devices for the RAW group).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec, Strategy};
+use carina_controlplane::serve::{bind_unix, serve_controller};
+use carina_csi::{TOPOLOGY_KEY, Topology, context};
+use carina_proto::csi;
+use carina_proto::csi::controller_client::ControllerClient;
+use carina_proto::csi::identity_client::IdentityClient;
+use carina_proto::csi::volume_capability::AccessType;
+use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_proto::devcerts::{DevCa, Validity};
+use carina_proto::nodestorage as pb;
+use carina_tests::grpc::{Client as NodeClient, TestNode, server_cert, start_engine};
+use carina_tests::{LoopDisk, MountGuard, have_root};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+const MIB: u64 = 1 << 20;
+const A: &str = "node-a";
+const B: &str = "node-b";
+const A_BYTES: u64 = 256 * MIB;
+const B_BYTES: u64 = 512 * MIB;
+
+type Csi = ControllerClient<Channel>;
+
+/// Two nodes, the controller on a unix socket, and clients of all three.
+/// Fields drop in order: servers before the file systems they serve.
+struct Cluster {
+    csi: Csi,
+    channel: Channel,
+    nodes: Vec<TestNode>,
+    node_clients: Vec<NodeClient>,
+    stop: Option<oneshot::Sender<()>>,
+    _state: Vec<tempfile::TempDir>,
+    _disk: Option<LoopDisk>,
+    _mounts: Vec<MountGuard>,
+    _dirs: Vec<tempfile::TempDir>,
+    /// HOST group roots of node-a and node-b.
+    roots: Vec<PathBuf>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn host_group(root: &Path) -> String {
+    format!(
+        r#"{{"name":"host","policy":"HOST","root":"{}","reserveBytes":0}}"#,
+        root.display()
+    )
+}
+
+impl Cluster {
+    /// node-a: HOST group `host` on 256 MiB; node-b: `host` on 512 MiB and,
+    /// with `raw`, a RAW group `raw` on a 64 MiB loop disk (after `host`).
+    async fn start(strategy: Strategy, raw: bool) -> Result<Cluster> {
+        let ca = DevCa::new("carina controller test CA", Validity::days(1))?;
+        let mut dirs = Vec::new();
+        let mut mounts = Vec::new();
+        let mut state = Vec::new();
+        let mut roots = Vec::new();
+        let mut nodes = Vec::new();
+        let mut disk = None;
+        for (name, bytes) in [(A, A_BYTES), (B, B_BYTES)] {
+            let dir = tempfile::Builder::new()
+                .prefix("carina-csi-host-")
+                .tempdir()?;
+            mounts.push(MountGuard::mount(
+                "tmpfs",
+                dir.path(),
+                Some("tmpfs"),
+                Some(&format!("size={bytes}")),
+            )?);
+            let mut groups = vec![host_group(dir.path())];
+            if raw && name == B {
+                let d = LoopDisk::new(64 * MIB)?;
+                groups.push(format!(
+                    r#"{{"name":"raw","re":["{}"],"policy":"RAW","reserveBytes":0,"minDiskBytes":1048576}}"#,
+                    d.pattern()
+                ));
+                disk = Some(d);
+            }
+            let config = format!(
+                r#"{{"diskSelector":[{}],"diskScanInterval":"0"}}"#,
+                groups.join(",")
+            );
+            let st = tempfile::Builder::new()
+                .prefix("carina-csi-state-")
+                .tempdir()?;
+            let engine = start_engine(&config, st.path()).await?;
+            let server = server_cert(&ca, name, Validity::days(1))?;
+            let same_ca = DevCa::from_pem(ca.cert_pem(), ca.key_pem())?;
+            nodes.push(TestNode::start_with(engine, name, same_ca, &server).await?);
+            roots.push(dir.path().to_path_buf());
+            dirs.push(dir);
+            state.push(st);
+        }
+        let list = NodeList::new(
+            nodes
+                .iter()
+                .map(|n| NodeSpec {
+                    name: n.node_name.clone(),
+                    endpoint: n.endpoint(),
+                    topology: Topology::new(),
+                })
+                .collect(),
+        )?;
+        let provisioner =
+            DirectProvisioner::new(list, nodes[0].client_tls("controller")?, strategy);
+
+        let sock_dir = tempfile::Builder::new()
+            .prefix("carina-csi-sock-")
+            .tempdir()?;
+        let sock = sock_dir.path().join("csi.sock");
+        let listener = bind_unix(&format!("unix://{}", sock.display()))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(serve_controller(listener, Arc::new(provisioner), async {
+            let _ = stopped.await;
+        }));
+        let channel = unix_channel(sock).await?;
+        dirs.push(sock_dir);
+        let mut node_clients = Vec::new();
+        for n in &nodes {
+            node_clients.push(n.client("reader").await?);
+        }
+        Ok(Cluster {
+            csi: ControllerClient::new(channel.clone()),
+            channel,
+            nodes,
+            node_clients,
+            stop: Some(stop),
+            _state: state,
+            _disk: disk,
+            _mounts: mounts,
+            _dirs: dirs,
+            roots,
+        })
+    }
+
+    /// Names of the volumes on each node, as the nodes list them.
+    async fn lvs(&mut self) -> Result<Vec<Vec<pb::LogicVolume>>> {
+        let mut out = Vec::new();
+        for c in &mut self.node_clients {
+            out.push(
+                c.list_l_vs(pb::ListLVsRequest::default())
+                    .await?
+                    .into_inner()
+                    .volumes,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Allocatable bytes of group `host` on each node.
+    async fn allocatable(&mut self) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for c in &mut self.node_clients {
+            let groups = c
+                .capacity(pb::CapacityRequest {
+                    device_group: "host".into(),
+                })
+                .await?
+                .into_inner()
+                .groups;
+            out.push(groups.first().context("group host")?.allocatable_bytes);
+        }
+        Ok(out)
+    }
+}
+
+async fn unix_channel(path: PathBuf) -> Result<Channel> {
+    // The URI is required by tonic and ignored by the connector.
+    Ok(Endpoint::from_static("http://csi.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await?)
+}
+
+fn cap(mode: Mode, access: AccessType) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        access_type: Some(access),
+    }
+}
+
+fn mount(fs: &str) -> AccessType {
+    AccessType::Mount(csi::volume_capability::MountVolume {
+        fs_type: fs.into(),
+        ..Default::default()
+    })
+}
+
+fn block() -> AccessType {
+    AccessType::Block(csi::volume_capability::BlockVolume {})
+}
+
+fn range(required: i64, limit: i64) -> Option<csi::CapacityRange> {
+    Some(csi::CapacityRange {
+        required_bytes: required,
+        limit_bytes: limit,
+    })
+}
+
+fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn create(name: &str, required: u64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: range(required as i64, 0),
+        volume_capabilities: vec![cap(Mode::SingleNodeWriter, mount(""))],
+        ..Default::default()
+    }
+}
+
+fn on(node: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
+    }
+}
+
+async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
+    let name = req.name.clone();
+    csi.create_volume(req)
+        .await
+        .with_context(|| format!("CreateVolume {name}"))?
+        .into_inner()
+        .volume
+        .context("no volume")
+}
+
+fn node_of(v: &csi::Volume) -> &str {
+    v.volume_context
+        .get(context::NODE)
+        .map(String::as_str)
+        .unwrap_or_default()
+}
+
+/// The node a strategy picks from the allocatable bytes of `host` on
+/// node-a and node-b (ties go to node-a, the first in the list).
+fn predict(strategy: Strategy, free: &[u64], size: u64) -> Option<&'static str> {
+    let fits: Vec<(usize, u64)> = free
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, f)| *f >= size)
+        .collect();
+    let pick = match strategy {
+        Strategy::Binpack => fits.iter().min_by_key(|(i, f)| (*f, *i)),
+        Strategy::Spreadout => fits.iter().min_by_key(|(i, f)| (std::cmp::Reverse(*f), *i)),
+    };
+    pick.map(|(i, _)| [A, B][*i])
+}
+
+async fn placements(strategy: Strategy, count: usize, expected: &[&str]) -> Result<()> {
+    let mut c = Cluster::start(strategy, false).await?;
+    let mut got = Vec::new();
+    for i in 0..count {
+        let free = c.allocatable().await?;
+        let want = predict(strategy, &free, 100 * MIB);
+        let result = c
+            .csi
+            .create_volume(create(&format!("{strategy}-{i}"), 100 * MIB))
+            .await;
+        match (want, result) {
+            (Some(want), Ok(r)) => {
+                let v = r.into_inner().volume.context("volume")?;
+                assert_eq!(node_of(&v), want, "volume {i} with free {free:?}");
+                assert_eq!(v.volume_id, format!("{strategy}-{i}@{want}"));
+                assert_eq!(
+                    v.accessible_topology,
+                    [on(want)],
+                    "accessible from its node"
+                );
+                assert_eq!(v.capacity_bytes, (100 * MIB) as i64);
+                got.push(want);
+            }
+            (None, Err(s)) => {
+                assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+                got.push("-");
+            }
+            (want, result) => panic!("volume {i}, free {free:?}: want {want:?}, got {result:?}"),
+        }
+    }
+    assert_eq!(got, expected);
+    let lvs = c.lvs().await?;
+    let count = |node: &str| got.iter().filter(|n| **n == node).count();
+    assert_eq!((lvs[0].len(), lvs[1].len()), (count(A), count(B)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn spreadout_uses_the_emptiest_node() -> Result<()> {
+    if !have_root("spreadout_uses_the_emptiest_node") {
+        return Ok(());
+    }
+    // 256/512 MiB: b 412, b 312, b 212 (a has 256 > 212 next), a 156, b 112, a 56.
+    placements(Strategy::Spreadout, 6, &[B, B, B, A, B, A]).await
+}
+
+#[tokio::test]
+async fn binpack_fills_the_fullest_node_that_fits() -> Result<()> {
+    if !have_root("binpack_fills_the_fullest_node_that_fits") {
+        return Ok(());
+    }
+    // a 156, a 56, then a is too small: b 412 .. 12, then nothing fits.
+    placements(Strategy::Binpack, 8, &[A, A, B, B, B, B, B, "-"]).await
+}
+
+#[tokio::test]
+async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
+    if !have_root("carina_parameters_idempotency_sizes_and_lifecycle") {
+        return Ok(());
+    }
+    let mut c = Cluster::start(Strategy::Spreadout, true).await?;
+    let probe = IdentityClient::new(c.channel.clone())
+        .probe(csi::ProbeRequest {})
+        .await?
+        .into_inner();
+    assert_eq!(
+        probe.ready,
+        Some(true),
+        "Identity is served next to Controller"
+    );
+
+    // disk-group-name + fstype xfs, pinned to node-a.
+    let mut req = create("pvc-xfs", 10 * MIB + 1);
+    req.parameters = params(&[
+        ("carina.storage.io/disk-group-name", "host"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+        ("csi.storage.k8s.io/pvc/name", "data"),
+    ]);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![on(A), on(B)],
+        preferred: vec![on(A)],
+    });
+    let xfs = make(&mut c.csi, req.clone()).await?;
+    assert_eq!(xfs.volume_id, "pvc-xfs@node-a", "the preferred node first");
+    assert_eq!(
+        xfs.capacity_bytes,
+        (10 * MIB + 4096) as i64,
+        "rounded to the HOST unit"
+    );
+    let ctx = &xfs.volume_context;
+    assert_eq!(ctx[context::FS_TYPE], "xfs");
+    assert_eq!(ctx[context::GROUP], "host");
+    assert_eq!(ctx[context::POLICY], "HOST");
+    assert_eq!(ctx[context::NODE], A);
+    assert!(
+        Path::new(&ctx[context::PATH]).starts_with(&c.roots[0]),
+        "{ctx:?}"
+    );
+    assert!(Path::new(&ctx[context::PATH]).is_dir());
+
+    // The same request again: the same volume, nothing new on any node.
+    let before = c.lvs().await?;
+    let again = make(&mut c.csi, req.clone()).await?;
+    assert_eq!(again.volume_id, xfs.volume_id);
+    assert_eq!(again.capacity_bytes, xfs.capacity_bytes);
+    assert_eq!(c.lvs().await?, before);
+    // The same name with a size it does not satisfy, or another group.
+    let mut bigger = req.clone();
+    bigger.capacity_range = range(20 * MIB as i64, 20 * MIB as i64);
+    let e = c.csi.create_volume(bigger).await.expect_err("incompatible");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let mut other_group = req.clone();
+    other_group
+        .parameters
+        .insert("carina.storage.io/disk-group-name".into(), "raw".into());
+    let e = c
+        .csi
+        .create_volume(other_group)
+        .await
+        .expect_err("incompatible");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    assert_eq!(c.lvs().await?, before);
+
+    // exclusively-raw-disk on the RAW group: a whole disk, as a block device.
+    let mut raw = create("pvc-raw", 16 * MIB);
+    raw.volume_capabilities = vec![cap(Mode::SingleNodeWriter, block())];
+    raw.parameters = params(&[("carina.storage.io/exclusively-raw-disk", "true")]);
+    let whole = make(&mut c.csi, raw.clone()).await?;
+    assert_eq!(
+        whole.volume_id, "pvc-raw@node-b",
+        "only node-b has a RAW group"
+    );
+    let ctx = &whole.volume_context;
+    assert_eq!(
+        (ctx[context::GROUP].as_str(), ctx[context::POLICY].as_str()),
+        ("raw", "RAW")
+    );
+    assert!(ctx[context::PATH].starts_with("/dev/"), "{ctx:?}");
+    assert!(ctx.contains_key(context::MAJOR) && ctx.contains_key(context::MINOR));
+    assert!(
+        !ctx.contains_key(context::FS_TYPE),
+        "block volumes carry no file system"
+    );
+    assert!(whole.capacity_bytes >= (16 * MIB) as i64);
+    let b_raw = c.lvs().await?[1]
+        .iter()
+        .find(|v| v.name == "pvc-raw")
+        .cloned()
+        .context("on node-b")?;
+    assert!(b_raw.exclusive);
+    assert_eq!(
+        make(&mut c.csi, raw).await?.volume_id,
+        whole.volume_id,
+        "idempotent"
+    );
+    // A second whole disk does not exist.
+    let mut second = create("pvc-raw-2", MIB);
+    second.parameters = params(&[
+        ("carina.storage.io/disk-group-name", "raw"),
+        ("carina.storage.io/exclusively-raw-disk", "true"),
+    ]);
+    let e = c.csi.create_volume(second).await.expect_err("no free disk");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // "false" is accepted and means a normal volume.
+    let mut plain = create("pvc-plain", MIB);
+    plain.parameters = params(&[("carina.storage.io/exclusively-raw-disk", "false")]);
+    make(&mut c.csi, plain).await?;
+
+    // Sizes: rounded to the unit, never above limit_bytes.
+    for (name, required, limit, want) in [
+        ("size-a", 5000, 9000, 8192),
+        ("size-b", 0, 10 * MIB as i64 + 100, 10 * MIB as i64),
+        ("size-c", 8192, 8192, 8192),
+        ("size-d", 4097, 0, 8192),
+    ] {
+        let mut r = create(name, 0);
+        r.capacity_range = range(required, limit);
+        let v = make(&mut c.csi, r).await?;
+        assert_eq!(v.capacity_bytes, want, "{name}");
+        assert!(limit == 0 || v.capacity_bytes <= limit, "{name}");
+    }
+
+    // Expand: grows on the node; node expansion for mounts, not for block.
+    let grown = c
+        .csi
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: xfs.volume_id.clone(),
+            capacity_range: range(20 * MIB as i64 + 1, 0),
+            volume_capability: Some(cap(Mode::SingleNodeWriter, mount("xfs"))),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, (20 * MIB + 4096) as i64);
+    assert!(grown.node_expansion_required);
+    let on_a = c.lvs().await?[0]
+        .iter()
+        .find(|v| v.name == "pvc-xfs")
+        .cloned()
+        .context("on a")?;
+    assert_eq!(on_a.size_bytes, 20 * MIB + 4096);
+    let same = c
+        .csi
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: whole.volume_id.clone(),
+            capacity_range: range(MIB as i64, 0),
+            volume_capability: Some(cap(Mode::SingleNodeWriter, block())),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        same.capacity_bytes, whole.capacity_bytes,
+        "already large enough"
+    );
+    assert!(!same.node_expansion_required);
+
+    // ValidateVolumeCapabilities.
+    let validate =
+        |id: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: id.to_string(),
+            volume_capabilities: caps,
+            ..Default::default()
+        };
+    let ok = c
+        .csi
+        .validate_volume_capabilities(validate(
+            &xfs.volume_id,
+            vec![cap(Mode::SingleNodeWriter, mount("xfs"))],
+        ))
+        .await?
+        .into_inner();
+    assert!(
+        ok.confirmed
+            .is_some_and(|c| !c.volume_capabilities.is_empty())
+    );
+    for (id, access, mode) in [
+        (&xfs.volume_id, mount(""), Mode::MultiNodeMultiWriter),
+        (&xfs.volume_id, block(), Mode::SingleNodeWriter),
+    ] {
+        let r = c
+            .csi
+            .validate_volume_capabilities(validate(id, vec![cap(mode, access)]))
+            .await?
+            .into_inner();
+        assert!(r.confirmed.is_none() && !r.message.is_empty(), "{r:?}");
+    }
+
+    // GetCapacity per node and group, and over all.
+    let free = c.allocatable().await?;
+    let get = |topology: Option<csi::Topology>, group: &str| csi::GetCapacityRequest {
+        accessible_topology: topology,
+        parameters: if group.is_empty() {
+            HashMap::new()
+        } else {
+            params(&[("carina.storage.io/disk-group-name", group)])
+        },
+        ..Default::default()
+    };
+    for (i, node) in [A, B].into_iter().enumerate() {
+        let r = c
+            .csi
+            .get_capacity(get(Some(on(node)), "host"))
+            .await?
+            .into_inner();
+        assert_eq!(r.available_capacity, free[i] as i64, "{node}");
+        assert_eq!(r.maximum_volume_size, Some(free[i] as i64), "{node}");
+    }
+    let all = c.csi.get_capacity(get(None, "host")).await?.into_inner();
+    assert_eq!(all.available_capacity, (free[0] + free[1]) as i64);
+    let unknown = c
+        .csi
+        .get_capacity(get(Some(on("node-x")), ""))
+        .await?
+        .into_inner();
+    assert_eq!(unknown.available_capacity, 0);
+
+    // ListVolumes: every node's volumes, in id order, a page at a time.
+    let lvs = c.lvs().await?;
+    let mut want: Vec<String> = lvs[0]
+        .iter()
+        .map(|v| format!("{}@{A}", v.name))
+        .chain(lvs[1].iter().map(|v| format!("{}@{B}", v.name)))
+        .collect();
+    want.sort();
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .csi
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries: 3,
+                starting_token: token,
+            })
+            .await?
+            .into_inner();
+        assert!(page.entries.len() <= 3);
+        seen.extend(page.entries.iter().map(|e| {
+            e.volume
+                .as_ref()
+                .map(|v| v.volume_id.clone())
+                .unwrap_or_default()
+        }));
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    assert_eq!(seen, want);
+
+    // DeleteVolume: gone from its node; again, unknown and malformed are fine.
+    for id in [
+        &xfs.volume_id,
+        &xfs.volume_id,
+        "nope@node-a",
+        "not-an-id",
+        "x@node-x",
+        "a b@node-a",
+    ] {
+        c.csi
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.to_string(),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("delete {id}"))?;
+    }
+    assert!(!c.lvs().await?[0].iter().any(|v| v.name == "pvc-xfs"));
+    assert!(!Path::new(&xfs.volume_context[context::PATH]).exists());
+
+    // A node that is down: UNAVAILABLE, and nothing is made elsewhere.
+    let before = c.lvs().await?;
+    let b = c.nodes.pop().context("node-b")?;
+    c.node_clients.pop();
+    b.stop().await?;
+    let e = c
+        .csi
+        .create_volume(create("pvc-while-b-is-down", MIB))
+        .await
+        .expect_err("node-b is down");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert_eq!(c.lvs().await?[0], before[0]);
+    Ok(())
+}
+
+/// A call of the table below.
+enum Call {
+    Create(csi::CreateVolumeRequest),
+    Delete(csi::DeleteVolumeRequest),
+    Expand(csi::ControllerExpandVolumeRequest),
+    Validate(csi::ValidateVolumeCapabilitiesRequest),
+    List(csi::ListVolumesRequest),
+    Capacity(csi::GetCapacityRequest),
+    Publish(csi::ControllerPublishVolumeRequest),
+    Snapshot(csi::CreateSnapshotRequest),
+    Get(csi::ControllerGetVolumeRequest),
+}
+
+async fn code_of(csi: &mut Csi, call: Call) -> Code {
+    fn code<T>(r: Result<T, tonic::Status>) -> Code {
+        r.map_or_else(|s| s.code(), |_| Code::Ok)
+    }
+    match call {
+        Call::Create(r) => code(csi.create_volume(r).await),
+        Call::Delete(r) => code(csi.delete_volume(r).await),
+        Call::Expand(r) => code(csi.controller_expand_volume(r).await),
+        Call::Validate(r) => code(csi.validate_volume_capabilities(r).await),
+        Call::List(r) => code(csi.list_volumes(r).await),
+        Call::Capacity(r) => code(csi.get_capacity(r).await),
+        Call::Publish(r) => code(csi.controller_publish_volume(r).await),
+        Call::Snapshot(r) => code(csi.create_snapshot(r).await),
+        Call::Get(r) => code(csi.controller_get_volume(r).await),
+    }
+}
+
+#[tokio::test]
+async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()> {
+    if !have_root("malformed_requests_get_the_spec_code_and_create_nothing") {
+        return Ok(());
+    }
+    let mut c = Cluster::start(Strategy::Spreadout, false).await?;
+    let existing = make(&mut c.csi, create("pvc-existing", MIB)).await?;
+    let before = c.lvs().await?;
+
+    let with = |f: &dyn Fn(&mut csi::CreateVolumeRequest)| {
+        let mut r = create("pvc-bad", MIB);
+        f(&mut r);
+        Call::Create(r)
+    };
+    let mode = |m: Mode| with(&|r| r.volume_capabilities = vec![cap(m, mount(""))]);
+    let param = |k: &'static str, v: &'static str| with(&move |r| r.parameters = params(&[(k, v)]));
+    let expand =
+        |id: &str, req: Option<csi::CapacityRange>, capability: Option<csi::VolumeCapability>| {
+            Call::Expand(csi::ControllerExpandVolumeRequest {
+                volume_id: id.into(),
+                capacity_range: req,
+                volume_capability: capability,
+                ..Default::default()
+            })
+        };
+    use Code::{
+        Aborted, AlreadyExists, InvalidArgument, NotFound, OutOfRange, ResourceExhausted,
+        Unimplemented,
+    };
+    let table: Vec<(&str, Call, Code)> = vec![
+        ("missing name", with(&|r| r.name.clear()), InvalidArgument),
+        (
+            "missing capabilities",
+            with(&|r| r.volume_capabilities.clear()),
+            InvalidArgument,
+        ),
+        (
+            "MULTI_NODE_MULTI_WRITER",
+            mode(Mode::MultiNodeMultiWriter),
+            InvalidArgument,
+        ),
+        (
+            "MULTI_NODE_READER_ONLY",
+            mode(Mode::MultiNodeReaderOnly),
+            InvalidArgument,
+        ),
+        (
+            "MULTI_NODE_SINGLE_WRITER",
+            mode(Mode::MultiNodeSingleWriter),
+            InvalidArgument,
+        ),
+        ("access mode UNKNOWN", mode(Mode::Unknown), InvalidArgument),
+        (
+            "no access mode",
+            with(&|r| r.volume_capabilities[0].access_mode = None),
+            InvalidArgument,
+        ),
+        (
+            "no access type",
+            with(&|r| r.volume_capabilities[0].access_type = None),
+            InvalidArgument,
+        ),
+        (
+            "block and mount together",
+            with(&|r| {
+                r.volume_capabilities
+                    .push(cap(Mode::SingleNodeWriter, block()))
+            }),
+            InvalidArgument,
+        ),
+        (
+            "required > limit",
+            with(&|r| r.capacity_range = range(2 * MIB as i64, MIB as i64)),
+            InvalidArgument,
+        ),
+        (
+            "negative required",
+            with(&|r| r.capacity_range = range(-1, 0)),
+            InvalidArgument,
+        ),
+        (
+            "negative limit",
+            with(&|r| r.capacity_range = range(0, -5)),
+            InvalidArgument,
+        ),
+        (
+            "no unit multiple in range",
+            with(&|r| r.capacity_range = range(5000, 8191)),
+            OutOfRange,
+        ),
+        (
+            "unknown mount fs type",
+            with(&|r| r.volume_capabilities = vec![cap(Mode::SingleNodeWriter, mount("btrfs"))]),
+            InvalidArgument,
+        ),
+        (
+            "unknown fstype parameter",
+            param("csi.storage.k8s.io/fstype", "ntfs"),
+            InvalidArgument,
+        ),
+        (
+            "fs type conflict",
+            with(&|r| {
+                r.volume_capabilities = vec![cap(Mode::SingleNodeWriter, mount("ext4"))];
+                r.parameters = params(&[("csi.storage.k8s.io/fstype", "xfs")]);
+            }),
+            InvalidArgument,
+        ),
+        (
+            "unknown carina.storage.io key",
+            param("carina.storage.io/disk-group", "host"),
+            InvalidArgument,
+        ),
+        (
+            "exclusively-raw-disk yes",
+            param("carina.storage.io/exclusively-raw-disk", "yes"),
+            InvalidArgument,
+        ),
+        (
+            "empty disk-group-name",
+            param("carina.storage.io/disk-group-name", ""),
+            InvalidArgument,
+        ),
+        (
+            "group no node has",
+            param("carina.storage.io/disk-group-name", "ssd"),
+            InvalidArgument,
+        ),
+        (
+            "exclusive without a RAW group",
+            param("carina.storage.io/exclusively-raw-disk", "true"),
+            InvalidArgument,
+        ),
+        (
+            "block on a HOST group",
+            with(&|r| r.volume_capabilities = vec![cap(Mode::SingleNodeWriter, block())]),
+            InvalidArgument,
+        ),
+        (
+            "bcache parameters",
+            with(&|r| {
+                r.parameters = params(&[
+                    ("carina.storage.io/backend-disk-group-name", "host"),
+                    ("carina.storage.io/cache-disk-group-name", "host"),
+                    ("carina.storage.io/cache-disk-ratio", "10"),
+                ])
+            }),
+            Unimplemented,
+        ),
+        (
+            "snapshot source",
+            with(&|r| {
+                r.volume_content_source = Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Snapshot(
+                        csi::volume_content_source::SnapshotSource {
+                            snapshot_id: "s".into(),
+                        },
+                    )),
+                })
+            }),
+            InvalidArgument,
+        ),
+        (
+            "clone source",
+            with(&|r| {
+                r.volume_content_source = Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Volume(
+                        csi::volume_content_source::VolumeSource {
+                            volume_id: "pvc-existing@node-a".into(),
+                        },
+                    )),
+                })
+            }),
+            InvalidArgument,
+        ),
+        (
+            "mutable parameters",
+            with(&|r| r.mutable_parameters = params(&[("iops", "1")])),
+            InvalidArgument,
+        ),
+        (
+            "requisite names no known node",
+            with(&|r| {
+                r.accessibility_requirements = Some(csi::TopologyRequirement {
+                    requisite: vec![on("node-x")],
+                    preferred: vec![],
+                })
+            }),
+            ResourceExhausted,
+        ),
+        (
+            "larger than any node",
+            with(&|r| r.capacity_range = range(600 * MIB as i64, 0)),
+            ResourceExhausted,
+        ),
+        (
+            "existing name, other size",
+            Call::Create(csi::CreateVolumeRequest {
+                capacity_range: range(2 * MIB as i64, 2 * MIB as i64),
+                ..create("pvc-existing", 0)
+            }),
+            AlreadyExists,
+        ),
+        (
+            "bad starting_token",
+            Call::List(csi::ListVolumesRequest {
+                max_entries: 0,
+                starting_token: "invalid-token".into(),
+            }),
+            Aborted,
+        ),
+        (
+            "negative max_entries",
+            Call::List(csi::ListVolumesRequest {
+                max_entries: -1,
+                starting_token: String::new(),
+            }),
+            InvalidArgument,
+        ),
+        (
+            "delete without id",
+            Call::Delete(Default::default()),
+            InvalidArgument,
+        ),
+        (
+            "expand without id",
+            expand("", range(2 * MIB as i64, 0), None),
+            InvalidArgument,
+        ),
+        (
+            "expand without range",
+            expand(&existing.volume_id, None, None),
+            InvalidArgument,
+        ),
+        (
+            "expand with negative size",
+            expand(&existing.volume_id, range(-1, 0), None),
+            InvalidArgument,
+        ),
+        (
+            "expand with a multi-node capability",
+            expand(
+                &existing.volume_id,
+                range(2 * MIB as i64, 0),
+                Some(cap(Mode::MultiNodeMultiWriter, mount(""))),
+            ),
+            InvalidArgument,
+        ),
+        (
+            "expand unknown volume",
+            expand("nope@node-a", range(2 * MIB as i64, 0), None),
+            NotFound,
+        ),
+        (
+            "expand on unknown node",
+            expand("nope@node-x", range(2 * MIB as i64, 0), None),
+            NotFound,
+        ),
+        (
+            "expand malformed id",
+            expand("not-an-id", range(2 * MIB as i64, 0), None),
+            NotFound,
+        ),
+        (
+            "validate without id",
+            Call::Validate(csi::ValidateVolumeCapabilitiesRequest {
+                volume_capabilities: vec![cap(Mode::SingleNodeWriter, mount(""))],
+                ..Default::default()
+            }),
+            InvalidArgument,
+        ),
+        (
+            "validate without capabilities",
+            Call::Validate(csi::ValidateVolumeCapabilitiesRequest {
+                volume_id: existing.volume_id.clone(),
+                ..Default::default()
+            }),
+            InvalidArgument,
+        ),
+        (
+            "validate unknown volume",
+            Call::Validate(csi::ValidateVolumeCapabilitiesRequest {
+                volume_id: "nope@node-b".into(),
+                volume_capabilities: vec![cap(Mode::SingleNodeWriter, mount(""))],
+                ..Default::default()
+            }),
+            NotFound,
+        ),
+        (
+            "capacity with an unknown carina key",
+            Call::Capacity(csi::GetCapacityRequest {
+                parameters: params(&[("carina.storage.io/size", "1")]),
+                ..Default::default()
+            }),
+            InvalidArgument,
+        ),
+        (
+            "ControllerPublishVolume",
+            Call::Publish(Default::default()),
+            Unimplemented,
+        ),
+        (
+            "CreateSnapshot",
+            Call::Snapshot(Default::default()),
+            Unimplemented,
+        ),
+        (
+            "ControllerGetVolume",
+            Call::Get(Default::default()),
+            Unimplemented,
+        ),
+    ];
+    assert!(table.len() >= 20);
+    let mut wrong = Vec::new();
+    for (what, call, want) in table {
+        let got = code_of(&mut c.csi, call).await;
+        if got != want {
+            wrong.push(format!("{what}: want {want:?}, got {got:?}"));
+        }
+        assert_eq!(c.lvs().await?, before, "{what} changed the nodes' volumes");
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    Ok(())
+}
