@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test tier and prints how many tests ran in each.
-# Usage: hack/test.sh [tier...]   tiers: unit engine grpc csi sanity (default: all)
+# Usage: hack/test.sh [tier...]   tiers: unit engine grpc csi sanity kube (default: unit engine grpc kube)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +8,7 @@ LOG_DIR=${CARINA_TEST_LOG_DIR:-target/test-logs}
 mkdir -p "$LOG_DIR"
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(unit engine grpc)
+[ ${#tiers[@]} -gt 0 ] || tiers=(unit engine grpc kube)
 
 # Integration test targets of a tier: tests/tests/<prefix>_*.rs
 targets() {
@@ -64,6 +64,12 @@ for tier in "${tiers[@]}"; do
         CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
         run_tier sanity cargo test -p carina-tests --test sanity_csi -- --test-threads=1 --nocapture
       grep -h '^csi-sanity ' "$LOG_DIR/sanity.log" || true ;;
+    kube)
+      # etcd + kube-apiserver (cached after the first build).
+      tests/tools/build.sh etcd kube || { FAILED[kube]=1; overall=1; continue; }
+      mapfile -t t < <(targets kube)
+      CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
+        run_tier kube cargo test -p carina-tests "${t[@]}" ;;
     *)
       echo "unknown tier: $tier" >&2; exit 2 ;;
   esac

@@ -1,0 +1,500 @@
+//! A real Kubernetes control plane for tests: etcd and kube-apiserver as
+//! processes on loopback, the binaries built by `tests/tools/build.sh`.
+//!
+//! ```ignore
+//! let cluster = KubeCluster::start().await?;
+//! cluster.install_crds().await?;
+//! let lvs: Api<LogicVolume> = Api::all(cluster.client());
+//! ```
+//!
+//! What it sets up, all in one temporary directory:
+//! - etcd on two free loopback ports, `--unsafe-no-fsync`;
+//! - a development CA (rcgen) that signs the apiserver's serving
+//!   certificate (`localhost`, `127.0.0.1`, the in-cluster names) and an
+//!   admin client certificate in group `system:masters`;
+//! - an ECDSA service-account signing key (the apiserver accepts RSA or
+//!   ECDSA; rcgen makes ECDSA without a C library);
+//! - kube-apiserver with RBAC and client-certificate authentication, the
+//!   `ServiceAccount` and `TaintNodesByCondition` admission plugins off
+//!   (no controllers run to satisfy them);
+//! - an admin kubeconfig that `kubectl`, the upstream components and
+//!   [`kube::Client`] read.
+//!
+//! Start-up waits for `/readyz` with a deadline. Dropping the cluster stops
+//! the apiserver, then etcd, and removes the directory. Process logs go to
+//! `$CARINA_TEST_LOG_DIR/kube-<pid>-<n>/` when that variable is set (so they
+//! survive the test), otherwise into the temporary directory.
+
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use carina_controlplane::crd::crds_yaml;
+use carina_proto::devcerts::{DevCa, Validity};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Config};
+use rcgen::{
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::process::{ChildGuard, tail, upstream_tool};
+use crate::unique;
+
+/// How long etcd and kube-apiserver together may take to become ready.
+pub const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long a CRD may take to become `Established`.
+pub const CRD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The Service network the apiserver is told about (nothing routes it).
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/24";
+
+/// Field manager of the harness's server-side applies.
+const FIELD_MANAGER: &str = "carina-tests";
+
+/// Attempts at start-up when a port picked as free was taken meanwhile.
+const PORT_ATTEMPTS: usize = 3;
+
+/// `etcd`, from `tests/tools/build.sh etcd` (or `CARINA_ETCD`).
+pub fn etcd_binary() -> Result<PathBuf> {
+    upstream_tool("CARINA_ETCD", "etcd-v3.6.16", "etcd")
+}
+
+/// A Kubernetes binary (`kube-apiserver`, `kube-scheduler`,
+/// `kube-controller-manager`) from `tests/tools/build.sh kube`, or the path
+/// in `CARINA_KUBE_APISERVER` (`CARINA_KUBE_SCHEDULER`, ...).
+pub fn kube_binary(name: &str) -> Result<PathBuf> {
+    let env = format!("CARINA_{}", name.to_uppercase().replace('-', "_"));
+    upstream_tool(&env, "kube-v1.36.3", name)
+}
+
+/// A running etcd + kube-apiserver pair with an admin client.
+pub struct KubeCluster {
+    client: Client,
+    server: String,
+    kubeconfig: PathBuf,
+    log_dir: PathBuf,
+    // Dropped in this order: the apiserver before its etcd, the directory
+    // (data, certificates) last.
+    apiserver: ChildGuard,
+    etcd: ChildGuard,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for KubeCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeCluster")
+            .field("server", &self.server)
+            .field("kubeconfig", &self.kubeconfig)
+            .field("log_dir", &self.log_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeCluster {
+    /// Starts etcd and kube-apiserver and waits until the apiserver answers
+    /// `/readyz` with `ok` (at most [`START_TIMEOUT`]). Fails with the
+    /// processes' log tails if either exits or the deadline passes.
+    pub async fn start() -> Result<KubeCluster> {
+        let mut attempt = 1;
+        loop {
+            match Self::try_start().await {
+                Err(e)
+                    if attempt < PORT_ATTEMPTS
+                        && format!("{e:#}").contains("address already in use") =>
+                {
+                    eprintln!("kube test cluster: a port was taken, retrying: {e:#}");
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn try_start() -> Result<KubeCluster> {
+        let etcd_bin = etcd_binary()?;
+        let apiserver_bin = kube_binary("kube-apiserver")?;
+        let dir = tempfile::Builder::new().prefix("carina-kube-").tempdir()?;
+        let log_dir = match std::env::var_os("CARINA_TEST_LOG_DIR") {
+            Some(logs) => PathBuf::from(logs).join(unique("kube")),
+            None => dir.path().join("logs"),
+        };
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("create {}", log_dir.display()))?;
+
+        let pki = Pki::write(&dir.path().join("pki"))?;
+
+        let [client_port, peer_port, secure_port] = free_ports()?;
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_args = [
+            "--name=carina-test".to_string(),
+            format!("--data-dir={}", dir.path().join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=carina-test={peer_url}"),
+            "--unsafe-no-fsync".to_string(),
+            "--log-level=warn".to_string(),
+        ];
+        let mut etcd = ChildGuard::spawn(
+            "etcd",
+            &etcd_bin,
+            &etcd_args,
+            &[],
+            &log_dir.join("etcd.log"),
+        )?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        wait_etcd_healthy(client_port, &mut etcd, deadline).await?;
+
+        let server = format!("https://127.0.0.1:{secure_port}");
+        let apiserver_args = [
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--secure-port={secure_port}"),
+            format!("--cert-dir={}", dir.path().join("apiserver").display()),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-private-key-file={}", pki.serving_key.display()),
+            format!("--client-ca-file={}", pki.ca_cert.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
+            format!("--service-account-key-file={}", pki.sa_public.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_private.display()
+            ),
+            format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+            "--authorization-mode=RBAC".to_string(),
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_string(),
+            "--allow-privileged=true".to_string(),
+            // The `kubernetes` Service cannot point at a loopback address;
+            // nothing here needs it.
+            "--endpoint-reconciler-type=none".to_string(),
+            "--profiling=false".to_string(),
+        ];
+        let mut apiserver = ChildGuard::spawn(
+            "kube-apiserver",
+            &apiserver_bin,
+            &apiserver_args,
+            &[],
+            &log_dir.join("kube-apiserver.log"),
+        )?;
+
+        let kubeconfig = dir.path().join("admin.kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&server, &pki))?;
+        let client = client_from(&kubeconfig).await?;
+
+        wait_ready(&client, &mut etcd, &mut apiserver, deadline).await?;
+        Ok(KubeCluster {
+            client,
+            server,
+            kubeconfig,
+            log_dir,
+            apiserver,
+            etcd,
+            dir,
+        })
+    }
+
+    /// A client authenticated as the admin (group `system:masters`).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The admin kubeconfig file (for `kubectl`, kube-scheduler,
+    /// kube-controller-manager, external-provisioner).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> &str {
+        &self.server
+    }
+
+    /// The cluster's private directory, for files other components need
+    /// (it is removed on drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where `etcd.log` and `kube-apiserver.log` are written.
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
+    }
+
+    /// Fails if etcd or the apiserver has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.etcd.check_running()?;
+        self.apiserver.check_running()
+    }
+
+    /// Applies Carina's CRDs (the documents of [`crds_yaml`]) by
+    /// server-side apply and waits, by watch, until each is `Established`
+    /// (at most [`CRD_TIMEOUT`] each).
+    pub async fn install_crds(&self) -> Result<()> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client());
+        let yaml = crds_yaml();
+        let mut names = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(&yaml) {
+            let crd = CustomResourceDefinition::deserialize(doc).context("parse crds_yaml()")?;
+            let name = crd.metadata.name.clone().context("a CRD without a name")?;
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .with_context(|| format!("apply CRD {name}"))?;
+            names.push(name);
+        }
+        for name in names {
+            let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+            tokio::time::timeout(CRD_TIMEOUT, established)
+                .await
+                .with_context(|| format!("CRD {name} not Established within {CRD_TIMEOUT:?}"))?
+                .with_context(|| format!("watch CRD {name}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds a client from a kubeconfig file, as a component would.
+pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("read {}", kubeconfig.display()))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .context("kubeconfig to client config")?;
+    Client::try_from(config).context("build kube client")
+}
+
+/// Polls etcd's `/health` until it reports healthy, so the apiserver
+/// starts against a serving etcd (and an etcd that cannot start fails with
+/// its own log). This waits for an external process to start.
+async fn wait_etcd_healthy(port: u16, etcd: &mut ChildGuard, deadline: Instant) -> Result<()> {
+    loop {
+        etcd.check_running()?;
+        let last = match tokio::time::timeout(Duration::from_secs(5), etcd_health(port)).await {
+            Ok(Ok(body)) if body.contains(r#""health":"true""#) => return Ok(()),
+            Ok(Ok(body)) => body,
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => "/health took over 5s".to_string(),
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "etcd not healthy within {START_TIMEOUT:?}: {last}\netcd log:\n{}",
+                tail(&etcd.log, 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `GET /health` on etcd's plain-HTTP client port; the response body.
+async fn etcd_health(port: u16) -> Result<String> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await?;
+    stream
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let response = String::from_utf8_lossy(&response);
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok(body.to_string())
+}
+
+/// Polls `/readyz` until it says `ok`, failing early when a process exits.
+/// This waits for external processes to start; nothing to watch exists yet.
+async fn wait_ready(
+    client: &Client,
+    etcd: &mut ChildGuard,
+    apiserver: &mut ChildGuard,
+    deadline: Instant,
+) -> Result<()> {
+    loop {
+        etcd.check_running()?;
+        apiserver.check_running()?;
+        let readyz = http::Request::get("/readyz").body(Vec::new())?;
+        let last =
+            match tokio::time::timeout(Duration::from_secs(5), client.request_text(readyz)).await {
+                Ok(Ok(text)) if text.trim() == "ok" => return Ok(()),
+                Ok(Ok(text)) => text,
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(_) => "/readyz took over 5s".to_string(),
+            };
+        if Instant::now() > deadline {
+            bail!(
+                "kube-apiserver not ready within {START_TIMEOUT:?}: {last}\n\
+                 kube-apiserver log:\n{}\netcd log:\n{}",
+                tail(&apiserver.log, 40),
+                tail(&etcd.log, 20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Ports that were free a moment ago (the kernel hands out distinct ones
+/// while all listeners are open).
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, l) in ports.iter_mut().zip(&listeners) {
+        *port = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+/// The cluster's certificate and key files.
+struct Pki {
+    ca_cert: PathBuf,
+    serving_cert: PathBuf,
+    serving_key: PathBuf,
+    admin_cert: PathBuf,
+    admin_key: PathBuf,
+    sa_public: PathBuf,
+    sa_private: PathBuf,
+}
+
+impl Pki {
+    /// Makes the CA, the apiserver's serving certificate, the admin client
+    /// certificate and the service-account key pair, and writes them to
+    /// `dir`.
+    fn write(dir: &Path) -> Result<Pki> {
+        std::fs::create_dir_all(dir)?;
+        let validity = Validity::days(2);
+        let ca = DevCa::new("carina-tests kubernetes CA", validity)?;
+        let serving = ca.issue_server(
+            "kube-apiserver",
+            &[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ]
+            .map(String::from),
+            &[
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                // The first address of the Service range: the `kubernetes`
+                // Service.
+                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            ],
+            validity,
+        )?;
+        let admin = admin_client_cert(&ca, validity)?;
+        let sa = KeyPair::generate().context("generate service-account key")?;
+
+        let pki = Pki {
+            ca_cert: dir.join("ca.crt"),
+            serving_cert: dir.join("apiserver.crt"),
+            serving_key: dir.join("apiserver.key"),
+            admin_cert: dir.join("admin.crt"),
+            admin_key: dir.join("admin.key"),
+            sa_public: dir.join("sa.pub"),
+            sa_private: dir.join("sa.key"),
+        };
+        std::fs::write(&pki.ca_cert, ca.cert_pem())?;
+        std::fs::write(&pki.serving_cert, &serving.cert_pem)?;
+        std::fs::write(&pki.serving_key, &serving.key_pem)?;
+        std::fs::write(&pki.admin_cert, &admin.0)?;
+        std::fs::write(&pki.admin_key, &admin.1)?;
+        std::fs::write(&pki.sa_public, sa.public_key_pem())?;
+        std::fs::write(&pki.sa_private, sa.serialize_pem())?;
+        Ok(pki)
+    }
+}
+
+/// A client certificate for user `carina-admin` in group `system:masters`
+/// (the apiserver reads the user from CN and groups from O), as
+/// `(cert_pem, key_pem)`.
+fn admin_client_cert(ca: &DevCa, validity: Validity) -> Result<(String, String)> {
+    let ca_key = KeyPair::from_pem(ca.key_pem()).context("parse CA key")?;
+    let issuer = Issuer::from_ca_cert_pem(ca.cert_pem(), ca_key).context("parse CA")?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "carina-admin");
+    dn.push(DnType::OrganizationName, "system:masters");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = validity.not_before;
+    params.not_after = validity.not_after;
+    let key = KeyPair::generate().context("generate admin key")?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .context("sign admin certificate")?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// An admin kubeconfig that refers to the certificate files.
+fn kubeconfig_yaml(server: &str, pki: &Pki) -> String {
+    // JSON strings are YAML strings: quoting paths this way is exact.
+    let q = |p: &Path| serde_json::Value::from(p.to_string_lossy()).to_string();
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: carina-test\n  \
+           cluster:\n    \
+             server: {server}\n    \
+             certificate-authority: {ca}\n\
+         users:\n\
+         - name: carina-admin\n  \
+           user:\n    \
+             client-certificate: {cert}\n    \
+             client-key: {key}\n\
+         contexts:\n\
+         - name: carina-test\n  \
+           context:\n    \
+             cluster: carina-test\n    \
+             user: carina-admin\n\
+         current-context: carina-test\n",
+        ca = q(&pki.ca_cert),
+        cert = q(&pki.admin_cert),
+        key = q(&pki.admin_key),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let [a, b, c] = free_ports().expect("ports");
+        assert!(a != b && b != c && a != c);
+    }
+
+    #[test]
+    fn kubeconfig_parses_and_points_at_the_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = Pki::write(dir.path()).expect("pki");
+        let yaml = kubeconfig_yaml("https://127.0.0.1:6443", &pki);
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, yaml).expect("write");
+        let kc = Kubeconfig::read_from(&path).expect("parses");
+        assert_eq!(kc.current_context.as_deref(), Some("carina-test"));
+        let cluster = kc.clusters[0].cluster.as_ref().expect("cluster");
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:6443"));
+        let user = kc.auth_infos[0].auth_info.as_ref().expect("user");
+        assert_eq!(
+            user.client_key.as_deref(),
+            Some(pki.admin_key.to_string_lossy().as_ref())
+        );
+    }
+}
