@@ -1,10 +1,12 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver as
-//! processes on loopback, the binaries built by `tests/tools/build.sh`.
+//! processes on loopback, and on request kube-controller-manager and
+//! kube-scheduler; the binaries are built by `tests/tools/build.sh`.
 //!
 //! ```ignore
 //! let cluster = KubeCluster::start().await?;
 //! cluster.install_crds().await?;
 //! let lvs: Api<LogicVolume> = Api::all(cluster.client());
+//! let _scheduler = cluster.start_scheduler(&[]).await?;
 //! ```
 //!
 //! What it sets up, all in one temporary directory:
@@ -14,16 +16,18 @@
 //!   admin client certificate in group `system:masters`;
 //! - an ECDSA service-account signing key (the apiserver accepts RSA or
 //!   ECDSA; rcgen makes ECDSA without a C library);
-//! - kube-apiserver with RBAC and client-certificate authentication, the
-//!   `ServiceAccount` and `TaintNodesByCondition` admission plugins off
-//!   (no controllers run to satisfy them);
+//! - kube-apiserver with RBAC and client-certificate authentication, and the
+//!   admission plugins `ServiceAccount` (it wants the token controller's
+//!   work before admitting pods) and `TaintNodesByCondition` (it taints every
+//!   new Node not-ready, and only a kubelet clears that) off;
 //! - an admin kubeconfig that `kubectl`, the upstream components and
 //!   [`kube::Client`] read.
 //!
-//! Start-up waits for `/readyz` with a deadline. Dropping the cluster stops
-//! the apiserver, then etcd, and removes the directory. Process logs go to
-//! `$CARINA_TEST_LOG_DIR/kube-<pid>-<n>/` when that variable is set (so they
-//! survive the test), otherwise into the temporary directory.
+//! Start-up waits for etcd's `/health` and the apiserver's `/readyz` with a
+//! deadline. Dropping the cluster stops the apiserver, then etcd, and
+//! removes the directory; drop components started from it first. Process
+//! logs go to `$CARINA_TEST_LOG_DIR/kube-<pid>-<n>/` when that variable is
+//! set (so they survive the test), otherwise into the temporary directory.
 
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -76,12 +80,18 @@ pub fn kube_binary(name: &str) -> Result<PathBuf> {
     upstream_tool(&env, "kube-v1.36.3", name)
 }
 
+/// Whether start-up failed because a port picked as free was taken.
+fn port_taken(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("address already in use")
+}
+
 /// A running etcd + kube-apiserver pair with an admin client.
 pub struct KubeCluster {
     client: Client,
     server: String,
     kubeconfig: PathBuf,
     log_dir: PathBuf,
+    pki: Pki,
     // Dropped in this order: the apiserver before its etcd, the directory
     // (data, certificates) last.
     apiserver: ChildGuard,
@@ -107,10 +117,7 @@ impl KubeCluster {
         let mut attempt = 1;
         loop {
             match Self::try_start().await {
-                Err(e)
-                    if attempt < PORT_ATTEMPTS
-                        && format!("{e:#}").contains("address already in use") =>
-                {
+                Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
                     eprintln!("kube test cluster: a port was taken, retrying: {e:#}");
                     attempt += 1;
                 }
@@ -166,6 +173,13 @@ impl KubeCluster {
             format!("--tls-cert-file={}", pki.serving_cert.display()),
             format!("--tls-private-key-file={}", pki.serving_key.display()),
             format!("--client-ca-file={}", pki.ca_cert.display()),
+            // Published in kube-system/extension-apiserver-authentication,
+            // which components with delegated authentication read.
+            format!("--requestheader-client-ca-file={}", pki.ca_cert.display()),
+            "--requestheader-allowed-names=front-proxy-client".to_string(),
+            "--requestheader-username-headers=X-Remote-User".to_string(),
+            "--requestheader-group-headers=X-Remote-Group".to_string(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
             format!("--service-account-key-file={}", pki.sa_public.display()),
             format!(
@@ -199,6 +213,7 @@ impl KubeCluster {
             server,
             kubeconfig,
             log_dir,
+            pki,
             apiserver,
             etcd,
             dir,
@@ -265,6 +280,137 @@ impl KubeCluster {
                 .with_context(|| format!("watch CRD {name}"))?;
         }
         Ok(())
+    }
+}
+
+impl KubeCluster {
+    /// Starts kube-scheduler with `extenders` (entries of
+    /// `KubeSchedulerConfiguration.extenders`: `urlPrefix`, `filterVerb`,
+    /// `prioritizeVerb`, `weight`, `nodeCacheCapable`, ...; empty for none),
+    /// leader election off, and waits for its `/healthz`.
+    pub async fn start_scheduler(&self, extenders: &[serde_json::Value]) -> Result<Component> {
+        let config = self.dir().join(format!("{}.json", unique("scheduler")));
+        let doc = serde_json::json!({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": self.kubeconfig},
+            "leaderElection": {"leaderElect": false},
+            "extenders": extenders,
+        });
+        std::fs::write(&config, serde_json::to_vec_pretty(&doc)?)?;
+        let args = vec![format!("--config={}", config.display())];
+        self.start_component("kube-scheduler", args).await
+    }
+
+    /// Starts kube-controller-manager with every default controller except
+    /// the node-lifecycle controller (there are no kubelets: it would taint
+    /// every Node unreachable), leader election off, plus `extra_args`, and
+    /// waits for its `/healthz`.
+    pub async fn start_controller_manager(&self, extra_args: &[&str]) -> Result<Component> {
+        let mut args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            "--leader-elect=false".to_string(),
+            "--controllers=*,-node-lifecycle-controller".to_string(),
+            format!(
+                "--service-account-private-key-file={}",
+                self.pki.sa_private.display()
+            ),
+            format!("--root-ca-file={}", self.pki.ca_cert.display()),
+            // Otherwise it creates the host's kubelet plugin directory.
+            format!(
+                "--flex-volume-plugin-dir={}",
+                self.dir().join("flexvolume").display()
+            ),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        self.start_component("kube-controller-manager", args).await
+    }
+
+    /// Starts a control-plane component with `args` plus what all share:
+    /// delegated authentication and authorization through the admin
+    /// kubeconfig, and `/healthz` served on a free loopback port with the
+    /// apiserver's certificate (so the cluster CA verifies it).
+    async fn start_component(&self, name: &str, args: Vec<String>) -> Result<Component> {
+        let binary = kube_binary(name)?;
+        let mut attempt = 1;
+        loop {
+            let [port] = free_ports()?;
+            let kubeconfig = self.kubeconfig.display();
+            let mut all = vec![
+                format!("--authentication-kubeconfig={kubeconfig}"),
+                format!("--authorization-kubeconfig={kubeconfig}"),
+                "--bind-address=127.0.0.1".to_string(),
+                format!("--secure-port={port}"),
+                format!("--tls-cert-file={}", self.pki.serving_cert.display()),
+                format!("--tls-private-key-file={}", self.pki.serving_key.display()),
+            ];
+            all.extend(args.iter().cloned());
+            let log = self.log_dir.join(format!("{}.log", unique(name)));
+            let child = ChildGuard::spawn(name, &binary, &all, &[], &log)?;
+            let mut component = Component {
+                child,
+                url: format!("https://127.0.0.1:{port}"),
+            };
+            match component.wait_healthy(&self.kubeconfig).await {
+                Ok(()) => return Ok(component),
+                Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A running kube-scheduler or kube-controller-manager; stopped on drop.
+#[derive(Debug)]
+pub struct Component {
+    child: ChildGuard,
+    url: String,
+}
+
+impl Component {
+    /// Its HTTPS endpoint (`/healthz`, `/metrics`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Its log file.
+    pub fn log(&self) -> &Path {
+        &self.child.log
+    }
+
+    /// Fails (with the log's tail) if it has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.child.check_running()
+    }
+
+    /// Polls `/healthz` (a component has nothing to watch) until `ok`.
+    async fn wait_healthy(&mut self, kubeconfig: &Path) -> Result<()> {
+        let kc = Kubeconfig::read_from(kubeconfig)?;
+        let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        config.cluster_url = self.url.parse()?;
+        let client = Client::try_from(config)?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.child.check_running()?;
+            let healthz = http::Request::get("/healthz").body(Vec::new())?;
+            let last =
+                match tokio::time::timeout(Duration::from_secs(5), client.request_text(healthz))
+                    .await
+                {
+                    Ok(Ok(text)) if text.trim() == "ok" => return Ok(()),
+                    Ok(Ok(text)) => text,
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Err(_) => "/healthz took over 5s".to_string(),
+                };
+            if Instant::now() > deadline {
+                bail!(
+                    "{} not healthy within {START_TIMEOUT:?}: {last}\nlog:\n{}",
+                    self.child.name,
+                    tail(&self.child.log, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 
