@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use carina_controlplane::direct::{DirectProvisioner, NodeList, Strategy};
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_proto::tls::ClientTls;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -30,9 +30,19 @@ enum Mode {
     Kube,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the CustomResourceDefinitions (LogicVolume, NodeStorageResource)
+    /// as YAML, the same text as deploy/crds/.
+    Crds,
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "carina-controller", version, about = "Carina CSI controller")]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+
     /// The control plane that places and makes volumes.
     #[arg(
         long,
@@ -83,6 +93,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(Command::Crds) = args.command {
+        print!("{}", carina_controlplane::crd::crds_yaml());
+        return Ok(());
+    }
     let _telemetry = carina_proto::telemetry::init("carina-controller")?;
     if let Err(e) = run(args).await {
         tracing::error!(error = format!("{e:#}"), "carina-controller failed");
