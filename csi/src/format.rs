@@ -87,19 +87,21 @@ impl Signature {
         }
     }
 
-    /// For messages: `ext4`, `a gpt partition table`, `an unrecognised signature`.
+    /// For messages: `ext4`, `a gpt partition table`.
     pub fn describe(&self) -> String {
         match (&self.fs_type, &self.pt_type) {
             (Some(t), None) => t.clone(),
             (Some(t), Some(p)) => format!("{t} and a {p} partition table"),
             (None, Some(p)) => format!("a {p} partition table"),
-            (None, None) => "an unrecognised signature".to_string(),
+            (None, None) => "nothing".to_string(),
         }
     }
 }
 
-/// Parses `blkid -p -o export` (`KEY=value` lines).
-pub fn parse_blkid_export(text: &str) -> Signature {
+/// Parses `blkid -p -o export` (`KEY=value` lines). `None` when it names
+/// no content: a blank partition still gets `PART_ENTRY_*` lines (its entry
+/// in the parent's table) and exit status 0.
+pub fn parse_blkid_export(text: &str) -> Option<Signature> {
     let mut sig = Signature::default();
     for line in text.lines() {
         if let Some(v) = line.strip_prefix("TYPE=") {
@@ -108,7 +110,7 @@ pub fn parse_blkid_export(text: &str) -> Signature {
             sig.pt_type = Some(v.to_string());
         }
     }
-    sig
+    (sig.fs_type.is_some() || sig.pt_type.is_some()).then_some(sig)
 }
 
 /// What the device holds: `None` if it is blank.
@@ -119,7 +121,7 @@ pub async fn probe(device: &Path) -> Result<Option<Signature>, FormatError> {
         .run()
         .await
     {
-        Ok(out) => Ok(Some(parse_blkid_export(&out.stdout))),
+        Ok(out) => Ok(parse_blkid_export(&out.stdout)),
         Err(CommandError::Failed { status, .. }) if status == BLKID_NOTHING_FOUND => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -234,21 +236,32 @@ mod tests {
     #[test]
     fn parses_blkid_export() {
         let ext4 = "DEVNAME=/dev/loop3\nUUID=4a1e\nBLOCK_SIZE=4096\nTYPE=ext4\nUSAGE=filesystem\n";
-        let sig = parse_blkid_export(ext4);
+        let sig = parse_blkid_export(ext4).expect("a signature");
         assert_eq!(sig.filesystem(), Some(FsType::Ext4));
         assert_eq!(sig.describe(), "ext4");
 
         let gpt = "DEVNAME=/dev/loop4\nPTUUID=77e0\nPTTYPE=gpt\n";
-        let sig = parse_blkid_export(gpt);
+        let sig = parse_blkid_export(gpt).expect("a signature");
         assert_eq!(sig.filesystem(), None);
         assert_eq!(sig.describe(), "a gpt partition table");
 
         let lvm = "DEVNAME=/dev/loop5\nUUID=x\nVERSION=LVM2 001\nTYPE=LVM2_member\nUSAGE=raid\n";
-        assert_eq!(parse_blkid_export(lvm).filesystem(), None);
-        assert_eq!(parse_blkid_export(lvm).describe(), "LVM2_member");
+        let sig = parse_blkid_export(lvm).expect("a signature");
+        assert_eq!(sig.filesystem(), None);
+        assert_eq!(sig.describe(), "LVM2_member");
+
+        // A blank GPT partition (captured from a RAW volume): exit 0, only
+        // its own table entry.
+        let blank_partition = "DEVNAME=/dev/loop0p1\nPART_ENTRY_SCHEME=gpt\nPART_ENTRY_NAME=carina.io/x\n\
+            PART_ENTRY_UUID=60d46e21-e251-4486-9dc4-38c27227d8bd\n\
+            PART_ENTRY_TYPE=0fc63daf-8483-4772-8e79-3d69d8477de4\nPART_ENTRY_NUMBER=1\n\
+            PART_ENTRY_OFFSET=2048\nPART_ENTRY_SIZE=65536\nPART_ENTRY_DISK=7:0\n";
+        assert_eq!(parse_blkid_export(blank_partition), None);
+        // The same partition once formatted.
+        let formatted = format!("{blank_partition}TYPE=xfs\nUSAGE=filesystem\n");
         assert_eq!(
-            parse_blkid_export("DEVNAME=/dev/x\n").describe(),
-            "an unrecognised signature"
+            parse_blkid_export(&formatted).and_then(|s| s.filesystem()),
+            Some(FsType::Xfs)
         );
     }
 
