@@ -1,0 +1,1028 @@
+//! CSI Node service against a real engine on loop devices, called through a
+//! real tonic client over the node's unix socket: format and mount, bind
+//! mounts into "pods", read-only publishes, online expansion, stats against
+//! `stat -f`, raw block publishes, HOST directories, and malformed requests
+//! that must change nothing.
+//!
+//! Every mount a test makes lives under its own work directory; a guard
+//! unmounts everything under it on drop, also when the test panics.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use carina_node::csi_local::serve::{CsiNodeServer, bind};
+use carina_node::engine::{CreateRequest, Engine};
+use carina_proto::csi;
+use carina_proto::csi::identity_client::IdentityClient;
+use carina_proto::csi::node_client::NodeClient;
+use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use carina_tests::grpc::{host_engine, start_engine};
+use carina_tests::{LoopDisk, VgGuard, have_root, run, unique};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+const MIB: u64 = 1 << 20;
+const NODE: &str = "node-a";
+
+// ---------------------------------------------------------------------------
+// Fixtures
+// ---------------------------------------------------------------------------
+
+/// Unmounts (lazily, deepest first) every mount under `root` on drop, then
+/// removes `root`. Declare it last so it drops first.
+struct WorkDir {
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl WorkDir {
+    fn new() -> WorkDir {
+        let dir = tempfile::Builder::new()
+            .prefix("carina-csi-")
+            .tempdir()
+            .expect("work dir");
+        WorkDir {
+            root: dir.path().canonicalize().expect("canonical"),
+            _dir: dir,
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// Mount points at or under the work dir, as the kernel lists them.
+    fn mounts(&self) -> Vec<PathBuf> {
+        mounts_under(&self.root)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let mut mounts = self.mounts();
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in mounts {
+            let _ = run("umount", &["-l", &m.to_string_lossy()]);
+        }
+    }
+}
+
+/// Mount points at or under `root`, from /proc/self/mountinfo (field 5,
+/// with the kernel's `\040`-style escapes undone).
+fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|m| m.starts_with(root))
+        .collect()
+}
+
+/// A CSI Node server for `engine` on a socket in a temp dir, and clients.
+struct CsiNode {
+    node: NodeClient<Channel>,
+    identity: IdentityClient<Channel>,
+    stop: Option<oneshot::Sender<()>>,
+    _sock: tempfile::TempDir,
+}
+
+impl CsiNode {
+    async fn start(engine: Engine) -> CsiNode {
+        let sock_dir = tempfile::Builder::new()
+            .prefix("carina-csi-sock-")
+            .tempdir()
+            .expect("socket dir");
+        let path = sock_dir.path().join("csi.sock");
+        let listener = bind(&path).expect("bind");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = CsiNodeServer::new(engine, NODE)
+            .max_volumes(100)
+            .grace_period(Duration::from_secs(5));
+        tokio::spawn(server.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        let channel =
+            Endpoint::try_from("http://localhost")
+                .expect("endpoint")
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }))
+                .await
+                .expect("connect over the unix socket");
+        CsiNode {
+            node: NodeClient::new(channel.clone()),
+            identity: IdentityClient::new(channel),
+            stop: Some(stop),
+            _sock: sock_dir,
+        }
+    }
+}
+
+impl Drop for CsiNode {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// An engine over one LVM group on a loop disk. Fields drop in order.
+struct Lvm {
+    engine: Engine,
+    group: String,
+    _vg: VgGuard,
+    _disk: LoopDisk,
+    _state: tempfile::TempDir,
+}
+
+async fn lvm(test: &str, disk_bytes: u64) -> Option<Lvm> {
+    if !have_root(test) {
+        return None;
+    }
+    let disk = LoopDisk::new(disk_bytes).expect("loop disk");
+    let group = unique("vg");
+    let vg = VgGuard::new(&group, &[&disk]);
+    let state = tempfile::tempdir().expect("state dir");
+    let engine = start_engine(
+        &carina_tests::disk_group_config(&group, "LVM", &[&disk], 0),
+        state.path(),
+    )
+    .await
+    .expect("engine");
+    Some(Lvm {
+        engine,
+        group,
+        _vg: vg,
+        _disk: disk,
+        _state: state,
+    })
+}
+
+impl Lvm {
+    /// Creates a volume; returns its CSI id and device.
+    async fn volume(&self, size: u64) -> (String, PathBuf) {
+        let name = unique("pvc");
+        let v = self
+            .engine
+            .create_volume(CreateRequest {
+                name: name.clone(),
+                group: self.group.clone(),
+                size_bytes: size,
+                exclusive: false,
+            })
+            .await
+            .expect("create volume");
+        (format!("{name}@{NODE}"), v.device_path.expect("device"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------
+
+fn mount_cap(mode: Mode, fs: &str) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn block_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn stage_req(id: &str, staging: &Path, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into_owned(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: csi::VolumeCapability,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into_owned(),
+        target_path: target.to_string_lossy().into_owned(),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.to_string_lossy().into_owned(),
+    }
+}
+
+fn unstage_req(id: &str, staging: &Path) -> csi::NodeUnstageVolumeRequest {
+    csi::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into_owned(),
+    }
+}
+
+fn stats_req(id: &str, path: &Path) -> csi::NodeGetVolumeStatsRequest {
+    csi::NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.to_string_lossy().into_owned(),
+        staging_target_path: String::new(),
+    }
+}
+
+/// `(total, available, used)` bytes and inodes, as `stat -f` reports them.
+fn statfs(path: &Path) -> ((i64, i64, i64), (i64, i64, i64)) {
+    let out = run(
+        "stat",
+        &["-f", "-c", "%S %b %f %a %c %d", &path.to_string_lossy()],
+    )
+    .expect("stat -f");
+    let n: Vec<i64> = out
+        .split_whitespace()
+        .map(|w| w.parse().expect("number"))
+        .collect();
+    let (bsize, blocks, free, avail, files, ffree) = (n[0], n[1], n[2], n[3], n[4], n[5]);
+    (
+        (blocks * bsize, avail * bsize, (blocks - free) * bsize),
+        (files, ffree, files - ffree),
+    )
+}
+
+/// Usage of one unit from a stats answer: `(total, available, used)`.
+fn usage_of(
+    resp: &csi::NodeGetVolumeStatsResponse,
+    unit: csi::volume_usage::Unit,
+) -> (i64, i64, i64) {
+    let u = resp
+        .usage
+        .iter()
+        .find(|u| u.unit == unit as i32)
+        .unwrap_or_else(|| panic!("no {unit:?} usage in {resp:?}"));
+    (u.total, u.available, u.used)
+}
+
+fn blkid_type(dev: &Path) -> Option<String> {
+    run(
+        "blkid",
+        &["-p", "-o", "value", "-s", "TYPE", &dev.to_string_lossy()],
+    )
+    .ok()
+    .map(|s| s.trim().to_string())
+    .filter(|s| !s.is_empty())
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restage_keeps_data_and_calls_are_idempotent() {
+    let Some(lvm) = lvm("restage_keeps_data_and_calls_are_idempotent", 256 * MIB).await else {
+        return;
+    };
+    let mut csi = CsiNode::start(lvm.engine.clone()).await;
+    let work = WorkDir::new();
+    let (id, device) = lvm.volume(64 * MIB).await;
+    let staging = work.path("staging");
+    let pod = work.path("pod");
+    std::fs::create_dir(&pod).expect("pod dir");
+    let target = pod.join("mount");
+    let cap = mount_cap(Mode::SingleNodeWriter, "");
+
+    let info = csi
+        .identity
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .expect("plugin info")
+        .into_inner();
+    assert_eq!(info.name, "carina.storage.io");
+
+    // The CO did not create the staging dir: the node does. Twice is OK.
+    for _ in 0..2 {
+        csi.node
+            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+            .await
+            .expect("stage");
+    }
+    assert_eq!(blkid_type(&device).as_deref(), Some("ext4"), "default fs");
+    for _ in 0..2 {
+        csi.node
+            .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+            .await
+            .expect("publish");
+    }
+    // Same target, other readonly flag: incompatible.
+    let err = csi
+        .node
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), true))
+        .await
+        .expect_err("incompatible");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    // Staged again as another fs type: incompatible.
+    let err = csi
+        .node
+        .node_stage_volume(stage_req(
+            &id,
+            &staging,
+            mount_cap(Mode::SingleNodeWriter, "xfs"),
+        ))
+        .await
+        .expect_err("incompatible");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+
+    std::fs::write(target.join("data.txt"), b"survives restaging").expect("write");
+
+    // Stats of the published volume match the kernel's statfs.
+    let stats = csi
+        .node
+        .node_get_volume_stats(stats_req(&id, &target))
+        .await
+        .expect("stats")
+        .into_inner();
+    let (bytes, inodes) = statfs(&target);
+    assert_eq!(usage_of(&stats, csi::volume_usage::Unit::Bytes), bytes);
+    assert_eq!(usage_of(&stats, csi::volume_usage::Unit::Inodes), inodes);
+    assert!(!stats.volume_condition.as_ref().expect("condition").abnormal);
+    assert!(
+        bytes.0 > 50 * MIB as i64 && bytes.0 <= 64 * MIB as i64,
+        "{bytes:?}"
+    );
+
+    for _ in 0..2 {
+        csi.node
+            .node_unpublish_volume(unpublish_req(&id, &target))
+            .await
+            .expect("unpublish");
+    }
+    assert!(!target.exists(), "the node removes the target it created");
+    for _ in 0..2 {
+        csi.node
+            .node_unstage_volume(unstage_req(&id, &staging))
+            .await
+            .expect("unstage");
+    }
+    assert!(work.mounts().is_empty(), "{:?}", work.mounts());
+    assert!(staging.is_dir(), "the staging dir is the CO's; it stays");
+
+    // The unmounted staging path: the volume is not there any more.
+    let stats = csi
+        .node
+        .node_get_volume_stats(stats_req(&id, &staging))
+        .await
+        .expect("stats of an unmounted path")
+        .into_inner();
+    assert!(stats.volume_condition.as_ref().expect("condition").abnormal);
+
+    // The ext4 is never reformatted as xfs.
+    let err = csi
+        .node
+        .node_stage_volume(stage_req(
+            &id,
+            &staging,
+            mount_cap(Mode::SingleNodeWriter, "xfs"),
+        ))
+        .await
+        .expect_err("occupied");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("ext4") && err.message().contains("xfs"),
+        "{}",
+        err.message()
+    );
+    assert!(work.mounts().is_empty());
+
+    // Back again, with the type named this time: the data is still there.
+    csi.node
+        .node_stage_volume(stage_req(
+            &id,
+            &staging,
+            mount_cap(Mode::SingleNodeWriter, "ext4"),
+        ))
+        .await
+        .expect("restage");
+    csi.node
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .expect("republish");
+    assert_eq!(
+        std::fs::read(target.join("data.txt")).expect("read back"),
+        b"survives restaging"
+    );
+    csi.node
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .expect("unpublish");
+    csi.node
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .expect("unstage");
+    assert!(work.mounts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_publish_refuses_writes() {
+    let Some(lvm) = lvm("read_only_publish_refuses_writes", 256 * MIB).await else {
+        return;
+    };
+    let mut csi = CsiNode::start(lvm.engine.clone()).await;
+    let work = WorkDir::new();
+    let (id, _) = lvm.volume(32 * MIB).await;
+    let staging = work.path("staging");
+    let cap = mount_cap(Mode::SingleNodeWriter, "ext4");
+    csi.node
+        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .expect("stage");
+    let rw = work.path("rw");
+    csi.node
+        .node_publish_volume(publish_req(&id, &staging, &rw, cap.clone(), false))
+        .await
+        .expect("publish rw");
+    std::fs::write(rw.join("seen"), b"by both").expect("write rw");
+
+    // readonly=true, and the read-only access mode: both refuse writes.
+    let ro = work.path("ro");
+    csi.node
+        .node_publish_volume(publish_req(&id, &staging, &ro, cap.clone(), true))
+        .await
+        .expect("publish ro");
+    let ro_mode = work.path("ro-mode");
+    csi.node
+        .node_publish_volume(publish_req(
+            &id,
+            &staging,
+            &ro_mode,
+            mount_cap(Mode::SingleNodeReaderOnly, "ext4"),
+            false,
+        ))
+        .await
+        .expect("publish read-only mode");
+    for path in [&ro, &ro_mode] {
+        assert_eq!(std::fs::read(path.join("seen")).expect("read"), b"by both");
+        let err = std::fs::write(path.join("new"), b"x").expect_err("read-only");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::ReadOnlyFilesystem,
+            "{path:?}: {err}"
+        );
+    }
+    std::fs::write(rw.join("still"), b"writable").expect("the rw publish stays writable");
+
+    for t in [&rw, &ro, &ro_mode] {
+        csi.node
+            .node_unpublish_volume(unpublish_req(&id, t))
+            .await
+            .expect("unpublish");
+    }
+    csi.node
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .expect("unstage");
+    assert!(work.mounts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online_expansion_grows_xfs() {
+    let Some(lvm) = lvm("online_expansion_grows_xfs", 1024 * MIB).await else {
+        return;
+    };
+    let mut csi = CsiNode::start(lvm.engine.clone()).await;
+    let work = WorkDir::new();
+    let (id, device) = lvm.volume(320 * MIB).await;
+    let staging = work.path("staging");
+    let target = work.path("target");
+    let cap = mount_cap(Mode::SingleNodeWriter, "xfs");
+    csi.node
+        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .expect("stage xfs");
+    assert_eq!(blkid_type(&device).as_deref(), Some("xfs"));
+    csi.node
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .expect("publish");
+    std::fs::write(target.join("before"), b"grown under me").expect("write");
+    let (before, _) = statfs(&target);
+
+    // Asking for more than the device has: the controller grows it first.
+    let expand = |required: u64| csi::NodeExpandVolumeRequest {
+        volume_id: id.clone(),
+        volume_path: target.to_string_lossy().into_owned(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required as i64,
+            limit_bytes: 0,
+        }),
+        staging_target_path: staging.to_string_lossy().into_owned(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    let err = csi
+        .node
+        .node_expand_volume(expand(640 * MIB))
+        .await
+        .expect_err("device not grown yet");
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+
+    let name = id.split('@').next().expect("name");
+    lvm.engine
+        .resize_volume(name, 640 * MIB)
+        .await
+        .expect("engine grows the LV");
+    let resp = csi
+        .node
+        .node_expand_volume(expand(640 * MIB))
+        .await
+        .expect("expand online")
+        .into_inner();
+    assert!(resp.capacity_bytes >= 640 * MIB as i64, "{resp:?}");
+    let (after, _) = statfs(&target);
+    assert!(
+        after.0 > before.0 + 250 * MIB as i64,
+        "statfs total {} -> {}",
+        before.0,
+        after.0
+    );
+    // Stats see the grown filesystem; the data is intact.
+    let stats = csi
+        .node
+        .node_get_volume_stats(stats_req(&id, &target))
+        .await
+        .expect("stats")
+        .into_inner();
+    assert_eq!(usage_of(&stats, csi::volume_usage::Unit::Bytes).0, after.0);
+    assert_eq!(
+        std::fs::read(target.join("before")).expect("read"),
+        b"grown under me"
+    );
+    // Again: nothing left to grow, still OK.
+    csi.node
+        .node_expand_volume(expand(640 * MIB))
+        .await
+        .expect("expand again");
+
+    csi.node
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .expect("unpublish");
+    csi.node
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .expect("unstage");
+    assert!(work.mounts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_access_publishes_the_device_node() {
+    let Some(lvm) = lvm("block_access_publishes_the_device_node", 256 * MIB).await else {
+        return;
+    };
+    let mut csi = CsiNode::start(lvm.engine.clone()).await;
+    let work = WorkDir::new();
+    let (id, device) = lvm.volume(48 * MIB).await;
+    let staging = work.path("staging");
+    let pod = work.path("pod");
+    std::fs::create_dir(&pod).expect("pod dir");
+    let target = pod.join("dev");
+
+    csi.node
+        .node_stage_volume(stage_req(&id, &staging, block_cap()))
+        .await
+        .expect("stage block");
+    assert!(
+        work.mounts().is_empty(),
+        "block access mounts nothing at staging"
+    );
+    for _ in 0..2 {
+        csi.node
+            .node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
+            .await
+            .expect("publish block");
+    }
+    let meta = std::fs::metadata(&target).expect("target");
+    assert!(meta.file_type().is_block_device(), "{meta:?}");
+    assert_eq!(
+        meta.rdev(),
+        std::fs::metadata(&device).expect("device").rdev()
+    );
+    let size: u64 = run("blockdev", &["--getsize64", &target.to_string_lossy()])
+        .expect("blockdev")
+        .trim()
+        .parse()
+        .expect("size");
+    assert_eq!(size, 48 * MIB);
+    assert_eq!(blkid_type(&device), None, "block access never formats");
+
+    let stats = csi
+        .node
+        .node_get_volume_stats(stats_req(&id, &target))
+        .await
+        .expect("stats")
+        .into_inner();
+    assert_eq!(
+        usage_of(&stats, csi::volume_usage::Unit::Bytes).0,
+        48 * MIB as i64
+    );
+
+    // Expansion of a block volume has nothing to grow.
+    let resp = csi
+        .node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.to_string_lossy().into_owned(),
+            volume_capability: Some(block_cap()),
+            ..Default::default()
+        })
+        .await
+        .expect("expand block")
+        .into_inner();
+    assert_eq!(resp.capacity_bytes, 48 * MIB as i64);
+
+    csi.node
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .expect("unpublish");
+    assert!(!target.exists(), "the device file is removed");
+    csi.node
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .expect("unstage");
+    assert!(work.mounts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_directory_volume_is_bind_mounted() {
+    if !have_root("host_directory_volume_is_bind_mounted") {
+        return;
+    }
+    let group = unique("host");
+    let (engine, _dirs) = host_engine(&group, None).await.expect("engine");
+    let mut csi = CsiNode::start(engine.clone()).await;
+    let work = WorkDir::new();
+    let name = unique("pvc");
+    let v = engine
+        .create_volume(CreateRequest {
+            name: name.clone(),
+            group: group.clone(),
+            size_bytes: 16 * MIB,
+            exclusive: false,
+        })
+        .await
+        .expect("create");
+    let dir = v.host_path.expect("directory");
+    let id = format!("{name}@{NODE}");
+    let staging = work.path("staging");
+    let target = work.path("target");
+    // An fs type is meaningless for a directory and is not applied.
+    let cap = mount_cap(Mode::SingleNodeWriter, "ext4");
+
+    // Block access of a directory is impossible.
+    let err = csi
+        .node
+        .node_stage_volume(stage_req(&id, &staging, block_cap()))
+        .await
+        .expect_err("directory as block");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(!staging.exists());
+
+    for _ in 0..2 {
+        csi.node
+            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+            .await
+            .expect("stage");
+        csi.node
+            .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+            .await
+            .expect("publish");
+    }
+    std::fs::write(target.join("hello"), b"host").expect("write");
+    assert_eq!(
+        std::fs::read(dir.join("hello")).expect("in the volume dir"),
+        b"host"
+    );
+    let stats = csi
+        .node
+        .node_get_volume_stats(stats_req(&id, &target))
+        .await
+        .expect("stats")
+        .into_inner();
+    assert!(!stats.volume_condition.as_ref().expect("condition").abnormal);
+    assert!(usage_of(&stats, csi::volume_usage::Unit::Bytes).0 > 0);
+
+    csi.node
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .expect("unpublish");
+    csi.node
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .expect("unstage");
+    assert!(work.mounts().is_empty());
+    assert_eq!(
+        std::fs::read(dir.join("hello")).expect("data stays"),
+        b"host"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_the_spec_code_and_change_nothing() {
+    let Some(lvm) = lvm(
+        "malformed_requests_get_the_spec_code_and_change_nothing",
+        256 * MIB,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut csi = CsiNode::start(lvm.engine.clone()).await;
+    let work = WorkDir::new();
+    let (id, device) = lvm.volume(32 * MIB).await;
+    let other_node = id.replace(&format!("@{NODE}"), "@node-b");
+    let staging = work.path("staging");
+    std::fs::create_dir(&staging).expect("staging dir");
+    let file = work.path("a-file");
+    std::fs::write(&file, b"not a directory").expect("file");
+    let target = work.path("target");
+    let ok = mount_cap(Mode::SingleNodeWriter, "ext4");
+
+    let stage_cases: Vec<(&str, csi::NodeStageVolumeRequest, Code)> = vec![
+        (
+            "missing volume id",
+            stage_req("", &staging, ok.clone()),
+            Code::InvalidArgument,
+        ),
+        (
+            "missing staging path",
+            csi::NodeStageVolumeRequest {
+                staging_target_path: String::new(),
+                ..stage_req(&id, &staging, ok.clone())
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "missing capability",
+            csi::NodeStageVolumeRequest {
+                volume_capability: None,
+                ..stage_req(&id, &staging, ok.clone())
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "multi-node access mode",
+            stage_req(&id, &staging, mount_cap(Mode::MultiNodeMultiWriter, "ext4")),
+            Code::InvalidArgument,
+        ),
+        (
+            "unknown fs type",
+            stage_req(&id, &staging, mount_cap(Mode::SingleNodeWriter, "ntfs")),
+            Code::InvalidArgument,
+        ),
+        (
+            "unknown fs type in the volume context",
+            csi::NodeStageVolumeRequest {
+                volume_context: HashMap::from([(
+                    "csi.storage.k8s.io/fstype".to_string(),
+                    "vfat".to_string(),
+                )]),
+                ..stage_req(&id, &staging, mount_cap(Mode::SingleNodeWriter, ""))
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "staging path that is a file",
+            stage_req(&id, &file, ok.clone()),
+            Code::InvalidArgument,
+        ),
+        (
+            "relative staging path",
+            csi::NodeStageVolumeRequest {
+                staging_target_path: "staging".into(),
+                ..stage_req(&id, &staging, ok.clone())
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "volume of another node",
+            stage_req(&other_node, &staging, ok.clone()),
+            Code::NotFound,
+        ),
+        (
+            "malformed volume id",
+            stage_req("no-node-in-it", &staging, ok.clone()),
+            Code::NotFound,
+        ),
+    ];
+    for (what, req, code) in stage_cases {
+        let err = csi.node.node_stage_volume(req).await.expect_err(what);
+        assert_eq!(err.code(), code, "{what}: {err:?}");
+        assert!(work.mounts().is_empty(), "{what}: {:?}", work.mounts());
+        assert_eq!(
+            blkid_type(&device),
+            None,
+            "{what}: the device was formatted"
+        );
+    }
+
+    let publish_cases: Vec<(&str, csi::NodePublishVolumeRequest, Code)> = vec![
+        (
+            "missing volume id",
+            publish_req("", &staging, &target, ok.clone(), false),
+            Code::InvalidArgument,
+        ),
+        (
+            "missing target path",
+            csi::NodePublishVolumeRequest {
+                target_path: String::new(),
+                ..publish_req(&id, &staging, &target, ok.clone(), false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "relative target path",
+            csi::NodePublishVolumeRequest {
+                target_path: "pods/x/mount".into(),
+                ..publish_req(&id, &staging, &target, ok.clone(), false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "missing capability",
+            csi::NodePublishVolumeRequest {
+                volume_capability: None,
+                ..publish_req(&id, &staging, &target, ok.clone(), false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            "multi-node access mode",
+            publish_req(
+                &id,
+                &staging,
+                &target,
+                mount_cap(Mode::MultiNodeReaderOnly, "ext4"),
+                false,
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            "volume of another node",
+            publish_req(&other_node, &staging, &target, ok.clone(), false),
+            Code::NotFound,
+        ),
+        (
+            "not staged",
+            publish_req(&id, &staging, &target, ok.clone(), false),
+            Code::FailedPrecondition,
+        ),
+        (
+            "target parent missing",
+            publish_req(
+                &id,
+                &staging,
+                &work.path("no/such/target"),
+                block_cap(),
+                false,
+            ),
+            Code::FailedPrecondition,
+        ),
+    ];
+    for (what, req, code) in publish_cases {
+        let err = csi.node.node_publish_volume(req).await.expect_err(what);
+        assert_eq!(err.code(), code, "{what}: {err:?}");
+        assert!(work.mounts().is_empty(), "{what}: {:?}", work.mounts());
+        assert!(!target.exists(), "{what}: the target was created");
+    }
+
+    let other_cases: Vec<(&str, Result<(), tonic::Status>, Code)> = vec![
+        (
+            "unpublish without target",
+            csi.node
+                .node_unpublish_volume(unpublish_req(&id, Path::new("")))
+                .await
+                .map(drop),
+            Code::InvalidArgument,
+        ),
+        (
+            "unstage without volume id",
+            csi.node
+                .node_unstage_volume(unstage_req("", &staging))
+                .await
+                .map(drop),
+            Code::InvalidArgument,
+        ),
+        (
+            "stats of another node's volume",
+            csi.node
+                .node_get_volume_stats(stats_req(&other_node, &staging))
+                .await
+                .map(drop),
+            Code::NotFound,
+        ),
+        (
+            "stats of a path the volume is not at",
+            csi.node
+                .node_get_volume_stats(stats_req(&id, &work.path("nowhere")))
+                .await
+                .map(drop),
+            Code::NotFound,
+        ),
+        (
+            "expand without volume path",
+            csi.node
+                .node_expand_volume(csi::NodeExpandVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+            Code::InvalidArgument,
+        ),
+    ];
+    for (what, result, code) in other_cases {
+        let err = result.expect_err(what);
+        assert_eq!(err.code(), code, "{what}: {err:?}");
+    }
+    assert!(work.mounts().is_empty());
+    assert!(staging.is_dir() && std::fs::read_dir(&staging).expect("ls").next().is_none());
+    assert_eq!(std::fs::read(&file).expect("file"), b"not a directory");
+    assert_eq!(blkid_type(&device), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_partition_is_formatted_when_blank() {
+    if !have_root("raw_partition_is_formatted_when_blank") {
+        return;
+    }
+    let disk = LoopDisk::new(128 * MIB).expect("loop disk");
+    let group = unique("raw");
+    let state = tempfile::tempdir().expect("state dir");
+    let engine = start_engine(
+        &carina_tests::disk_group_config(&group, "RAW", &[&disk], 0),
+        state.path(),
+    )
+    .await
+    .expect("engine");
+    let mut csi = CsiNode::start(engine.clone()).await;
+    let work = WorkDir::new();
+    let name = unique("pvc");
+    let v = engine
+        .create_volume(CreateRequest {
+            name: name.clone(),
+            group,
+            size_bytes: 32 * MIB,
+            exclusive: false,
+        })
+        .await
+        .expect("create");
+    let device = v.device_path.expect("partition");
+    // A blank GPT partition still shows its table entry to blkid -p.
+    assert_eq!(blkid_type(&device), None);
+    let id = format!("{name}@{NODE}");
+    let staging = work.path("staging");
+    let target = work.path("target");
+    let cap = mount_cap(Mode::SingleNodeWriter, "");
+    csi.node
+        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .expect("stage a blank partition");
+    assert_eq!(blkid_type(&device).as_deref(), Some("ext4"));
+    csi.node
+        .node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+        .await
+        .expect("publish");
+    std::fs::write(target.join("f"), b"raw").expect("write");
+    csi.node
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .expect("unpublish");
+    csi.node
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .expect("unstage");
+    assert!(work.mounts().is_empty());
+}
