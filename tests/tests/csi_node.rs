@@ -466,6 +466,23 @@ async fn read_only_publish_refuses_writes() {
         .expect("publish rw");
     std::fs::write(rw.join("seen"), b"by both").expect("write rw");
 
+    // A single-writer mode may not join a volume published elsewhere.
+    let lone = work.path("lone");
+    let err = csi
+        .node
+        .node_publish_volume(publish_req(
+            &id,
+            &staging,
+            &lone,
+            mount_cap(Mode::SingleNodeSingleWriter, "ext4"),
+            false,
+        ))
+        .await
+        .expect_err("already published at rw");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("rw"), "{}", err.message());
+    assert!(!lone.exists());
+
     // readonly=true, and the read-only access mode: both refuse writes.
     let ro = work.path("ro");
     csi.node
