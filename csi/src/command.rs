@@ -30,6 +30,8 @@ pub enum CommandError {
     Failed {
         command: String,
         status: String,
+        /// The exit code (`None` when a signal ended the program).
+        code: Option<i32>,
         stderr: String,
     },
     /// The program did not finish in time and was killed.
@@ -43,6 +45,14 @@ impl CommandError {
         match self {
             CommandError::Failed { stderr, .. } => stderr,
             _ => "",
+        }
+    }
+
+    /// The exit code of a program that failed by exiting non-zero.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            CommandError::Failed { code, .. } => *code,
+            _ => None,
         }
     }
 }
@@ -177,6 +187,7 @@ impl Cmd {
             return Err(CommandError::Failed {
                 command: line,
                 status: output.status.to_string(),
+                code: output.status.code(),
                 stderr: stderr.trim().to_string(),
             });
         }
@@ -230,6 +241,7 @@ mod tests {
         assert!(text.contains("sh -c"), "{text}");
         assert!(text.contains("boom"), "{text}");
         assert_eq!(err.stderr(), "boom");
+        assert_eq!(err.exit_code(), Some(3));
     }
 
     #[tokio::test]

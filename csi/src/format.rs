@@ -23,7 +23,7 @@ pub const XFS_MIN_BYTES: u64 = 300 << 20;
 const LONG_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// `blkid` exits with 2 when it finds nothing on the device.
-const BLKID_NOTHING_FOUND: &str = "exit status: 2";
+const BLKID_NOTHING_FOUND: i32 = 2;
 
 /// Errors of probing, formatting and growing.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,7 @@ pub async fn probe(device: &Path) -> Result<Option<Signature>, FormatError> {
         .await
     {
         Ok(out) => Ok(parse_blkid_export(&out.stdout)),
-        Err(CommandError::Failed { status, .. }) if status == BLKID_NOTHING_FOUND => Ok(None),
+        Err(e) if e.exit_code() == Some(BLKID_NOTHING_FOUND) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

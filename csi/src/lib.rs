@@ -17,6 +17,7 @@ pub mod names;
 pub mod node;
 pub mod params;
 pub mod sizes;
+pub mod socket;
 pub mod types;
 pub mod volume_id;
 

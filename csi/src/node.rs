@@ -506,11 +506,14 @@ impl<L: LocalVolumes> NodeService<L> {
 }
 
 /// The Node RPCs this service implements.
-pub const NODE_CAPABILITIES: [RpcType; 4] = [
+pub const NODE_CAPABILITIES: [RpcType; 5] = [
     RpcType::StageUnstageVolume,
     RpcType::ExpandVolume,
     RpcType::GetVolumeStats,
     RpcType::VolumeCondition,
+    // The node accepts SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER,
+    // as the controller does; the spec asks both sides to say so.
+    RpcType::SingleNodeMultiWriter,
 ];
 
 /// Answers a call, logging node-side failures at ERROR and the caller's
@@ -1243,7 +1246,7 @@ mod tests {
             .filter_map(|c| c.r#type)
             .map(|csi::node_service_capability::Type::Rpc(r)| r.r#type)
             .collect();
-        assert_eq!(caps, [1, 3, 2, 4]);
+        assert_eq!(caps, [1, 3, 2, 4, 5]);
     }
 
     #[test]

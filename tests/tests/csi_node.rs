@@ -99,7 +99,7 @@ impl CsiNode {
             .tempdir()
             .expect("socket dir");
         let path = sock_dir.path().join("csi.sock");
-        let listener = bind(&path).expect("bind");
+        let listener = bind(&path.display().to_string()).expect("bind");
         let (stop, stopped) = oneshot::channel::<()>();
         let server = CsiNodeServer::new(engine, NODE)
             .max_volumes(100)

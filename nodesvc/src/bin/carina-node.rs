@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_node::csi_local::serve::{CsiNodeServer, bind, socket_path};
+use carina_node::csi_local::serve::{CsiNodeServer, bind};
 use carina_node::engine::{Config, Engine, EngineOptions, Policy};
 use carina_node::server::{NodeServer, metrics};
 use carina_proto::tls::{
@@ -129,7 +129,7 @@ async fn run(args: Args) -> Result<()> {
 
     let csi_task = match &args.csi_endpoint {
         Some(endpoint) => {
-            let listener = bind(&socket_path(endpoint)?)?;
+            let listener = bind(endpoint)?;
             let csi = CsiNodeServer::new(engine.clone(), args.node_name.clone())
                 .max_volumes(args.max_volumes)
                 .grace_period(Duration::from_secs(args.shutdown_grace_secs));

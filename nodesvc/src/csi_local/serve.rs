@@ -2,7 +2,7 @@
 //! `--csi-endpoint`), in the binary and in-process for tests:
 //!
 //! ```ignore
-//! let listener = bind(&socket_path("unix:///csi/csi.sock")?)?;
+//! let listener = bind("unix:///csi/csi.sock")?;
 //! CsiNodeServer::new(engine, "node-a").serve(listener, shutdown).await?;
 //! ```
 //!
@@ -10,8 +10,7 @@
 //! get the grace period, then the socket file is removed.
 
 use std::future::Future;
-use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use carina_csi::LocalVolumes;
@@ -32,67 +31,13 @@ use crate::server::DEFAULT_GRACE_PERIOD;
 /// Errors of binding and serving the CSI socket.
 #[derive(Debug, thiserror::Error)]
 pub enum CsiServeError {
-    #[error("CSI endpoint {endpoint:?}: {reason}")]
-    Endpoint { endpoint: String, reason: String },
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Socket(#[from] carina_csi::socket::SocketError),
     #[error("CSI gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The socket path of a CSI endpoint: `unix:///path`, `unix:/path` or a
-/// plain absolute path.
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, CsiServeError> {
-    let bad = |reason: &str| CsiServeError::Endpoint {
-        endpoint: endpoint.to_string(),
-        reason: reason.to_string(),
-    };
-    let path = match endpoint.split_once("://") {
-        Some(("unix", rest)) => rest,
-        Some(_) => return Err(bad("only unix sockets are served (unix:///path)")),
-        None => endpoint.strip_prefix("unix:").unwrap_or(endpoint),
-    };
-    if !path.starts_with('/') {
-        return Err(bad("the socket path must be absolute"));
-    }
-    Ok(PathBuf::from(path))
-}
-
-/// Binds the socket at `path`: a stale socket file from an earlier run is
-/// removed first (anything else there is refused, never removed), and a
-/// missing parent directory is created. Call it inside the runtime.
-pub fn bind(path: &Path) -> Result<UnixListener, CsiServeError> {
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| CsiServeError::Io {
-            action,
-            path,
-            source,
-        }
-    };
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            std::fs::remove_file(path).map_err(io("remove stale socket", path))?;
-        }
-        Ok(_) => {
-            return Err(CsiServeError::Endpoint {
-                endpoint: path.display().to_string(),
-                reason: "exists and is not a socket".into(),
-            });
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("inspect", path)(e)),
-    }
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io("create directory", parent))?;
-    }
-    UnixListener::bind(path).map_err(io("bind", path))
-}
+pub use carina_csi::socket::{bind, socket_path};
 
 /// Builder and runner of the node's CSI server.
 #[derive(Debug)]
@@ -165,41 +110,5 @@ impl CsiNodeServer {
         }
         tracing::info!("CSI server stopped");
         result
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoints() {
-        for ok in [
-            "unix:///csi/csi.sock",
-            "unix:/csi/csi.sock",
-            "/csi/csi.sock",
-        ] {
-            assert_eq!(
-                socket_path(ok).expect(ok),
-                PathBuf::from("/csi/csi.sock"),
-                "{ok}"
-            );
-        }
-        for bad in ["tcp://10.0.0.1:9000", "unix://", "csi.sock", ""] {
-            assert!(socket_path(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[tokio::test]
-    async fn stale_socket_replaced_other_files_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let sock = dir.path().join("plugins/carina/csi.sock");
-        drop(bind(&sock).expect("first bind creates the directory"));
-        assert!(sock.exists(), "the socket file outlives its listener");
-        drop(bind(&sock).expect("stale socket replaced"));
-        let file = dir.path().join("file");
-        std::fs::write(&file, "keep").expect("write");
-        assert!(bind(&file).is_err());
-        assert_eq!(std::fs::read_to_string(&file).expect("kept"), "keep");
     }
 }

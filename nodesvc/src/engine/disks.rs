@@ -212,9 +212,7 @@ pub async fn probe(disk: &mut Disk) -> Result<()> {
             Ok(())
         }
         // blkid exits 2 when it finds nothing: a blank disk.
-        Err(super::command::CommandError::Failed { status, .. })
-            if status.contains("exit status: 2") =>
-        {
+        Err(e) if e.exit_code() == Some(2) => {
             disk.fstype = None;
             disk.pttype = None;
             Ok(())

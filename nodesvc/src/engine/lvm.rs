@@ -1041,6 +1041,7 @@ mod tests {
         let e = CommandError::Failed {
             command: "lvm lvcreate".into(),
             status: "exit status: 5".into(),
+            code: Some(5),
             stderr: "Insufficient suitable contiguous allocatable extents for logical volume x: 25 more required".into(),
         };
         let mapped = map_lvcreate_error(e, || Error::ResourceExhausted {
@@ -1052,6 +1053,7 @@ mod tests {
         let other = CommandError::Failed {
             command: "lvm".into(),
             status: "5".into(),
+            code: Some(5),
             stderr: "boom".into(),
         };
         assert!(matches!(

@@ -127,6 +127,7 @@ mod tests {
                 Error::Command(CommandError::Failed {
                     command: "lvcreate -n v".into(),
                     status: "exit status: 5".into(),
+                    code: Some(5),
                     stderr: "Volume group not found".into(),
                 }),
                 Code::Internal,
