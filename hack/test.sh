@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test tier and prints how many tests ran in each.
-# Usage: hack/test.sh [tier...]   tiers: unit engine grpc csi sanity kube (default: unit engine grpc kube)
+# Usage: hack/test.sh [tier...]   tiers: unit engine grpc csi sanity kube (default: all, in that order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +8,7 @@ LOG_DIR=${CARINA_TEST_LOG_DIR:-target/test-logs}
 mkdir -p "$LOG_DIR"
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(unit engine grpc kube)
+[ ${#tiers[@]} -gt 0 ] || tiers=(unit engine grpc csi sanity kube)
 
 # Integration test targets of a tier: tests/tests/<prefix>_*.rs
 targets() {
@@ -22,6 +22,14 @@ targets() {
 
 declare -A PASSED FAILED IGNORED STATUS
 total_passed=0 total_failed=0 total_ignored=0 overall=0
+
+# A tier that could not even start (its build failed) counts as one failure.
+tier_error() {
+  local tier=$1
+  PASSED[$tier]=0; FAILED[$tier]=1; IGNORED[$tier]=0
+  total_failed=$((total_failed + 1))
+  overall=1
+}
 
 run_tier() {
   local tier=$1; shift
@@ -58,15 +66,15 @@ for tier in "${tiers[@]}"; do
     sanity)
       # csi-sanity against the real binaries: build them and the
       # upstream suite (cached after the first build) first.
-      cargo build --workspace --bins || { FAILED[sanity]=1; overall=1; continue; }
-      tests/tools/build.sh csi-sanity || { FAILED[sanity]=1; overall=1; continue; }
+      cargo build --workspace --bins || { tier_error sanity; continue; }
+      tests/tools/build.sh csi-sanity || { tier_error sanity; continue; }
       CARINA_CSI_SANITY="$(tests/tools/build.sh --print-path csi-sanity)/csi-sanity" \
         CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
         run_tier sanity cargo test -p carina-tests --test sanity_csi -- --test-threads=1 --nocapture
       grep -h '^csi-sanity ' "$LOG_DIR/sanity.log" || true ;;
     kube)
       # etcd + kube-apiserver (cached after the first build).
-      tests/tools/build.sh etcd kube || { FAILED[kube]=1; overall=1; continue; }
+      tests/tools/build.sh etcd kube || { tier_error kube; continue; }
       mapfile -t t < <(targets kube)
       CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
         run_tier kube cargo test -p carina-tests "${t[@]}" ;;
