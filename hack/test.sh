@@ -71,7 +71,7 @@ for tier in "${tiers[@]}"; do
       CARINA_CSI_SANITY="$(tests/tools/build.sh --print-path csi-sanity)/csi-sanity" \
         CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
         run_tier sanity cargo test -p carina-tests --test sanity_csi -- --test-threads=1 --nocapture
-      grep -h '^csi-sanity ' "$LOG_DIR/sanity.log" || true ;;
+      grep -o 'csi-sanity [a-z-]*: ran.*' "$LOG_DIR/sanity.log" || true ;;
     kube)
       # etcd + kube-apiserver (cached after the first build).
       tests/tools/build.sh etcd kube || { tier_error kube; continue; }

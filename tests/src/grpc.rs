@@ -27,7 +27,7 @@ use carina_proto::tls::{
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 /// How often the test server looks at its certificate files.
 pub const TEST_RELOAD_INTERVAL: Duration = Duration::from_millis(50);
@@ -258,4 +258,19 @@ pub async fn start_engine(config_json: &str, state_dir: &Path) -> Result<Engine>
         },
     )
     .await?)
+}
+
+/// A channel to a gRPC server on the unix socket at `path` (CSI sockets).
+pub async fn unix_channel(path: PathBuf) -> Result<Channel> {
+    // tonic wants a URI; the connector ignores it and dials the socket.
+    Ok(Endpoint::from_static("http://csi.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await?)
 }

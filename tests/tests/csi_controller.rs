@@ -22,13 +22,11 @@ use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{Client as NodeClient, TestNode, server_cert, start_engine};
+use carina_tests::grpc::{Client as NodeClient, TestNode, server_cert, start_engine, unix_channel};
 use carina_tests::{LoopDisk, MountGuard, have_root};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 const A: &str = "node-a";
@@ -185,16 +183,6 @@ impl Cluster {
         }
         Ok(out)
     }
-}
-
-async fn unix_channel(path: PathBuf) -> Result<Channel> {
-    // The URI is required by tonic and ignored by the connector.
-    Ok(Endpoint::from_static("http://csi.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await?)
 }
 
 fn cap(mode: Mode, access: AccessType) -> csi::VolumeCapability {

@@ -19,13 +19,11 @@ use carina_proto::csi::identity_client::IdentityClient;
 use carina_proto::csi::node_client::NodeClient;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
-use carina_tests::grpc::{host_engine, start_engine};
+use carina_tests::grpc::{host_engine, start_engine, unix_channel};
 use carina_tests::{LoopDisk, VgGuard, have_root, run, unique};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 const NODE: &str = "node-a";
@@ -107,17 +105,9 @@ impl CsiNode {
         tokio::spawn(server.serve(listener, async {
             let _ = stopped.await;
         }));
-        let channel =
-            Endpoint::try_from("http://localhost")
-                .expect("endpoint")
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }))
-                .await
-                .expect("connect over the unix socket");
+        let channel = unix_channel(path)
+            .await
+            .expect("connect over the unix socket");
         CsiNode {
             node: NodeClient::new(channel.clone()),
             identity: IdentityClient::new(channel),

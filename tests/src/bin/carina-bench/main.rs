@@ -5,6 +5,7 @@
 //! Usage: `carina-bench [--out DIR] [--iterations N]`. Needs root and loop
 //! devices, like the engine tests.
 
+mod csi;
 mod engine;
 mod grpc;
 mod report;
@@ -54,6 +55,7 @@ async fn main() -> Result<()> {
     entries.extend(grpc::create_delete(args.iterations).await?);
     entries.extend(grpc::capacity_throughput(std::time::Duration::from_secs(5)).await?);
     entries.extend(grpc::node_memory().await?);
+    entries.extend(csi::full_cycle(args.iterations).await?);
     let context = machine_context();
     report::write(&args.out, &entries, &context)?;
     for e in &entries {

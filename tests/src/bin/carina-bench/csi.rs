@@ -1,0 +1,255 @@
+//! The full CSI cycle — CreateVolume → NodeStageVolume → NodePublishVolume
+//! → NodeUnpublishVolume → NodeUnstageVolume → DeleteVolume — through the
+//! direct control plane and the node's CSI service (both over their unix
+//! sockets, the node's NodeStorage over mTLS), against the bare commands
+//! the cycle runs: lvcreate, (losetup: without device-mapper it is how a
+//! block device appears), mkfs.ext4, mount, umount, (losetup -d), lvremove.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec, Strategy};
+use carina_controlplane::serve::serve_controller;
+use carina_csi::socket::bind;
+use carina_node::csi_local::serve::CsiNodeServer;
+use carina_node::engine::lvm::lvm_cmd;
+use carina_node::engine::{Config, Engine, EngineOptions};
+use carina_proto::csi;
+use carina_proto::csi::controller_client::ControllerClient;
+use carina_proto::csi::node_client::NodeClient;
+use carina_proto::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode::Mode,
+};
+use carina_tests::grpc::{TestNode, unix_channel};
+use carina_tests::{LoopDisk, VgGuard, run, unique};
+use tokio::sync::oneshot;
+
+use crate::report::{Entry, timed};
+
+const GROUP: &str = "CSI: full volume cycle (64 MiB ext4)";
+const SIZE: u64 = 64 << 20;
+
+pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
+    let disk = LoopDisk::new(4 << 30)?;
+    let vg = unique("bench-csi");
+    let _guard = VgGuard::new(&vg, &[&disk]);
+    let work = tempfile::tempdir()?;
+    let config = Config::from_json(&carina_tests::disk_group_config(&vg, "LVM", &[&disk], 0))?;
+    let engine = Engine::start(
+        config,
+        EngineOptions {
+            state_dir: work.path().join("state"),
+            device_mapper: None,
+        },
+    )
+    .await?;
+    let loop_mode = !engine.device_mapper();
+    let node_name = "bench-node";
+    let node = TestNode::start(engine.clone(), node_name).await?;
+
+    // Controller (direct control plane) and node CSI servers on sockets.
+    let ctl_sock = work.path().join("controller.sock");
+    let node_sock = work.path().join("node.sock");
+    let nodes = NodeList::new(vec![NodeSpec {
+        name: node_name.into(),
+        endpoint: node.endpoint(),
+        topology: Default::default(),
+    }])?;
+    let provisioner =
+        DirectProvisioner::new(nodes, node.client_tls("controller")?, Strategy::Spreadout);
+    let (stop_ctl, ctl_stopped) = oneshot::channel::<()>();
+    let ctl_listener = bind(&ctl_sock.display().to_string())?;
+    let ctl_task = tokio::spawn(serve_controller(
+        ctl_listener,
+        Arc::new(provisioner),
+        async {
+            let _ = ctl_stopped.await;
+        },
+    ));
+    let (stop_node, node_stopped) = oneshot::channel::<()>();
+    let node_listener = bind(&node_sock.display().to_string())?;
+    let node_task = tokio::spawn(CsiNodeServer::new(engine.clone(), node_name).serve(
+        node_listener,
+        async {
+            let _ = node_stopped.await;
+        },
+    ));
+    let mut controller = ControllerClient::new(unix_channel(ctl_sock.clone()).await?);
+    let mut csi_node = NodeClient::new(unix_channel(node_sock.clone()).await?);
+
+    let capability = csi::VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+    };
+    let devices = vec![disk.path.clone()];
+    let dm_args: &[&str] = if loop_mode {
+        &["--driverloaded", "n"]
+    } else {
+        &[]
+    };
+    let (mut cycle, mut floor) = (Vec::new(), Vec::new());
+    for i in 0..(iterations + 3) {
+        let record = i >= 3;
+        let staging = work.path().join(format!("staging-{i}"));
+        let target = work.path().join(format!("target-{i}"));
+        std::fs::create_dir_all(&staging)?;
+
+        let t0 = Instant::now();
+        let volume = controller
+            .create_volume(csi::CreateVolumeRequest {
+                name: format!("cycle-{i}"),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: SIZE as i64,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![capability.clone()],
+                parameters: HashMap::from([(
+                    "carina.storage.io/disk-group-name".to_string(),
+                    vg.clone(),
+                )]),
+                ..Default::default()
+            })
+            .await
+            .context("CreateVolume")?
+            .into_inner()
+            .volume
+            .context("no volume")?;
+        let id = volume.volume_id.clone();
+        csi_node
+            .node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: staging.display().to_string(),
+                volume_capability: Some(capability.clone()),
+                volume_context: volume.volume_context.clone(),
+                ..Default::default()
+            })
+            .await
+            .context("NodeStageVolume")?;
+        csi_node
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: staging.display().to_string(),
+                target_path: target.display().to_string(),
+                volume_capability: Some(capability.clone()),
+                volume_context: volume.volume_context.clone(),
+                ..Default::default()
+            })
+            .await
+            .context("NodePublishVolume")?;
+        csi_node
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .context("NodeUnpublishVolume")?;
+        csi_node
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: staging.display().to_string(),
+            })
+            .await
+            .context("NodeUnstageVolume")?;
+        controller
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+            .context("DeleteVolume")?;
+        let c = t0.elapsed();
+
+        // The floor: the same steps as bare commands.
+        let name = format!("bare-{i}");
+        let mnt = work.path().join(format!("bare-mnt-{i}"));
+        std::fs::create_dir_all(&mnt)?;
+        let mnt_s = mnt.display().to_string();
+        let t0 = Instant::now();
+        lvm_cmd("lvcreate", &devices)
+            .args(["-q", "-an", "-Zn", "-Wn"])
+            .args(dm_args)
+            .args(["--alloc", "contiguous", "-L", "64m", "-n", &name, &vg])
+            .run()
+            .await?;
+        let dev = if loop_mode {
+            let seg = lvm_cmd("lvs", &devices)
+                .args([
+                    "--noheadings",
+                    "--units",
+                    "b",
+                    "--nosuffix",
+                    "-o",
+                    "seg_pe_ranges",
+                ])
+                .arg(format!("{vg}/{name}"))
+                .run()
+                .await?
+                .stdout;
+            let first_pe: u64 = seg
+                .trim()
+                .rsplit(':')
+                .next()
+                .and_then(|r| r.split('-').next())
+                .and_then(|n| n.parse().ok())
+                .context("seg_pe_ranges")?;
+            let offset = (1 << 20) + first_pe * (4 << 20);
+            run(
+                "losetup",
+                &[
+                    "-f",
+                    "--show",
+                    "--offset",
+                    &offset.to_string(),
+                    "--sizelimit",
+                    &SIZE.to_string(),
+                    &disk.dev(),
+                ],
+            )?
+            .trim()
+            .to_string()
+        } else {
+            format!("/dev/{vg}/{name}")
+        };
+        run("mkfs.ext4", &["-q", "-F", "-m0", &dev])?;
+        run("mount", &[&dev, &mnt_s])?;
+        run("umount", &[&mnt_s])?;
+        if loop_mode {
+            run("losetup", &["-d", &dev])?;
+        }
+        lvm_cmd("lvremove", &devices)
+            .args(["-q", "-f", "-y"])
+            .args(dm_args)
+            .arg(format!("{vg}/{name}"))
+            .run()
+            .await?;
+        let f = t0.elapsed();
+        if record {
+            cycle.push(c);
+            floor.push(f);
+        }
+    }
+    let _ = stop_ctl.send(());
+    let _ = stop_node.send(());
+    let _ = ctl_task.await;
+    let _ = node_task.await;
+    node.stop().await?;
+    let floor_name = if loop_mode {
+        "lvcreate, losetup, mkfs.ext4, mount, umount, losetup -d, lvremove"
+    } else {
+        "lvcreate, mkfs.ext4, mount, umount, lvremove"
+    };
+    Ok(vec![timed(
+        GROUP,
+        "csi.cycle.create_stage_publish_unpublish_unstage_delete",
+        floor_name,
+        &cycle,
+        Some(&floor),
+    )])
+}
