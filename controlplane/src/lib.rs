@@ -6,4 +6,5 @@
 
 pub mod crd;
 pub mod direct;
+pub mod kube;
 pub mod serve;

@@ -1,0 +1,24 @@
+//! The Kubernetes control plane.
+//!
+//! - [`provisioner`]: `KubeProvisioner`, the CSI controller's back end in
+//!   `--mode kube`: writes a `LogicVolume` and watches that one object.
+//! - [`bridge`]: the `LogicVolume` reconciler that carries each object out
+//!   on its node through `NodeStorage` over mTLS.
+//! - [`capacity`]: `WatchCapacity` streams into `NodeStorageResource`s.
+//! - [`config_push`]: the `carina-csi-config` ConfigMap, evaluated per node,
+//!   pushed with `ApplyConfig`.
+//! - [`leader`]: Lease-based leader election for the bridge side.
+//!
+//! Conventions every part relies on:
+//! - The `LogicVolume` object's name is the node-local volume name
+//!   ([`naming::object_name`] of the CSI name); the volume id is
+//!   `carina_csi::volume_id::VolumeId { volume: <object name>, node }`.
+//! - `status.code` is the numeric gRPC code of the last node operation
+//!   (`tonic::Code as i32`; 0 = OK), `status.message` its message.
+//! - Whole-disk RAW volumes carry the annotation [`EXCLUSIVE_ANNOTATION`]
+//!   = `"true"`.
+
+pub mod naming;
+
+/// Annotation on a `LogicVolume` asking for a whole RAW disk.
+pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";
