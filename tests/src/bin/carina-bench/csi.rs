@@ -14,8 +14,6 @@ use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec, Strateg
 use carina_controlplane::serve::serve_controller;
 use carina_csi::socket::bind;
 use carina_node::csi_local::serve::CsiNodeServer;
-use carina_node::engine::lvm::lvm_cmd;
-use carina_node::engine::{Config, Engine, EngineOptions};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::node_client::NodeClient;
@@ -23,29 +21,20 @@ use carina_proto::csi::volume_capability::{
     AccessMode, AccessType, MountVolume, access_mode::Mode,
 };
 use carina_tests::grpc::{TestNode, unix_channel};
-use carina_tests::{LoopDisk, VgGuard, run, unique};
+use carina_tests::run;
 use tokio::sync::oneshot;
 
+use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
 
 const GROUP: &str = "CSI: full volume cycle (64 MiB ext4)";
 const SIZE: u64 = 64 << 20;
 
 pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
-    let disk = LoopDisk::new(4 << 30)?;
-    let vg = unique("bench-csi");
-    let _guard = VgGuard::new(&vg, &[&disk]);
+    let pool = LvmPool::new("bench-csi", 4 << 30).await?;
+    let (engine, vg, disk) = (&pool.engine, &pool.vg, &pool.disk);
+    let loop_mode = pool.loop_mode();
     let work = tempfile::tempdir()?;
-    let config = Config::from_json(&carina_tests::disk_group_config(&vg, "LVM", &[&disk], 0))?;
-    let engine = Engine::start(
-        config,
-        EngineOptions {
-            state_dir: work.path().join("state"),
-            device_mapper: None,
-        },
-    )
-    .await?;
-    let loop_mode = !engine.device_mapper();
     let node_name = "bench-node";
     let node = TestNode::start(engine.clone(), node_name).await?;
 
@@ -88,12 +77,7 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
             ..Default::default()
         })),
     };
-    let devices = vec![disk.path.clone()];
-    let dm_args: &[&str] = if loop_mode {
-        &["--driverloaded", "n"]
-    } else {
-        &[]
-    };
+
     let (mut cycle, mut floor) = (Vec::new(), Vec::new());
     for i in 0..(iterations + 3) {
         let record = i >= 3;
@@ -172,26 +156,9 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
         std::fs::create_dir_all(&mnt)?;
         let mnt_s = mnt.display().to_string();
         let t0 = Instant::now();
-        lvm_cmd("lvcreate", &devices)
-            .args(["-q", "-an", "-Zn", "-Wn"])
-            .args(dm_args)
-            .args(["--alloc", "contiguous", "-L", "64m", "-n", &name, &vg])
-            .run()
-            .await?;
+        pool.bare_lvcreate(&name, "64m").run().await?;
         let dev = if loop_mode {
-            let seg = lvm_cmd("lvs", &devices)
-                .args([
-                    "--noheadings",
-                    "--units",
-                    "b",
-                    "--nosuffix",
-                    "-o",
-                    "seg_pe_ranges",
-                ])
-                .arg(format!("{vg}/{name}"))
-                .run()
-                .await?
-                .stdout;
+            let seg = pool.bare_lvs(&name, "seg_pe_ranges").run().await?.stdout;
             let first_pe: u64 = seg
                 .trim()
                 .rsplit(':')
@@ -223,12 +190,7 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
         if loop_mode {
             run("losetup", &["-d", &dev])?;
         }
-        lvm_cmd("lvremove", &devices)
-            .args(["-q", "-f", "-y"])
-            .args(dm_args)
-            .arg(format!("{vg}/{name}"))
-            .run()
-            .await?;
+        pool.bare_lvremove(&name).run().await?;
         let f = t0.elapsed();
         if record {
             cycle.push(c);

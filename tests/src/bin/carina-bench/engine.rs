@@ -5,10 +5,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use carina_node::engine::lvm::lvm_cmd;
-use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
-use carina_tests::{LoopDisk, VgGuard, unique};
+use carina_node::engine::CreateRequest;
 
+use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
 
 /// In loop mode the engine's create also attaches the loop device and
@@ -19,36 +18,8 @@ const GROUP: &str =
 const SIZE: u64 = 8 << 20;
 
 pub async fn lvm_create_delete(iterations: usize) -> Result<Vec<Entry>> {
-    let disk = LoopDisk::new(2 << 30)?;
-    let vg = unique("bench");
-    let _guard = VgGuard::new(&vg, &[&disk]);
-    let state = tempfile::tempdir()?;
-    let config = Config::from_json(&carina_tests::disk_group_config(&vg, "LVM", &[&disk], 0))?;
-    let engine = Engine::start(
-        config,
-        EngineOptions {
-            state_dir: state.path().into(),
-            device_mapper: None,
-        },
-    )
-    .await?;
-    let loop_mode = !engine.device_mapper();
-    let devices = vec![disk.path.clone()];
-
-    let bare_create = |name: String| {
-        let mut cmd = lvm_cmd("lvcreate", &devices).args(["-q", "-an", "-Zn", "-Wn"]);
-        if loop_mode {
-            cmd = cmd.args(["--driverloaded", "n", "--alloc", "contiguous"]);
-        }
-        cmd.args(["-L", "8m", "-n"]).arg(name).arg(&vg)
-    };
-    let bare_remove = |name: String| {
-        let mut cmd = lvm_cmd("lvremove", &devices).args(["-q", "-f", "-y"]);
-        if loop_mode {
-            cmd = cmd.args(["--driverloaded", "n"]);
-        }
-        cmd.arg(format!("{vg}/{name}"))
-    };
+    let pool = LvmPool::new("bench", 2 << 30).await?;
+    let (engine, vg) = (&pool.engine, &pool.vg);
 
     let mut engine_cycle = Vec::with_capacity(iterations);
     let mut engine_create = Vec::with_capacity(iterations);
@@ -76,12 +47,15 @@ pub async fn lvm_create_delete(iterations: usize) -> Result<Vec<Entry>> {
 
         let name = format!("b{i}");
         let t3 = Instant::now();
-        bare_create(name.clone())
+        pool.bare_lvcreate(&name, "8m")
             .run()
             .await
             .context("bare lvcreate")?;
         let t4 = Instant::now();
-        bare_remove(name).run().await.context("bare lvremove")?;
+        pool.bare_lvremove(&name)
+            .run()
+            .await
+            .context("bare lvremove")?;
         let t5 = Instant::now();
         if record {
             engine_create.push(t1 - t0);
@@ -92,7 +66,6 @@ pub async fn lvm_create_delete(iterations: usize) -> Result<Vec<Entry>> {
             bare_cycle.push(t5 - t3);
         }
     }
-    drop(engine);
     Ok(vec![
         timed(
             GROUP,

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use carina_node::engine::lvm::lvm_cmd;
-use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
+use carina_node::engine::{CreateRequest, Engine};
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
 use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
 use carina_tests::grpc::{Client, TestNode, host_engine};
-use carina_tests::{LoopDisk, VgGuard, unique};
+use carina_tests::unique;
 
+use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
 
 const GROUP: &str = "NodeStorage over mTLS gRPC";
@@ -26,28 +26,10 @@ const SIZE: u64 = 8 << 20;
 
 /// CreateLV+DeleteLV over gRPC vs engine vs bare commands, same VG.
 pub async fn create_delete(iterations: usize) -> Result<Vec<Entry>> {
-    let disk = LoopDisk::new(2 << 30)?;
-    let vg = unique("bench-grpc");
-    let _guard = VgGuard::new(&vg, &[&disk]);
-    let state = tempfile::tempdir()?;
-    let config = Config::from_json(&carina_tests::disk_group_config(&vg, "LVM", &[&disk], 0))?;
-    let engine = Engine::start(
-        config,
-        EngineOptions {
-            state_dir: state.path().into(),
-            device_mapper: None,
-        },
-    )
-    .await?;
-    let loop_mode = !engine.device_mapper();
+    let pool = LvmPool::new("bench-grpc", 2 << 30).await?;
+    let (engine, vg) = (&pool.engine, &pool.vg);
     let node = TestNode::start(engine.clone(), "bench-node").await?;
     let mut client = node.client("controller").await?;
-    let devices = vec![disk.path.clone()];
-    let dm_args: &[&str] = if loop_mode {
-        &["--driverloaded", "n"]
-    } else {
-        &[]
-    };
 
     let (mut grpc, mut direct, mut bare) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..(iterations + 5) {
@@ -84,18 +66,8 @@ pub async fn create_delete(iterations: usize) -> Result<Vec<Entry>> {
 
         let name = format!("b{i}");
         let t0 = Instant::now();
-        lvm_cmd("lvcreate", &devices)
-            .args(["-q", "-an", "-Zn", "-Wn"])
-            .args(dm_args)
-            .args(["-L", "8m", "-n", &name, &vg])
-            .run()
-            .await?;
-        lvm_cmd("lvremove", &devices)
-            .args(["-q", "-f", "-y"])
-            .args(dm_args)
-            .arg(format!("{vg}/{name}"))
-            .run()
-            .await?;
+        pool.bare_lvcreate(&name, "8m").run().await?;
+        pool.bare_lvremove(&name).run().await?;
         let b = t0.elapsed();
         if record {
             grpc.push(g);

@@ -8,6 +8,7 @@
 mod csi;
 mod engine;
 mod grpc;
+mod pool;
 mod report;
 
 use std::path::PathBuf;
