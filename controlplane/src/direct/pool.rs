@@ -4,6 +4,11 @@
 //! channel reconnects by itself); a node that cannot be reached now is
 //! `UNAVAILABLE`, tried again on the next call. Every call is bounded by a
 //! timeout (`DEADLINE_EXCEEDED`).
+//!
+//! The pool serves any control plane: a node is anything with a name and
+//! an endpoint ([`NodeAddress`]): the direct plane's [`NodeSpec`], the
+//! Kubernetes plane's resolved Node endpoints. When a node's endpoint
+//! changes, its client is replaced on the next call.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,12 +29,37 @@ pub type Client = NodeStorageClient<TracedChannel>;
 /// Default bound of one NodeStorage call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// What the pool needs to reach a node.
+pub trait NodeAddress {
+    /// The node name: the DNS name its server certificate must carry.
+    fn node_name(&self) -> &str;
+    /// `host:port` or `https://host:port` of its NodeStorage service.
+    fn endpoint(&self) -> &str;
+}
+
+impl NodeAddress for NodeSpec {
+    fn node_name(&self) -> &str {
+        &self.name
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+}
+
+/// A client and the endpoint it was connected to.
+#[derive(Debug, Clone)]
+struct Cached {
+    endpoint: String,
+    client: Client,
+}
+
 /// Clients keyed by node name.
 #[derive(Debug)]
 pub struct NodeClients {
     tls: ClientTls,
     call_timeout: Duration,
-    clients: Mutex<HashMap<String, Client>>,
+    clients: Mutex<HashMap<String, Cached>>,
 }
 
 impl NodeClients {
@@ -48,58 +78,88 @@ impl NodeClients {
         self
     }
 
-    fn cached(&self, node: &str) -> Option<Client> {
+    /// The client kept for `node` if it was connected to `endpoint`.
+    fn cached(&self, node: &str, endpoint: &str) -> Option<Client> {
         // Map reads and inserts cannot leave it half-changed.
         self.clients
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(node)
-            .cloned()
+            .filter(|c| c.endpoint == endpoint)
+            .map(|c| c.client.clone())
     }
 
-    /// The client of `node`, connecting if there is none yet.
-    pub async fn client(&self, node: &NodeSpec) -> Result<Client, CsiError> {
-        if let Some(c) = self.cached(&node.name) {
-            return Ok(c);
-        }
-        let tls = self.tls.for_server(node.name.clone());
-        let channel = tokio::time::timeout(self.call_timeout, connect(&node.endpoint, &tls))
-            .await
-            .map_err(|_| {
-                CsiError::Unavailable(format!(
-                    "node {} ({}): connecting timed out after {:?}",
-                    node.name, node.endpoint, self.call_timeout
-                ))
-            })?
-            .map_err(|e| {
-                CsiError::Unavailable(format!("node {} ({}): {e}", node.name, node.endpoint))
-            })?;
-        let client = NodeStorageClient::new(traced(channel));
+    /// Drops the client of `node` (a node that left); the next call
+    /// connects anew.
+    pub fn forget(&self, node: &str) {
         self.clients
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry(node.name.clone())
-            .or_insert_with(|| client.clone());
-        Ok(client)
+            .remove(node);
+    }
+
+    /// The client of `node`, connecting if there is none yet for its
+    /// current endpoint.
+    pub async fn client(&self, node: &impl NodeAddress) -> Result<Client, CsiError> {
+        let (name, endpoint) = (node.node_name(), node.endpoint());
+        if let Some(c) = self.cached(name, endpoint) {
+            return Ok(c);
+        }
+        let tls = self.tls.for_server(name);
+        let channel = tokio::time::timeout(self.call_timeout, connect(endpoint, &tls))
+            .await
+            .map_err(|_| {
+                CsiError::Unavailable(format!(
+                    "node {name} ({endpoint}): connecting timed out after {:?}",
+                    self.call_timeout
+                ))
+            })?
+            .map_err(|e| CsiError::Unavailable(format!("node {name} ({endpoint}): {e}")))?;
+        let client = NodeStorageClient::new(traced(channel));
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = clients
+            .entry(name.to_string())
+            .and_modify(|c| {
+                // Another call connected first to the same endpoint: share
+                // its client. An older endpoint's client is replaced.
+                if c.endpoint != endpoint {
+                    *c = Cached {
+                        endpoint: endpoint.to_string(),
+                        client: client.clone(),
+                    };
+                }
+            })
+            .or_insert_with(|| Cached {
+                endpoint: endpoint.to_string(),
+                client: client.clone(),
+            });
+        Ok(kept.client.clone())
     }
 
     /// Runs one call against `node`. A status the node answers is kept as
-    /// it is ([`CsiError::Node`], with `what` and the node named).
-    pub async fn call<T, F, Fut>(&self, node: &NodeSpec, what: &str, f: F) -> Result<T, CsiError>
+    /// it is ([`CsiError::Node`], with `what` and the node named); a node
+    /// that cannot be reached is `UNAVAILABLE`, also naming `what`.
+    pub async fn call<T, F, Fut>(
+        &self,
+        node: &impl NodeAddress,
+        what: &str,
+        f: F,
+    ) -> Result<T, CsiError>
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let client = self.client(node).await?;
+        let name = node.node_name();
+        let client = self.client(node).await.map_err(|e| match e {
+            CsiError::Unavailable(m) => CsiError::Unavailable(format!("{what}: {m}")),
+            other => other,
+        })?;
         match tokio::time::timeout(self.call_timeout, f(client)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(CsiError::node(
-                format!("node {}: {what}", node.name),
-                status,
-            )),
+            Ok(Err(status)) => Err(CsiError::node(format!("node {name}: {what}"), status)),
             Err(_) => Err(CsiError::DeadlineExceeded(format!(
-                "node {}: {what} did not answer within {:?}",
-                node.name, self.call_timeout
+                "node {name}: {what} did not answer within {:?}",
+                self.call_timeout
             ))),
         }
     }
