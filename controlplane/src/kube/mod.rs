@@ -19,6 +19,7 @@
 //!   = `"true"`.
 
 pub mod naming;
+pub mod provisioner;
 
 /// Annotation on a `LogicVolume` asking for a whole RAW disk.
 pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";
