@@ -1,0 +1,538 @@
+//! Leader election over a `coordination.k8s.io/v1` `Lease`, so that of
+//! several controller replicas exactly one runs the bridge side (the
+//! `LogicVolume` reconciler, capacity publisher, config push) while every
+//! replica serves CSI.
+//!
+//! The record is the one client-go keeps: `holderIdentity`,
+//! `leaseDurationSeconds`, `acquireTime`, `renewTime`, `leaseTransitions`.
+//! Every write is a replace guarded by the `resourceVersion` just read, so
+//! two candidates can never both believe they took the lease.
+//!
+//! - **Acquire** when the lease is free (no holder, e.g. released) or
+//!   expired: its record has not changed for the holder's
+//!   `leaseDurationSeconds`, measured on this replica's monotonic clock
+//!   from when it first saw that record (so clock skew between replicas
+//!   does not matter; a crashed leader is replaced at most one lease
+//!   duration plus one retry period after it last renewed).
+//! - **Renew** every `retry_period` while leading. Leadership is given up
+//!   when the lease is found held by another, or when no renewal has
+//!   succeeded for `renew_deadline` (shorter than the lease duration, so
+//!   the old leader has stopped before anyone else may start).
+//! - **Release** on shutdown: the holder is cleared, so a standby takes
+//!   over at its next retry rather than after the lease expires.
+//!
+//! Leadership is published on a `watch` channel ([`LeaderElector::run`]);
+//! [`while_leading`] runs work only while it is `true`.
+
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+/// Settings of one candidate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// Namespace of the `Lease`.
+    pub namespace: String,
+    /// Name of the `Lease`; all replicas of one controller share it.
+    pub name: String,
+    /// This candidate's identity (unique per replica: the pod name).
+    pub identity: String,
+    /// How long a lease stays valid after its last renewal (written as
+    /// whole seconds, rounded up).
+    pub lease_duration: Duration,
+    /// How long the leader keeps leading without a successful renewal.
+    pub renew_deadline: Duration,
+    /// How often the leader renews and a standby tries to acquire.
+    pub retry_period: Duration,
+}
+
+impl LeaseConfig {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        LeaseConfig {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Checks the timing: `retry_period < renew_deadline < lease_duration`,
+    /// a lease of at least one second, and a non-empty identity.
+    pub fn validate(&self) -> Result<(), LeaderError> {
+        let bad = |reason: &str| Err(LeaderError::Config(reason.to_string()));
+        if self.identity.is_empty() {
+            return bad("the identity must not be empty");
+        }
+        if self.name.is_empty() || self.namespace.is_empty() {
+            return bad("the lease name and namespace must not be empty");
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return bad("the lease duration must be at least 1 s");
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return bad("the renew deadline must be shorter than the lease duration");
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return bad("the retry period must be positive and shorter than the renew deadline");
+        }
+        Ok(())
+    }
+
+    fn lease_seconds(&self) -> i32 {
+        let secs = self.lease_duration.as_millis().div_ceil(1000);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+}
+
+/// Errors of leader election.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("leader election configuration: {0}")]
+    Config(String),
+    /// A call on the `Lease` failed.
+    #[error("{what} Lease {namespace}/{name}: {source}")]
+    Api {
+        what: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("{what} Lease {namespace}/{name}: no answer within {timeout:?}")]
+    Timeout {
+        what: &'static str,
+        namespace: String,
+        name: String,
+        timeout: Duration,
+    },
+}
+
+/// The lease record as last seen, and when this replica first saw it.
+#[derive(Debug, Clone)]
+struct Observed {
+    resource_version: Option<String>,
+    holder: Option<String>,
+    lease_duration: Duration,
+    since: Instant,
+}
+
+/// One candidate for the lease.
+#[derive(Clone)]
+pub struct LeaderElector {
+    api: Api<Lease>,
+    config: LeaseConfig,
+}
+
+impl std::fmt::Debug for LeaderElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElector")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaderElector {
+    /// A candidate for `config.name` in `config.namespace`; fails on a
+    /// configuration [`LeaseConfig::validate`] refuses.
+    pub fn new(client: Client, config: LeaseConfig) -> Result<Self, LeaderError> {
+        config.validate()?;
+        Ok(LeaderElector {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// Campaigns, and renews while leading, until `shutdown` completes;
+    /// `leading` carries whether this replica leads. On shutdown it
+    /// publishes `false` and then releases the lease if it holds it; stop
+    /// the led work before (see [`while_leading`]), so that no two
+    /// replicas ever run it at once.
+    #[tracing::instrument(name = "leader.run", skip_all, fields(lease.name = %self.config.name, lease.identity = %self.config.identity))]
+    pub async fn run(&self, leading: watch::Sender<bool>, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = pin!(shutdown);
+        let mut tick = tokio::time::interval(self.config.retry_period);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut observed: Option<Observed> = None;
+        let mut last_renewal: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tick.tick() => {}
+            }
+            let leader = *leading.borrow();
+            // A renewal must land before the renew deadline; an attempt to
+            // acquire gets the same bound.
+            let budget = match last_renewal.filter(|_| leader) {
+                Some(at) => {
+                    (at + self.config.renew_deadline).saturating_duration_since(Instant::now())
+                }
+                None => self.config.renew_deadline,
+            };
+            let attempt = tokio::select! {
+                _ = &mut shutdown => break,
+                r = self.with_timeout("renew", budget, self.try_acquire_or_renew(&mut observed)) => r,
+            };
+            match attempt {
+                Ok(true) => {
+                    last_renewal = Some(Instant::now());
+                    if !leader {
+                        tracing::info!("acquired the lease: leading");
+                        leading.send_replace(true);
+                    }
+                }
+                Ok(false) => {
+                    if leader {
+                        tracing::warn!(lease.holder = ?observed.as_ref().and_then(|o| o.holder.clone()), "the lease is held by another: no longer leading");
+                        leading.send_replace(false);
+                    }
+                }
+                Err(e) => {
+                    let overdue =
+                        last_renewal.is_none_or(|at| at.elapsed() >= self.config.renew_deadline);
+                    if leader && overdue {
+                        tracing::warn!(error = %e, "could not renew the lease within the renew deadline: no longer leading");
+                        leading.send_replace(false);
+                    } else {
+                        tracing::warn!(error = %e, "lease attempt failed; retrying");
+                    }
+                }
+            }
+        }
+        let was_leader = leading.send_replace(false);
+        if was_leader {
+            match self
+                .with_timeout("release", self.config.renew_deadline, self.release())
+                .await
+            {
+                Ok(()) => tracing::info!("released the lease"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "releasing the lease failed; it expires on its own")
+                }
+            }
+        }
+    }
+
+    async fn with_timeout<T>(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        call: impl Future<Output = Result<T, LeaderError>>,
+    ) -> Result<T, LeaderError> {
+        tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(self.timeout_error(what, timeout)))
+    }
+
+    fn timeout_error(&self, what: &'static str, timeout: Duration) -> LeaderError {
+        LeaderError::Timeout {
+            what,
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            timeout,
+        }
+    }
+
+    fn api_error(&self, what: &'static str, source: kube::Error) -> LeaderError {
+        LeaderError::Api {
+            what,
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// One attempt: `true` if this replica holds the lease afterwards.
+    async fn try_acquire_or_renew(
+        &self,
+        observed: &mut Option<Observed>,
+    ) -> Result<bool, LeaderError> {
+        let me = &self.config.identity;
+        let now = MicroTime(Timestamp::now());
+        let Some(lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.api_error("get", e))?
+        else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.config.name.clone()),
+                    namespace: Some(self.config.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me.clone()),
+                    lease_duration_seconds: Some(self.config.lease_seconds()),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(created) => {
+                    *observed = Some(self.observe(&created, None));
+                    Ok(true)
+                }
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+                Err(e) => Err(self.api_error("create", e)),
+            };
+        };
+        let seen = self.observe(&lease, observed.take());
+        *observed = Some(seen.clone());
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = seen.holder.as_deref();
+        if let Some(other) = holder.filter(|h| *h != me.as_str())
+            && seen.since.elapsed() < seen.lease_duration
+        {
+            tracing::trace!(lease.holder = %other, "the lease is held and not expired");
+            return Ok(false);
+        }
+        let taking_over = holder != Some(me.as_str());
+        let mut next = lease.clone();
+        next.spec = Some(LeaseSpec {
+            holder_identity: Some(me.clone()),
+            lease_duration_seconds: Some(self.config.lease_seconds()),
+            acquire_time: if taking_over {
+                Some(now.clone())
+            } else {
+                spec.acquire_time.clone()
+            },
+            renew_time: Some(now),
+            lease_transitions: Some(spec.lease_transitions.unwrap_or(0) + i32::from(taking_over)),
+            ..spec
+        });
+        // `next` keeps the resourceVersion just read: a concurrent change
+        // makes this a conflict instead of a second leader.
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(replaced) => {
+                if taking_over {
+                    tracing::info!(lease.previous_holder = ?holder, "took the lease");
+                }
+                *observed = Some(self.observe(&replaced, None));
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
+            Err(e) => Err(self.api_error("replace", e)),
+        }
+    }
+
+    /// The record of `lease`, keeping the first-seen time of `before` if
+    /// the record is unchanged.
+    fn observe(&self, lease: &Lease, before: Option<Observed>) -> Observed {
+        let resource_version = lease.resource_version();
+        if let Some(b) = before.filter(|b| b.resource_version == resource_version) {
+            return b;
+        }
+        let spec = lease.spec.as_ref();
+        Observed {
+            resource_version,
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            lease_duration: spec
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or(self.config.lease_duration, Duration::from_secs),
+            since: Instant::now(),
+        }
+    }
+
+    /// Clears the holder if it is this replica.
+    async fn release(&self) -> Result<(), LeaderError> {
+        let Some(lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.api_error("get", e))?
+        else {
+            return Ok(());
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        let now = MicroTime(Timestamp::now());
+        let mut next = lease;
+        next.spec = Some(LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..spec
+        });
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Someone changed it meanwhile: it is not ours to clear.
+            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(()),
+            Err(e) => Err(self.api_error("release", e)),
+        }
+    }
+}
+
+/// Completes when the led work should stop (see [`while_leading`]).
+pub type Stop = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs `work` while `leading` is `true`, until `shutdown` completes or
+/// the elector ends (the channel closes).
+///
+/// `work` is called with a `stop` future each time leadership is gained;
+/// `stop` completes when leadership is lost or on shutdown, and the work
+/// should then return. Work that has not returned `grace` after `stop`
+/// fired is dropped: another replica may take the lease soon. Work that
+/// returns on its own while still leading is started again after a pause
+/// of `grace`.
+pub async fn while_leading<F, Fut>(
+    mut leading: watch::Receiver<bool>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    mut work: F,
+) where
+    F: FnMut(Stop) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut shutdown = pin!(shutdown);
+    let (stop_tx, _) = watch::channel(false);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            r = leading.wait_for(|l| *l) => if r.is_err() { return },
+        }
+        stop_tx.send_replace(false);
+        let mut stop_rx = stop_tx.subscribe();
+        let stop: Stop = Box::pin(async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        });
+        tracing::info!("leading: starting the led work");
+        let mut running = pin!(work(stop));
+        let mut ended = false;
+        let mut stopping = false;
+        tokio::select! {
+            _ = &mut running => ended = true,
+            _ = &mut shutdown => stopping = true,
+            _ = leading.wait_for(|l| !*l) => {}
+        }
+        if ended {
+            if !*leading.borrow() || stopping {
+                continue;
+            }
+            tracing::warn!(pause = ?grace, "the led work ended while leading; starting it again after a pause");
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(grace) => {}
+            }
+            continue;
+        }
+        stop_tx.send_replace(true);
+        if tokio::time::timeout(grace, &mut running).await.is_err() {
+            tracing::warn!(grace = ?grace, "the led work did not stop in time; dropped");
+        }
+        if stopping {
+            return;
+        }
+        tracing::info!("no longer leading: the led work stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_is_checked() {
+        let ok = LeaseConfig::new("kube-system", "carina-controller", "a");
+        assert_eq!(ok.validate().ok(), Some(()));
+        assert_eq!(ok.lease_seconds(), 15);
+        let mut c = ok.clone();
+        c.renew_deadline = c.lease_duration;
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.retry_period = c.renew_deadline;
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.identity.clear();
+        assert!(c.validate().is_err());
+        let mut c = ok;
+        c.lease_duration = Duration::from_millis(1500);
+        c.renew_deadline = Duration::from_secs(1);
+        c.retry_period = Duration::from_millis(200);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.lease_seconds(), 2, "rounded up");
+    }
+
+    #[tokio::test]
+    async fn work_runs_only_while_leading() {
+        let (tx, rx) = watch::channel(false);
+        // (started, stopped) counts of the led work.
+        let (count_tx, mut counts) = watch::channel((0u32, 0u32));
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(while_leading(
+            rx,
+            async move {
+                let _ = shutdown_rx.await;
+            },
+            Duration::from_secs(5),
+            move |stop| {
+                let count_tx = count_tx.clone();
+                async move {
+                    count_tx.send_modify(|c| c.0 += 1);
+                    stop.await;
+                    count_tx.send_modify(|c| c.1 += 1);
+                }
+            },
+        ));
+        let mut expect = async |want: (u32, u32), why: &str| {
+            let reached =
+                tokio::time::timeout(Duration::from_secs(5), counts.wait_for(|c| *c == want))
+                    .await
+                    .map(|r| r.is_ok());
+            assert_eq!(
+                reached.ok(),
+                Some(true),
+                "{why}: counts stay {:?}",
+                *counts.borrow()
+            );
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        expect((0, 0), "not leading yet").await;
+        tx.send_replace(true);
+        expect((1, 0), "started on leading").await;
+        tx.send_replace(false);
+        expect((1, 1), "stopped on loss").await;
+        tx.send_replace(true);
+        expect((2, 1), "started again").await;
+        let _ = shutdown_tx.send(());
+        expect((2, 2), "stopped on shutdown").await;
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("while_leading returns on shutdown")
+            .expect("no panic");
+    }
+}
