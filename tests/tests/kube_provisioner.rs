@@ -1,0 +1,973 @@
+//! The Kubernetes provisioner against a real kube-apiserver: the CSI
+//! Controller served on a unix socket over `KubeProvisioner`, called
+//! through a tonic client as the sidecars call it, with a fake bridge in
+//! the test that watches `LogicVolume`s and writes their status (success,
+//! failures, slow and silent cases) the way the real bridge does. It
+//! proves the watch path: CreateVolume returns as soon as the status is
+//! written, never a polling interval later; the error codes; idempotent
+//! repeats; DeleteVolume waiting for the finalizer; ControllerExpandVolume
+//! waiting for `currentSize`; 20 creates running concurrently. And Lease
+//! leader election: one of two candidates leads, the other takes over
+//! after the first crashes (bounded by the lease duration) or steps down.
+//!
+//! Needs etcd and kube-apiserver from `tests/tools/build.sh etcd kube`.
+
+use std::collections::HashMap;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use carina_controlplane::crd::{
+    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResource,
+    NodeStorageResourceSpec, NodeStorageResourceStatus, TRACEPARENT_ANNOTATION,
+};
+use carina_controlplane::direct::Strategy;
+use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
+use carina_controlplane::kube::provisioner::{
+    KubeProvisioner, KubeProvisionerConfig, PATH_ANNOTATION,
+};
+use carina_controlplane::serve::{bind_unix, serve_controller};
+use carina_csi::{TOPOLOGY_KEY, context};
+use carina_proto::csi;
+use carina_proto::csi::controller_client::ControllerClient;
+use carina_proto::csi::volume_capability::AccessType;
+use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_tests::grpc::unix_channel;
+use carina_tests::kube::KubeCluster;
+use carina_tests::unique;
+use futures::TryStreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const A: &str = "node-a";
+const B: &str = "node-b";
+/// How long the fake bridge takes for an ordinary node operation.
+const BRIDGE_DELAY: Duration = Duration::from_millis(300);
+/// How long it takes for volumes named `many-*`.
+const MANY_DELAY: Duration = Duration::from_secs(1);
+/// How soon after the status is written CreateVolume must have returned:
+/// a sanity bound, far below the 1 s the Go original sleeps.
+const PROMPT: Duration = Duration::from_millis(500);
+/// Annotation that releases a `slow-*` volume to the fake bridge.
+const GO_ANNOTATION: &str = "test.carina.storage.io/go";
+
+type Csi = ControllerClient<Channel>;
+
+/// When the fake bridge wrote what, by object name.
+#[derive(Debug, Clone, Default)]
+struct Record(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Record {
+    fn mark(&self, key: String) {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .entry(key)
+            .or_insert_with(Instant::now);
+    }
+
+    /// Marks `key`; false if it was marked already.
+    fn claim(&self, key: String) -> bool {
+        let mut map = self.0.lock().expect("not poisoned");
+        let new = !map.contains_key(&key);
+        map.entry(key).or_insert_with(Instant::now);
+        new
+    }
+
+    fn get(&self, key: &str) -> Option<Instant> {
+        self.0.lock().expect("not poisoned").get(key).copied()
+    }
+}
+
+/// The fake bridge: for each `LogicVolume` event, after a delay, what the
+/// real bridge would write. By name prefix: `fail-exhausted-`,
+/// `fail-unavailable-`, `fail-internal-`, `fail-invalid-` fail the create
+/// with that code; `silent-` is never answered; `slow-` waits for
+/// [`GO_ANNOTATION`]; `nogrow-` fails expansions; `many-` takes
+/// [`MANY_DELAY`]; anything else succeeds. Deleted objects lose the
+/// finalizer after the delay. Records the time of each status write
+/// (`status/<name>`, `grow/<name>`) and finalizer removal (`gone/<name>`).
+async fn fake_bridge(client: Client, record: Record) {
+    let api: Api<LogicVolume> = Api::all(client);
+    let events = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = pin!(events);
+    loop {
+        match events.try_next().await {
+            Ok(Some(lv)) => {
+                tokio::spawn(bridge_one(api.clone(), lv, record.clone()));
+            }
+            Ok(None) => return,
+            Err(e) => eprintln!("fake bridge: watch error {e}"),
+        }
+    }
+}
+
+async fn bridge_one(api: Api<LogicVolume>, lv: LogicVolume, record: Record) {
+    if let Err(e) = try_bridge_one(&api, &lv, &record).await {
+        eprintln!("fake bridge: {}: {e:#}", lv.name_any());
+    }
+}
+
+async fn try_bridge_one(api: &Api<LogicVolume>, lv: &LogicVolume, record: &Record) -> Result<()> {
+    let name = lv.name_any();
+    let delay = if name.starts_with("many-") {
+        MANY_DELAY
+    } else {
+        BRIDGE_DELAY
+    };
+    let generation = lv.metadata.generation.unwrap_or(0);
+    if lv.metadata.deletion_timestamp.is_some() {
+        if lv.finalizers().iter().any(|f| f == LOGICVOLUME_FINALIZER)
+            && record.claim(format!("deleting/{name}/{}", lv.uid().unwrap_or_default()))
+        {
+            tokio::time::sleep(delay).await;
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await?;
+            record.mark(format!("gone/{name}"));
+        }
+        return Ok(());
+    }
+    if name.starts_with("silent-")
+        || (name.starts_with("slow-") && !lv.annotations().contains_key(GO_ANNOTATION))
+    {
+        return Ok(());
+    }
+    let status = lv.status.clone().unwrap_or_default();
+    let made = status.volume_id.is_some();
+    let failed = status.code.unwrap_or(0) != 0;
+    let size = lv
+        .spec
+        .size
+        .0
+        .parse::<u64>()
+        .context("spec.size in bytes")?;
+    let current = status
+        .current_size
+        .as_ref()
+        .and_then(|q| q.0.parse::<u64>().ok())
+        .unwrap_or(0);
+    let new_status = if !made && !failed {
+        let fail = |code: Code, message: &str| {
+            json!({"code": code as i32, "message": message, "status": "Failed",
+                   "observedGeneration": generation})
+        };
+        if name.starts_with("fail-exhausted-") {
+            fail(Code::ResourceExhausted, "group ssd has 0 bytes free")
+        } else if name.starts_with("fail-unavailable-") {
+            fail(Code::Unavailable, "node-a cannot be reached")
+        } else if name.starts_with("fail-internal-") {
+            fail(Code::Internal, "lvcreate failed: boom")
+        } else if name.starts_with("fail-invalid-") {
+            fail(Code::InvalidArgument, "no group named ssd")
+        } else {
+            json!({"volumeID": name, "code": 0, "status": "Success",
+                   "currentSize": size.to_string(), "deviceMajor": 253, "deviceMinor": 7,
+                   "observedGeneration": generation})
+        }
+    } else if made && size > current && status.observed_generation.unwrap_or(0) < generation {
+        if name.starts_with("nogrow-") {
+            json!({"code": Code::ResourceExhausted as i32, "message": "no room to grow",
+                   "observedGeneration": generation})
+        } else {
+            json!({"code": 0, "message": null, "currentSize": size.to_string(),
+                   "observedGeneration": generation})
+        }
+    } else {
+        return Ok(());
+    };
+    // One answer per generation, however many events arrive meanwhile.
+    let uid = lv.uid().unwrap_or_default();
+    if !record.claim(format!("acting/{name}/{uid}/{generation}")) {
+        return Ok(());
+    }
+    tokio::time::sleep(delay).await;
+    if !made && !failed && new_status["code"] == 0 {
+        // The real bridge notes where the device is.
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                PATH_ANNOTATION: format!("/dev/carina/{name}")}}})),
+        )
+        .await?;
+    }
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": new_status })),
+    )
+    .await?;
+    let what = if made { "grow" } else { "status" };
+    record.mark(format!("{what}/{name}"));
+    Ok(())
+}
+
+/// Publishes a node's capacity: one LVM group `ssd` with `free` bytes
+/// (4 MiB unit) and, on node-b, an HOST group `host` after it.
+async fn publish(client: &Client, node: &str, free: u64) -> Result<()> {
+    let api: Api<NodeStorageResource> = Api::all(client.clone());
+    let nsr = NodeStorageResource::new(
+        node,
+        NodeStorageResourceSpec {
+            node_name: node.into(),
+        },
+    );
+    api.create(&PostParams::default(), &nsr).await?;
+    let group = |name: &str, policy: &str, free: u64, unit: u64| DeviceGroupCapacity {
+        name: name.into(),
+        policy: policy.into(),
+        total_bytes: free,
+        free_bytes: free,
+        reserve_bytes: 0,
+        allocatable_bytes: free,
+        largest_allocatable_bytes: free,
+        allocation_unit_bytes: unit,
+        ..DeviceGroupCapacity::default()
+    };
+    let mut groups = vec![group("ssd", "LVM", free, 4 * MIB)];
+    if node == B {
+        groups.push(group("host", "HOST", 8 * GIB, 4096));
+    }
+    let status = NodeStorageResourceStatus {
+        groups,
+        ..NodeStorageResourceStatus::default()
+    };
+    api.patch_status(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The CSI Controller over a `KubeProvisioner`, on its own socket.
+struct Controller {
+    csi: Csi,
+    stop: Option<oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Controller {
+    async fn start(client: Client, strategy: Strategy, wait: Duration) -> Result<Controller> {
+        let provisioner = KubeProvisioner::new(
+            client,
+            KubeProvisionerConfig {
+                strategy,
+                wait_timeout: wait,
+            },
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("carina-kube-csi-")
+            .tempdir()?;
+        let sock = dir.path().join("csi.sock");
+        let listener = bind_unix(&format!("unix://{}", sock.display()))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(serve_controller(listener, Arc::new(provisioner), async {
+            let _ = stopped.await;
+        }));
+        let channel = unix_channel(sock).await?;
+        Ok(Controller {
+            csi: ControllerClient::new(channel),
+            stop: Some(stop),
+            _dir: dir,
+        })
+    }
+}
+
+fn mount_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(csi::volume_capability::MountVolume {
+            fs_type: "xfs".into(),
+            ..Default::default()
+        })),
+    }
+}
+
+fn create(name: &str, required: u64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap()],
+        ..Default::default()
+    }
+}
+
+fn with_params(
+    mut req: csi::CreateVolumeRequest,
+    pairs: &[(&str, &str)],
+) -> csi::CreateVolumeRequest {
+    req.parameters
+        .extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    req
+}
+
+fn on(node: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
+    }
+}
+
+async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
+    let name = req.name.clone();
+    csi.create_volume(req)
+        .await
+        .with_context(|| format!("CreateVolume {name}"))?
+        .into_inner()
+        .volume
+        .context("no volume")
+}
+
+async fn make_err(csi: &mut Csi, req: csi::CreateVolumeRequest) -> tonic::Status {
+    let name = req.name.clone();
+    match csi.create_volume(req).await {
+        Ok(v) => panic!("CreateVolume {name} succeeded: {:?}", v.into_inner()),
+        Err(s) => s,
+    }
+}
+
+fn node_of(v: &csi::Volume) -> &str {
+    v.volume_context
+        .get(context::NODE)
+        .map(String::as_str)
+        .unwrap_or_default()
+}
+
+/// Waits, by watch, until the `LogicVolume` `name` is gone.
+async fn await_gone(lvs: &Api<LogicVolume>, name: &str) -> Result<()> {
+    let gone =
+        kube::runtime::wait::await_condition(lvs.clone(), name, |o: Option<&LogicVolume>| {
+            o.is_none()
+        });
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .with_context(|| format!("LogicVolume {name} still there after 10 s"))??;
+    Ok(())
+}
+
+/// Installs, once per test binary, a subscriber with an OpenTelemetry
+/// layer, so spans have trace contexts to propagate.
+fn tracing_with_opentelemetry() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_provisioner_over_a_real_apiserver() -> Result<()> {
+    tracing_with_opentelemetry();
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    publish(&client, A, GIB).await?;
+    publish(&client, B, 2 * GIB).await?;
+    let record = Record::default();
+    let bridge = tokio::spawn(fake_bridge(client.clone(), record.clone()));
+
+    let mut spread =
+        Controller::start(client.clone(), Strategy::Spreadout, Duration::from_secs(20)).await?;
+    let mut pack =
+        Controller::start(client.clone(), Strategy::Binpack, Duration::from_secs(20)).await?;
+    let lvs: Api<LogicVolume> = Api::all(client.clone());
+
+    create_returns_when_the_status_is_written(&mut spread.csi, &lvs, &record).await?;
+    placement(&mut spread.csi, &mut pack.csi, &lvs).await?;
+    repeats_are_idempotent(&mut spread.csi).await?;
+    bridge_codes(&mut spread.csi, &lvs).await?;
+    deadline_then_retry(&client, &mut spread.csi, &lvs).await?;
+    delete_waits_for_the_finalizer(&mut spread.csi, &lvs, &record).await?;
+    expand_waits_for_current_size(&mut spread.csi, &record).await?;
+    lists_and_capacity(&mut spread.csi).await?;
+    concurrent_creates(&spread.csi).await?;
+
+    bridge.abort();
+    Ok(())
+}
+
+async fn create_returns_when_the_status_is_written(
+    csi: &mut Csi,
+    lvs: &Api<LogicVolume>,
+    record: &Record,
+) -> Result<()> {
+    let mut req = with_params(
+        create("pvc-timing", 10 * MIB),
+        &[
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "apps"),
+        ],
+    );
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![on(A), on(B)],
+        preferred: vec![on(A)],
+    });
+    // The caller's trace, as external-provisioner would send it.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut request = tonic::Request::new(req);
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-00f067aa0ba902b7-01").parse()?,
+    );
+    let start = Instant::now();
+    let v = csi
+        .create_volume(request)
+        .await
+        .context("CreateVolume pvc-timing")?
+        .into_inner()
+        .volume
+        .context("no volume")?;
+    let returned = Instant::now();
+    let written = record
+        .get("status/pvc-timing")
+        .context("the fake bridge wrote no status")?;
+    assert!(
+        returned.duration_since(start) >= BRIDGE_DELAY,
+        "CreateVolume returned before the bridge could have answered"
+    );
+    let lag = returned.duration_since(written);
+    assert!(
+        lag < PROMPT,
+        "CreateVolume returned {lag:?} after the status was written"
+    );
+    eprintln!("CreateVolume returned {lag:?} after the status was written");
+
+    assert_eq!(v.volume_id, "pvc-timing@node-a");
+    assert_eq!(
+        v.capacity_bytes,
+        (12 * MIB) as i64,
+        "rounded to the 4 MiB unit"
+    );
+    let ctx = &v.volume_context;
+    assert_eq!(ctx[context::NODE], A, "the preferred (selected) node");
+    assert_eq!(ctx[context::PATH], "/dev/carina/pvc-timing");
+    assert_eq!(ctx[context::MAJOR], "253");
+    assert_eq!(ctx[context::MINOR], "7");
+    assert_eq!(ctx[context::GROUP], "ssd");
+    assert_eq!(ctx[context::POLICY], "LVM");
+    assert_eq!(ctx[context::FS_TYPE], "xfs");
+    assert_eq!(
+        v.accessible_topology[0].segments[TOPOLOGY_KEY], A,
+        "pinned to its node"
+    );
+
+    let lv = lvs.get("pvc-timing").await?;
+    assert_eq!(lv.spec.node_name, A);
+    assert_eq!(
+        lv.spec.size.0,
+        (12 * MIB).to_string(),
+        "a plain byte quantity"
+    );
+    assert_eq!(lv.spec.device_group, "ssd");
+    assert_eq!(
+        (lv.spec.pvc.as_str(), lv.spec.name_space.as_str()),
+        ("data", "apps")
+    );
+    assert_eq!(lv.finalizers(), [LOGICVOLUME_FINALIZER.to_string()]);
+    let traceparent = lv
+        .annotations()
+        .get(TRACEPARENT_ANNOTATION)
+        .context("no traceparent annotation")?;
+    assert!(
+        traceparent.starts_with(&format!("00-{trace_id}-")),
+        "the caller's trace continues: {traceparent}"
+    );
+    Ok(())
+}
+
+async fn placement(spread: &mut Csi, pack: &mut Csi, lvs: &Api<LogicVolume>) -> Result<()> {
+    // Immediate binding: node-b has 2 GiB free, node-a 1 GiB.
+    let v = make(spread, create("pvc-spread", 100 * MIB)).await?;
+    assert_eq!(node_of(&v), B, "spreadout takes the emptiest node");
+    let v = make(pack, create("pvc-pack", 100 * MIB)).await?;
+    assert_eq!(node_of(&v), A, "binpack takes the fullest node that fits");
+    let v = make(pack, create("pvc-big", 1500 * MIB)).await?;
+    assert_eq!(node_of(&v), B, "only node-b has room");
+    // The group parameter, and the first suitable group for block access
+    // (node-b's HOST group cannot serve it; its LVM group comes first anyway).
+    let v = make(
+        pack,
+        with_params(
+            create("pvc-host", MIB + 1),
+            &[(carina_csi::params::DISK_GROUP, "host")],
+        ),
+    )
+    .await?;
+    assert_eq!(
+        (node_of(&v), v.volume_context[context::GROUP].as_str()),
+        (B, "host")
+    );
+    assert_eq!(
+        v.capacity_bytes,
+        (MIB + 4096) as i64,
+        "rounded to the group's 4 KiB unit"
+    );
+    assert_eq!(v.volume_context[context::POLICY], "HOST");
+    assert!(
+        !v.volume_context.contains_key(context::MAJOR),
+        "a directory has no device numbers"
+    );
+
+    // WaitForFirstConsumer: the selected node even where the strategy
+    // would choose another.
+    let mut req = create("pvc-selected", 10 * MIB);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![on(A), on(B)],
+        preferred: vec![on(A), on(B)],
+    });
+    assert_eq!(node_of(&make(spread, req).await?), A);
+    // A selected node without room: RESOURCE_EXHAUSTED (external-provisioner
+    // then reschedules), not a volume elsewhere.
+    let mut req = create("pvc-no-room", 1800 * MIB);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![on(A), on(B)],
+        preferred: vec![on(A)],
+    });
+    let s = make_err(spread, req).await;
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert!(
+        lvs.get_opt("pvc-no-room").await?.is_none(),
+        "nothing created"
+    );
+    // A selected node that has not published capacity yet takes the volume
+    // when the request names the group; sizes round to 1 MiB.
+    let mut req = with_params(
+        create("pvc-unpublished", 10 * MIB + 1),
+        &[(carina_csi::params::DISK_GROUP, "ssd")],
+    );
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![on("node-c")],
+        preferred: vec![on("node-c")],
+    });
+    let v = make(spread, req).await?;
+    assert_eq!(
+        (node_of(&v), v.capacity_bytes),
+        ("node-c", (11 * MIB) as i64)
+    );
+    let mut req = create("pvc-unpublished-nogroup", 10 * MIB);
+    req.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![on("node-c")],
+        preferred: vec![on("node-c")],
+    });
+    let s = make_err(spread, req).await;
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+
+    // Refused before anything is written.
+    let s = make_err(
+        spread,
+        with_params(
+            create("pvc-nogroup", MIB),
+            &[(carina_csi::params::DISK_GROUP, "nvme")],
+        ),
+    )
+    .await;
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    let s = make_err(spread, create("pvc-huge", 9 * GIB)).await;
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    for name in ["pvc-nogroup", "pvc-huge"] {
+        assert!(lvs.get_opt(name).await?.is_none(), "{name} created");
+    }
+    Ok(())
+}
+
+async fn repeats_are_idempotent(csi: &mut Csi) -> Result<()> {
+    let first = make(csi, create("pvc-again", 10 * MIB)).await?;
+    let start = Instant::now();
+    let again = make(csi, create("pvc-again", 10 * MIB)).await?;
+    assert!(
+        start.elapsed() < PROMPT,
+        "a made volume is returned at once"
+    );
+    assert_eq!(again, first);
+    // 12 MiB were made: a range that holds it is the same volume.
+    let mut within = create("pvc-again", 11 * MIB);
+    within.capacity_range = Some(csi::CapacityRange {
+        required_bytes: (11 * MIB) as i64,
+        limit_bytes: (12 * MIB) as i64,
+    });
+    assert_eq!(make(csi, within).await?.volume_id, first.volume_id);
+    let s = make_err(csi, create("pvc-again", 20 * MIB)).await;
+    assert_eq!(s.code(), Code::AlreadyExists, "{s:?}");
+    let s = make_err(
+        csi,
+        with_params(
+            create("pvc-again", 10 * MIB),
+            &[(carina_csi::params::DISK_GROUP, "host")],
+        ),
+    )
+    .await;
+    assert_eq!(s.code(), Code::AlreadyExists, "{s:?}");
+    // A CSI name that is no object name maps to the same hashed object.
+    let odd = "Volume Of Sanity";
+    let v1 = make(csi, create(odd, MIB)).await?;
+    let v2 = make(csi, create(odd, MIB)).await?;
+    assert_eq!(v1.volume_id, v2.volume_id);
+    assert!(v1.volume_id.starts_with("csi-"), "{}", v1.volume_id);
+    Ok(())
+}
+
+async fn bridge_codes(csi: &mut Csi, lvs: &Api<LogicVolume>) -> Result<()> {
+    for (name, code, text) in [
+        ("fail-exhausted-1", Code::ResourceExhausted, "0 bytes free"),
+        (
+            "fail-invalid-1",
+            Code::InvalidArgument,
+            "no group named ssd",
+        ),
+        ("fail-internal-1", Code::Internal, "lvcreate failed: boom"),
+        ("fail-unavailable-1", Code::Unavailable, "cannot be reached"),
+    ] {
+        let s = make_err(csi, create(name, 10 * MIB)).await;
+        assert_eq!(s.code(), code, "{name}: {s:?}");
+        assert!(s.message().contains(text), "{name}: {s:?}");
+    }
+    // A final failure removes its object (after the bridge released it),
+    // so a retry starts over; a retryable one leaves it to the bridge.
+    await_gone(lvs, "fail-exhausted-1").await?;
+    assert!(lvs.get_opt("fail-unavailable-1").await?.is_some());
+    // The retry of a final failure fails the same way, afresh.
+    let s = make_err(csi, create("fail-exhausted-1", 10 * MIB)).await;
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    Ok(())
+}
+
+async fn deadline_then_retry(client: &Client, csi: &mut Csi, lvs: &Api<LogicVolume>) -> Result<()> {
+    let mut short =
+        Controller::start(client.clone(), Strategy::Spreadout, Duration::from_secs(1)).await?;
+    let start = Instant::now();
+    let s = make_err(&mut short.csi, create("silent-1", 10 * MIB)).await;
+    assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+    assert!(start.elapsed() >= Duration::from_secs(1));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(lvs.get_opt("silent-1").await?.is_some(), "the object stays");
+
+    let s = make_err(&mut short.csi, create("slow-1", 10 * MIB)).await;
+    assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+    // The bridge gets to it; the retry finds the object and waits for it.
+    let retry = {
+        let mut csi = csi.clone();
+        tokio::spawn(async move { make(&mut csi, create("slow-1", 10 * MIB)).await })
+    };
+    lvs.patch(
+        "slow-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {GO_ANNOTATION: "1"}}})),
+    )
+    .await?;
+    let v = retry.await??;
+    assert_eq!(v.volume_id, format!("slow-1@{B}"));
+    let count = lvs
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter(|lv| lv.name_any() == "slow-1")
+        .count();
+    assert_eq!(count, 1);
+    Ok(())
+}
+
+async fn delete_waits_for_the_finalizer(
+    csi: &mut Csi,
+    lvs: &Api<LogicVolume>,
+    record: &Record,
+) -> Result<()> {
+    let v = make(csi, create("pvc-delete", 10 * MIB)).await?;
+    let start = Instant::now();
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let returned = Instant::now();
+    let released = record
+        .get("gone/pvc-delete")
+        .context("the fake bridge never removed the finalizer")?;
+    assert!(
+        returned.duration_since(start) >= BRIDGE_DELAY,
+        "DeleteVolume did not wait"
+    );
+    assert!(
+        returned.duration_since(released) < PROMPT,
+        "{:?}",
+        returned.duration_since(released)
+    );
+    assert!(lvs.get_opt("pvc-delete").await?.is_none());
+    // Deleting again, or a volume that never was, or an id naming another
+    // node: nothing to do.
+    for id in [
+        v.volume_id.clone(),
+        "nothing@node-a".into(),
+        "pvc-again@node-a".into(),
+        "Bad Name@node-a".into(),
+    ] {
+        csi.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("DeleteVolume {id}"))?;
+    }
+    assert!(
+        lvs.get_opt("pvc-again").await?.is_some(),
+        "pvc-again lives on node-b"
+    );
+    Ok(())
+}
+
+async fn expand_waits_for_current_size(csi: &mut Csi, record: &Record) -> Result<()> {
+    let v = make(csi, create("pvc-grow", 10 * MIB)).await?;
+    let expand = |id: &str, bytes: u64| csi::ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(mount_cap()),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let r = csi
+        .controller_expand_volume(expand(&v.volume_id, 30 * MIB))
+        .await?
+        .into_inner();
+    let returned = Instant::now();
+    assert_eq!(r.capacity_bytes, (32 * MIB) as i64, "rounded to the unit");
+    assert!(r.node_expansion_required);
+    let grown = record.get("grow/pvc-grow").context("never grown")?;
+    assert!(returned.duration_since(start) >= BRIDGE_DELAY);
+    assert!(returned.duration_since(grown) < PROMPT);
+    // Smaller than it is: nothing to do.
+    let r = csi
+        .controller_expand_volume(expand(&v.volume_id, 20 * MIB))
+        .await?
+        .into_inner();
+    assert_eq!(r.capacity_bytes, (32 * MIB) as i64);
+
+    let v = make(csi, create("nogrow-1", 10 * MIB)).await?;
+    let s = csi
+        .controller_expand_volume(expand(&v.volume_id, 40 * MIB))
+        .await
+        .expect_err("no room");
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    let s = csi
+        .controller_expand_volume(expand("missing@node-a", 40 * MIB))
+        .await
+        .expect_err("missing");
+    assert_eq!(s.code(), Code::NotFound, "{s:?}");
+    Ok(())
+}
+
+async fn lists_and_capacity(csi: &mut Csi) -> Result<()> {
+    let listed = csi
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await?
+        .into_inner();
+    let ids: Vec<String> = listed
+        .entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone()))
+        .collect();
+    for want in ["pvc-timing@node-a", "pvc-spread@node-b", "pvc-pack@node-a"] {
+        assert!(ids.contains(&want.to_string()), "{want} not in {ids:?}");
+    }
+    for never_made in ["silent-1", "fail-unavailable-1"] {
+        assert!(!ids.iter().any(|id| id.starts_with(never_made)), "{ids:?}");
+    }
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted);
+
+    let capacity = |topology: Option<csi::Topology>, group: Option<&str>| csi::GetCapacityRequest {
+        accessible_topology: topology,
+        parameters: group
+            .map(|g| HashMap::from([(carina_csi::params::DISK_GROUP.to_string(), g.to_string())]))
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    let all = csi
+        .get_capacity(capacity(None, Some("ssd")))
+        .await?
+        .into_inner();
+    assert_eq!(all.available_capacity, (3 * GIB) as i64, "as published");
+    assert_eq!(all.maximum_volume_size, Some((2 * GIB) as i64));
+    let a = csi
+        .get_capacity(capacity(Some(on(A)), None))
+        .await?
+        .into_inner();
+    assert_eq!(a.available_capacity, GIB as i64);
+    let b = csi
+        .get_capacity(capacity(Some(on(B)), None))
+        .await?
+        .into_inner();
+    assert_eq!(b.available_capacity, (10 * GIB) as i64, "ssd and host");
+    Ok(())
+}
+
+async fn concurrent_creates(csi: &Csi) -> Result<()> {
+    let start = Instant::now();
+    let creates = (0..20).map(|i| {
+        let mut csi = csi.clone();
+        tokio::spawn(async move { make(&mut csi, create(&format!("many-{i}"), 10 * MIB)).await })
+    });
+    let made = futures::future::try_join_all(creates).await?;
+    let took = start.elapsed();
+    for v in made {
+        v?;
+    }
+    // One after another they would take 20 × MANY_DELAY.
+    assert!(took < 5 * MANY_DELAY, "20 creates took {took:?}");
+    eprintln!("20 concurrent creates took {took:?}");
+    Ok(())
+}
+
+fn lease_config(name: &str, identity: &str) -> LeaseConfig {
+    LeaseConfig {
+        lease_duration: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(250),
+        ..LeaseConfig::new("kube-system", name, identity)
+    }
+}
+
+/// A candidate running in its own task.
+struct Candidate {
+    leading: watch::Receiver<bool>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Candidate {
+    fn start(client: &Client, lease: &str, identity: &str) -> Result<Candidate> {
+        let elector = LeaderElector::new(client.clone(), lease_config(lease, identity))?;
+        let (tx, leading) = watch::channel(false);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            elector
+                .run(tx, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Candidate {
+            leading,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    async fn until_leading(&mut self, within: Duration) -> Result<()> {
+        tokio::time::timeout(within, self.leading.wait_for(|l| *l))
+            .await
+            .context("not leading in time")??;
+        Ok(())
+    }
+}
+
+async fn holder(leases: &Api<Lease>, name: &str) -> Result<(Option<String>, i32)> {
+    let spec = leases.get(name).await?.spec.context("a lease spec")?;
+    Ok((spec.holder_identity, spec.lease_transitions.unwrap_or(0)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_and_a_bounded_takeover() -> Result<()> {
+    let cluster = KubeCluster::start().await?;
+    let client = cluster.client();
+    let name = unique("carina-controller");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let lease_duration = lease_config(&name, "x").lease_duration;
+
+    let mut a = Candidate::start(&client, &name, "replica-a")?;
+    a.until_leading(Duration::from_secs(5)).await?;
+    let mut b = Candidate::start(&client, &name, "replica-b")?;
+    // b watches a renew for longer than a lease lasts and never leads.
+    let mut b_led = b.leading.clone();
+    let b_never = tokio::time::timeout(
+        lease_duration + Duration::from_secs(1),
+        b_led.wait_for(|l| *l),
+    )
+    .await;
+    assert!(b_never.is_err(), "two leaders");
+    assert!(*a.leading.borrow());
+    let lease = leases.get(&name).await?.spec.context("spec")?;
+    assert_eq!(lease.holder_identity.as_deref(), Some("replica-a"));
+    assert_eq!(lease.lease_duration_seconds, Some(4));
+    assert!(lease.acquire_time.is_some() && lease.renew_time.is_some());
+    assert_eq!(lease.lease_transitions, Some(0));
+
+    // a crashes: no release. b takes over once the lease has expired.
+    a.task.abort();
+    let crashed = Instant::now();
+    b.until_leading(lease_duration + Duration::from_secs(3))
+        .await?;
+    let took = crashed.elapsed();
+    assert!(
+        took >= lease_duration - Duration::from_millis(500),
+        "b took the lease {took:?} after a stopped renewing, before it expired"
+    );
+    eprintln!("takeover after a crash: {took:?}");
+    assert_eq!(holder(&leases, &name).await?, (Some("replica-b".into()), 1));
+
+    // a comes back as a standby; b shuts down and releases: a takes over
+    // at its next retry, long before the lease would expire.
+    let mut a = Candidate::start(&client, &name, "replica-a")?;
+    let mut a_led = a.leading.clone();
+    let a_waits = tokio::time::timeout(Duration::from_secs(1), a_led.wait_for(|l| *l)).await;
+    assert!(a_waits.is_err(), "a led while b held the lease");
+    let stepped_down = Instant::now();
+    let _ = b.stop.take().map(|s| s.send(()));
+    tokio::time::timeout(Duration::from_secs(5), &mut b.task).await??;
+    assert!(!*b.leading.borrow(), "b published that it stopped leading");
+    a.until_leading(Duration::from_secs(3)).await?;
+    let took = stepped_down.elapsed();
+    assert!(
+        took < lease_duration,
+        "a waited for expiry ({took:?}) despite the release"
+    );
+    assert_eq!(holder(&leases, &name).await?, (Some("replica-a".into()), 2));
+
+    let _ = a.stop.take().map(|s| s.send(()));
+    tokio::time::timeout(Duration::from_secs(5), &mut a.task).await??;
+    let (holder_now, _) = holder(&leases, &name).await?;
+    assert_eq!(holder_now, None, "released on shutdown");
+    Ok(())
+}
