@@ -18,6 +18,7 @@
 //! - Whole-disk RAW volumes carry the annotation [`EXCLUSIVE_ANNOTATION`]
 //!   = `"true"`.
 
+pub mod endpoints;
 pub mod leader;
 pub mod naming;
 pub mod provisioner;
