@@ -18,6 +18,9 @@
 //! - Whole-disk RAW volumes carry the annotation [`EXCLUSIVE_ANNOTATION`]
 //!   = `"true"`.
 
+pub mod bridge;
+pub mod capacity;
+pub mod config_push;
 pub mod endpoints;
 pub mod leader;
 pub mod naming;
