@@ -27,7 +27,8 @@
 //! the requested group, exclusivity, an accessible node) is returned once
 //! made, or waited for while in progress; one that does not fit is
 //! `ALREADY_EXISTS`. A create that failed for good (any code but
-//! `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`) deletes its object, so a
+//! `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`, `CANCELLED`, which the
+//! bridge retries) deletes its object, so a
 //! retry (e.g. after rescheduling to another node) places the volume anew;
 //! a retry that finds such an object on its way out waits until it is gone.
 //!
@@ -76,6 +77,7 @@ use kube::{Client, ResourceExt};
 use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use super::bridge::quantity_bytes;
 use super::{EXCLUSIVE_ANNOTATION, naming};
 use crate::crd::{
     DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, LogicVolumeStatus,
@@ -482,7 +484,7 @@ fn code_name(code: i32) -> &'static str {
 fn retryable(code: Code) -> bool {
     matches!(
         code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted
+        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled
     )
 }
 
@@ -586,7 +588,7 @@ fn subtract_pending(nodes: &mut [(NodeSpec, Vec<pb::GroupCapacity>)], lvs: &[Log
         if !pending {
             continue;
         }
-        let Some(size) = quantity_bytes(&lv.spec.size) else {
+        let Some(size) = bytes(&lv.spec.size) else {
             continue;
         };
         let group = nodes
@@ -690,8 +692,8 @@ fn current_bytes(lv: &LogicVolume) -> Option<u64> {
     lv.status
         .as_ref()
         .and_then(|s| s.current_size.as_ref())
-        .and_then(quantity_bytes)
-        .or_else(|| quantity_bytes(&lv.spec.size))
+        .and_then(bytes)
+        .or_else(|| bytes(&lv.spec.size))
 }
 
 /// The control plane's view of a made volume.
@@ -894,7 +896,7 @@ impl Provisioner for KubeProvisioner {
                 return Some(Err(not_found()));
             };
             let status = lv.status.clone().unwrap_or_default();
-            let size = status.current_size.as_ref().and_then(quantity_bytes);
+            let size = status.current_size.as_ref().and_then(bytes);
             if let Some(size) = size.filter(|s| *s >= range.required_bytes) {
                 return Some(Ok(size));
             }
@@ -1029,56 +1031,9 @@ impl KubeProvisioner {
     }
 }
 
-/// Bytes in a Kubernetes quantity (`1073741824`, `10Gi`, `1G`, `1.5Mi`,
-/// `1e3`), rounded up to a whole byte as Kubernetes does. `None` for a
-/// malformed or negative quantity, or one above `u64::MAX`.
-pub fn quantity_bytes(q: &Quantity) -> Option<u64> {
-    let s = q.0.trim();
-    let s = s.strip_prefix('+').unwrap_or(s);
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(end);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
-        return None;
-    }
-    let digits = format!("{whole}{fraction}");
-    if digits.len() > 30 {
-        return None;
-    }
-    let mantissa: u128 = digits.parse().ok()?;
-    let ten = |e: u32| 10u128.checked_pow(e);
-    let (mul, div): (u128, u128) = match suffix {
-        "" => (1, 1),
-        "Ki" => (1 << 10, 1),
-        "Mi" => (1 << 20, 1),
-        "Gi" => (1 << 30, 1),
-        "Ti" => (1 << 40, 1),
-        "Pi" => (1 << 50, 1),
-        "Ei" => (1 << 60, 1),
-        "n" => (1, ten(9)?),
-        "u" => (1, ten(6)?),
-        "m" => (1, ten(3)?),
-        "k" => (ten(3)?, 1),
-        "M" => (ten(6)?, 1),
-        "G" => (ten(9)?, 1),
-        "T" => (ten(12)?, 1),
-        "P" => (ten(15)?, 1),
-        "E" => (ten(18)?, 1),
-        exp if exp.starts_with(['e', 'E']) => {
-            let e: i32 = exp[1..].parse().ok()?;
-            if e >= 0 {
-                (ten(u32::try_from(e).ok()?)?, 1)
-            } else {
-                (1, ten(e.unsigned_abs())?)
-            }
-        }
-        _ => return None,
-    };
-    let div = div.checked_mul(ten(u32::try_from(fraction.len()).ok()?)?)?;
-    let value = mantissa.checked_mul(mul)?.div_ceil(div);
-    u64::try_from(value).ok()
+/// Bytes in a quantity; `None` when it is not a byte count.
+fn bytes(q: &Quantity) -> Option<u64> {
+    quantity_bytes(q).ok()
 }
 
 #[cfg(test)]
@@ -1089,28 +1044,6 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const MIB: u64 = 1 << 20;
-
-    fn q(s: &str) -> Option<u64> {
-        quantity_bytes(&Quantity(s.into()))
-    }
-
-    #[test]
-    fn quantities() {
-        assert_eq!(q("1073741824"), Some(1 << 30));
-        assert_eq!(q("10Gi"), Some(10 << 30));
-        assert_eq!(q("1G"), Some(1_000_000_000));
-        assert_eq!(q("1.5Mi"), Some(3 * MIB / 2));
-        assert_eq!(q("1e3"), Some(1000));
-        assert_eq!(q("1E"), Some(1_000_000_000_000_000_000));
-        assert_eq!(q("+5k"), Some(5000));
-        assert_eq!(q("1500m"), Some(2), "fractions round up");
-        assert_eq!(q("0.1"), Some(1));
-        assert_eq!(q(".5Ki"), Some(512));
-        assert_eq!(q("0"), Some(0));
-        for bad in ["", "-1", "Gi", "1.2.3", "1Xi", "1e", "16Ei", "1e400", "abc"] {
-            assert_eq!(q(bad), None, "{bad}");
-        }
-    }
 
     fn request(required: u64) -> VolumeRequest {
         VolumeRequest {
