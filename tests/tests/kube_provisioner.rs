@@ -9,8 +9,11 @@
 //! waiting for `currentSize`; 20 creates running concurrently. And Lease
 //! leader election: one of two candidates leads, the other takes over
 //! after the first crashes (bounded by the lease duration) or steps down.
+//! And the `carina-controller --mode kube` binary: two replicas, one
+//! Lease, CSI served by both, the lease handed over on SIGTERM.
 //!
-//! Needs etcd and kube-apiserver from `tests/tools/build.sh etcd kube`.
+//! Needs etcd and kube-apiserver from `tests/tools/build.sh etcd kube`,
+//! and `cargo build --bins` for the binary.
 
 use std::collections::HashMap;
 use std::pin::pin;
@@ -33,8 +36,11 @@ use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_proto::devcerts::{DevCa, Validity};
+use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
 use carina_tests::grpc::unix_channel;
 use carina_tests::kube::KubeCluster;
+use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
 use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -969,5 +975,122 @@ async fn one_leader_and_a_bounded_takeover() -> Result<()> {
     tokio::time::timeout(Duration::from_secs(5), &mut a.task).await??;
     let (holder_now, _) = holder(&leases, &name).await?;
     assert_eq!(holder_now, None, "released on shutdown");
+    Ok(())
+}
+
+/// Waits, by watch, until the Lease `name` is held by `who`.
+async fn await_holder(leases: &Api<Lease>, name: &str, who: &str, within: Duration) -> Result<()> {
+    let held = kube::runtime::wait::await_condition(leases.clone(), name, |l: Option<&Lease>| {
+        l.and_then(|l| l.spec.as_ref())
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(who)
+    });
+    tokio::time::timeout(within, held)
+        .await
+        .with_context(|| format!("Lease {name} not held by {who} within {within:?}"))??;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn carina_controller_in_kube_mode() -> Result<()> {
+    let bin = workspace_binary("carina-controller")?;
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    let dir = tempfile::Builder::new()
+        .prefix("carina-kube-ctl-")
+        .tempdir()?;
+    let ca = DevCa::new("carina kube mode CA", Validity::days(1))?;
+    let cert = ca.issue_client(DEFAULT_TRUST_DOMAIN, "controller", Validity::days(1))?;
+    let write = |name: &str, text: &str| -> Result<String> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text)?;
+        Ok(path.display().to_string())
+    };
+    let (ca_pem, cert_pem, key_pem) = (
+        write("ca.pem", ca.cert_pem())?,
+        write("controller.pem", &cert.cert_pem)?,
+        write("controller-key.pem", &cert.key_pem)?,
+    );
+    let lease = unique("carina-controller");
+    let lease_duration = Duration::from_secs(10);
+    let replica = |identity: &str| -> Result<(ChildGuard, std::path::PathBuf)> {
+        let sock = dir.path().join(format!("{identity}.sock"));
+        let args: Vec<String> = [
+            "--mode",
+            "kube",
+            "--kubeconfig",
+            &cluster.kubeconfig_path().display().to_string(),
+            "--csi-endpoint",
+            &sock.display().to_string(),
+            "--tls-ca",
+            &ca_pem,
+            "--tls-cert",
+            &cert_pem,
+            "--tls-key",
+            &key_pem,
+            "--lease-name",
+            &lease,
+            "--identity",
+            identity,
+            "--lease-duration-secs",
+            "10",
+            "--renew-deadline-secs",
+            "5",
+            "--retry-period-secs",
+            "1",
+            "--shutdown-grace-secs",
+            "5",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let log = cluster.log_dir().join(format!("{identity}.log"));
+        let mut child = ChildGuard::spawn(identity, &bin, &args, &[("RUST_LOG", "info")], &log)?;
+        tokio::task::block_in_place(|| wait_for_path(&sock, &mut child, Duration::from_secs(30)))?;
+        Ok((child, sock))
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+
+    let (mut a, a_sock) = replica("replica-a")?;
+    await_holder(&leases, &lease, "replica-a", Duration::from_secs(15)).await?;
+    let (mut b, b_sock) = replica("replica-b")?;
+
+    // The standby serves CSI too, through KubeProvisioner: no node has
+    // published capacity, so a create is UNAVAILABLE and writes nothing.
+    let mut csi = ControllerClient::new(unix_channel(b_sock).await?);
+    let listed = csi
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await?
+        .into_inner();
+    assert!(listed.entries.is_empty());
+    let s = make_err(&mut csi, create("pvc-nowhere", MIB)).await;
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    let lvs: Api<LogicVolume> = Api::all(client.clone());
+    assert!(lvs.get_opt("pvc-nowhere").await?.is_none());
+    assert_eq!(
+        holder(&leases, &lease).await?,
+        (Some("replica-a".into()), 0)
+    );
+
+    // SIGTERM: a stops its work, releases the lease and removes its socket;
+    // b takes over at its next retry, not after the lease expires.
+    let stopped = Instant::now();
+    tokio::task::block_in_place(|| a.stop(Duration::from_secs(20)));
+    assert!(!a_sock.exists(), "the socket is removed on shutdown");
+    await_holder(&leases, &lease, "replica-b", lease_duration).await?;
+    let took = stopped.elapsed();
+    assert!(
+        took < lease_duration,
+        "b waited {took:?}: the lease was not released"
+    );
+    eprintln!("kube mode: lease handed over {took:?} after SIGTERM");
+    b.check_running()?;
+    tokio::task::block_in_place(|| b.stop(Duration::from_secs(20)));
+    assert_eq!(
+        holder(&leases, &lease).await?.0,
+        None,
+        "released on shutdown"
+    );
     Ok(())
 }
