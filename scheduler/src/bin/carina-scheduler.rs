@@ -1,0 +1,130 @@
+//! `carina-scheduler`: the kube-scheduler HTTP extender. Watches the
+//! cluster (claims, volumes, classes, `NodeStorageResource`s,
+//! `LogicVolume`s, pods), serves `/filter` and `/prioritize` from that
+//! cache, `/healthz`, and `/readyz` once the cache has listed everything.
+//!
+//! Usually a sidecar of kube-scheduler, reached on loopback (see
+//! `deploy/scheduler/`). Every flag has an environment fallback. SIGTERM
+//! or SIGINT stops it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use carina_scheduler::cache::Cache;
+use carina_scheduler::{Extender, Strategy, server};
+use clap::Parser;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "carina-scheduler",
+    version,
+    about = "Carina kube-scheduler extender"
+)]
+struct Args {
+    /// Address to serve the extender on.
+    #[arg(
+        long,
+        env = "CARINA_SCHEDULER_LISTEN",
+        default_value = "127.0.0.1:8099"
+    )]
+    listen: String,
+
+    /// Kubeconfig file; without it the in-cluster configuration (or the
+    /// usual kubeconfig discovery) is used.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    /// How to rank nodes that fit: binpack prefers the fullest node,
+    /// spreadout the emptiest (Carina's schedulerStrategy).
+    #[arg(long, env = "CARINA_SCHEDULER_STRATEGY", default_value = "spreadout")]
+    strategy: Strategy,
+
+    /// Longest wait, in milliseconds, for the node chosen for the previous
+    /// pod to show in the cache before answering the next pod.
+    #[arg(
+        long,
+        env = "CARINA_SCHEDULER_SETTLE_TIMEOUT_MS",
+        default_value_t = 2000
+    )]
+    settle_timeout_ms: u64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let _telemetry = carina_proto::telemetry::init("carina-scheduler")?;
+    if let Err(e) = run(args).await {
+        tracing::error!(error = format!("{e:#}"), "carina-scheduler failed");
+        return Err(e);
+    }
+    Ok(())
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("read --kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .context("--kubeconfig to a client configuration")?
+        }
+        None => Config::infer()
+            .await
+            .context("no --kubeconfig, and neither in-cluster nor default kubeconfig works")?,
+    };
+    Client::try_from(config).context("build the Kubernetes client")
+}
+
+async fn run(args: Args) -> Result<()> {
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let cache = Arc::new(Cache::start(client));
+    let extender = Arc::new(Extender::new(
+        cache.clone(),
+        args.strategy,
+        Duration::from_millis(args.settle_timeout_ms),
+    ));
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        strategy = %args.strategy,
+        "carina-scheduler serving /filter and /prioritize"
+    );
+    tokio::spawn({
+        let cache = cache.clone();
+        async move {
+            cache.wait_synced().await;
+            tracing::info!("caches synced: ready");
+        }
+    });
+    server::serve(listener, extender, async {
+        let signal = wait_for_signal().await;
+        tracing::info!(signal, "received signal: stopping");
+    })
+    .await;
+    tracing::info!("carina-scheduler exits");
+    Ok(())
+}
+
+/// The name of the first SIGTERM or SIGINT.
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the extender");
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
