@@ -50,9 +50,10 @@
 //!
 //! **Context** of a volume: `carina.storage.io/node`, `/disk-group-name`,
 //! `/major` and `/minor` (block volumes), `/policy` (when the node's
-//! `NodeStorageResource` names the group's policy), `/path` (the
-//! [`PATH_ANNOTATION`] the bridge writes), and `csi.storage.k8s.io/fstype`
-//! from the request.
+//! `NodeStorageResource` names the group's policy), `/path` (when the
+//! object carries [`PATH_ANNOTATION`]; the bridge does not record the
+//! device path yet, and nothing on the node side needs it), and
+//! `csi.storage.k8s.io/fstype` from the request.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
@@ -93,9 +94,10 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// published (the node rounds further to its own unit).
 pub const FALLBACK_UNIT: u64 = 1 << 20;
 
-/// Annotation the bridge puts on a made `LogicVolume`: the device path (or
-/// the directory of a HOST volume) on the node, for the volume context's
-/// `carina.storage.io/path`.
+/// Annotation on a made `LogicVolume` naming the device path (or the
+/// directory of a HOST volume) on the node, for the volume context's
+/// `carina.storage.io/path`. Read when present; the bridge does not write
+/// it yet.
 pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
 
 /// `csi.storage.k8s.io/pvc/name`, which external-provisioner adds with
