@@ -13,8 +13,9 @@
 //!   [`crate::filter::decide`]. Failing nodes go to
 //!   `FailedAndUnresolvableNodes`: evicting pods frees no local storage,
 //!   so preemption would not help.
-//! - An object missing from the cache (a claim just created) or caches not
-//!   synced yet: `Error`, and kube-scheduler retries the pod shortly.
+//! - An object missing from the cache (a claim just created) is waited
+//!   for briefly ([`UNKNOWN_WAIT`]); still missing, or caches not synced
+//!   yet: `Error`, and kube-scheduler retries the pod after a backoff.
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -31,6 +32,10 @@ use crate::request::{Collected, PodRequest, collect};
 use crate::reservations::Reservations;
 use crate::score;
 use crate::settle::Settle;
+
+/// How long `/filter` waits for an object missing from the cache before
+/// answering `Error`.
+pub const UNKNOWN_WAIT: Duration = Duration::from_millis(500);
 
 /// A request body that is not what kube-scheduler sends.
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +131,7 @@ impl<O: Objects + ?Sized> Extender<O> {
                 ..ExtenderFilterResult::default()
             }));
         }
-        let req = match collect(pod, &*self.objects) {
+        let req = match self.collect_waiting(pod).await {
             Collected::NotCarina => return Ok(to_json(&everyone())),
             Collected::Unknown(why) => {
                 tracing::debug!(pod = %pod.key(), why, "filter: retry later");
@@ -201,6 +206,26 @@ impl<O: Objects + ?Sized> Extender<O> {
         );
         tracing::debug!(pod = %pod.key(), scores = ?list, "prioritize");
         Ok(to_json(&list))
+    }
+
+    /// [`collect`], waiting up to [`UNKNOWN_WAIT`] for objects the cache
+    /// lacks: a pod is often scheduled within milliseconds of its claim's
+    /// creation, and an `Error` would cost it a backoff of a second or
+    /// more.
+    async fn collect_waiting(&self, pod: &crate::extender::Pod) -> Collected {
+        let deadline = tokio::time::Instant::now() + UNKNOWN_WAIT;
+        let mut changes = self.objects.changes();
+        loop {
+            changes.borrow_and_update();
+            let collected = collect(pod, &*self.objects);
+            if !matches!(collected, Collected::Unknown(_)) {
+                return collected;
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return collected },
+                () = tokio::time::sleep_until(deadline) => return collected,
+            }
+        }
     }
 
     /// The verdicts for the request's candidates.
