@@ -1,0 +1,649 @@
+//! The scheduler extender with a real kube-scheduler: etcd and
+//! kube-apiserver from the harness, kube-scheduler configured with the
+//! extender entry of `deploy/scheduler/scheduler-config.yaml` (its
+//! `urlPrefix` pointed at this process), and `carina-scheduler` running
+//! in-process on its informer cache.
+//!
+//! The test writes what the rest of Carina would: schedulable Nodes
+//! (Ready, allocatable, no taints; there are no kubelets) and their
+//! `NodeStorageResource`s with different capacities. A small stand-in for
+//! external-provisioner + `KubeProvisioner` (no nodes run here) does what
+//! they do once kube-scheduler has written `volume.kubernetes.io/selected-node`
+//! on a claim: a `LogicVolume` on that node (no status: the bridge never
+//! makes it, so it stays in flight, which the records never show), a PV
+//! on the node, and the claim bound to it — so kube-scheduler's
+//! VolumeBinding PreBind completes and pods get `spec.nodeName`.
+//!
+//! 1. binpack: a 10 GiB pod lands on the node with the least room (a).
+//! 2. A burst of 30 pods (10 GiB each) onto three nodes with room for
+//!    3 + 3 + 4: exactly 10 are placed, no node takes more than it holds,
+//!    the other 20 stay Pending, with the in-flight volumes in their
+//!    reason, and stay so.
+//! 3. spreadout (extender and kube-scheduler restarted): a 10 GiB pod
+//!    lands on the node with the most room (c); a pod using the claim
+//!    bound on a lands on a; a pod without claims is scheduled as usual;
+//!    a 400 GiB pod stays Pending and its FailedScheduling event carries
+//!    the extender's reasons.
+//!
+//! Needs etcd and the Kubernetes binaries from `tests/tools/build.sh etcd kube`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use carina_controlplane::crd::{
+    DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResource,
+    NodeStorageResourceSpec, NodeStorageResourceStatus, capacity_key,
+};
+use carina_scheduler::cache::Cache;
+use carina_scheduler::{Extender, Strategy, server};
+use carina_tests::kube::{Component, KubeCluster};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{
+    Container, Event, Namespace, Node, NodeCondition, NodeStatus, PersistentVolume,
+    PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const GIB: u64 = 1 << 30;
+const WAIT: Duration = Duration::from_secs(90);
+const DRIVER: &str = "carina.storage.io";
+const TOPOLOGY_KEY: &str = "topology.carina.storage.io/node";
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+const FIELD_MANAGER: &str = "carina-tests";
+
+/// The extender serving on loopback; stopped on drop.
+struct RunningExtender {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningExtender {
+    async fn start(client: Client, strategy: Strategy) -> Result<RunningExtender> {
+        let cache = Arc::new(Cache::start(client));
+        tokio::time::timeout(WAIT, cache.wait_synced())
+            .await
+            .context("extender caches not synced")?;
+        let extender = Arc::new(Extender::new(cache, strategy, Duration::from_secs(2)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(listener, extender, async {
+            let _ = stopped.await;
+        }));
+        Ok(RunningExtender {
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// The extender entry of the checked-in configuration, pointed here.
+    fn config(&self) -> Result<Value> {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/scheduler/scheduler-config.yaml");
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let doc: Value = serde_yaml::from_str(&text)?;
+        let mut entry = doc["extenders"][0].clone();
+        if entry["nodeCacheCapable"] != true || entry["ignorable"] != false {
+            bail!("unexpected extender entry: {entry}");
+        }
+        entry["urlPrefix"] = format!("http://{}", self.addr).into();
+        Ok(entry)
+    }
+}
+
+impl Drop for RunningExtender {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.abort();
+    }
+}
+
+/// An extender and the kube-scheduler that calls it.
+struct Scheduling {
+    kube_scheduler: Component,
+    _extender: RunningExtender,
+}
+
+async fn start_scheduling(cluster: &KubeCluster, strategy: Strategy) -> Result<Scheduling> {
+    let extender = RunningExtender::start(cluster.client(), strategy).await?;
+    let kube_scheduler = cluster.start_scheduler(&[extender.config()?]).await?;
+    Ok(Scheduling {
+        kube_scheduler,
+        _extender: extender,
+    })
+}
+
+/// A schedulable Node without a kubelet; its topology label is the one
+/// Carina's node plugin registers.
+async fn add_node(client: &Client, name: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+                (TOPOLOGY_KEY.to_string(), name.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    nodes.create(&PostParams::default(), &node).await?;
+    let resources = BTreeMap::from([
+        ("cpu".to_string(), Quantity("32".into())),
+        ("memory".to_string(), Quantity("64Gi".into())),
+        ("pods".to_string(), Quantity("110".into())),
+    ]);
+    let status = NodeStatus {
+        capacity: Some(resources.clone()),
+        allocatable: Some(resources),
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            ..NodeCondition::default()
+        }]),
+        ..NodeStatus::default()
+    };
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "status": status})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The node's capacity record: one LVM group with `allocatable` bytes.
+async fn publish_capacity(
+    client: &Client,
+    node: &str,
+    group: &str,
+    allocatable: u64,
+) -> Result<()> {
+    let api: Api<NodeStorageResource> = Api::all(client.clone());
+    api.create(
+        &PostParams::default(),
+        &NodeStorageResource::new(
+            node,
+            NodeStorageResourceSpec {
+                node_name: node.into(),
+            },
+        ),
+    )
+    .await?;
+    let status = NodeStorageResourceStatus {
+        sync_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        capacity: BTreeMap::from([(
+            capacity_key(group),
+            Quantity((2 * allocatable / GIB).to_string()),
+        )]),
+        allocatable: BTreeMap::from([(
+            capacity_key(group),
+            Quantity((allocatable / GIB).to_string()),
+        )]),
+        groups: vec![DeviceGroupCapacity {
+            name: group.into(),
+            policy: "LVM".into(),
+            total_bytes: 2 * allocatable,
+            free_bytes: allocatable,
+            reserve_bytes: 0,
+            allocatable_bytes: allocatable,
+            largest_allocatable_bytes: allocatable,
+            allocation_unit_bytes: 4 << 20,
+            ..DeviceGroupCapacity::default()
+        }],
+        ..NodeStorageResourceStatus::default()
+    };
+    api.patch_status(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn add_class(client: &Client, name: &str, group: &str) -> Result<()> {
+    let class = StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        provisioner: DRIVER.into(),
+        parameters: Some(BTreeMap::from([(
+            "carina.storage.io/disk-group-name".to_string(),
+            group.to_string(),
+        )])),
+        volume_binding_mode: Some("WaitForFirstConsumer".into()),
+        ..StorageClass::default()
+    };
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    Ok(())
+}
+
+async fn add_namespace(client: &Client, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+fn claim(namespace: &str, name: &str, class: &str, size: &str) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": class,
+            "resources": {"requests": {"storage": size}},
+        },
+    }))
+    .expect("a valid claim")
+}
+
+fn pod(namespace: &str, name: &str, claims: &[&str]) -> Pod {
+    let volumes: Vec<Value> = claims
+        .iter()
+        .map(|c| json!({"name": c, "persistentVolumeClaim": {"claimName": c}}))
+        .collect();
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace, "labels": {"test": "carina"}},
+        "spec": {"volumes": volumes},
+    }))
+    .expect("a valid pod");
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers = vec![Container {
+            name: "app".into(),
+            image: Some("registry.k8s.io/pause:3.10".into()),
+            ..Container::default()
+        }];
+    }
+    pod
+}
+
+/// A claim and a pod using it.
+async fn pod_with_claim(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    class: &str,
+    size: &str,
+) -> Result<()> {
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &claim(ns, name, class, size))
+        .await?;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod(ns, name, &[name]))
+        .await?;
+    Ok(())
+}
+
+/// Waits (by watch) until the pod has a node; returns it.
+async fn scheduled_node(client: &Client, ns: &str, name: &str) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = tokio::time::timeout(
+        WAIT,
+        await_condition(pods, name, |p: Option<&Pod>| node_of(p).is_some()),
+    )
+    .await
+    .with_context(|| format!("pod {ns}/{name} not scheduled within {WAIT:?}"))??
+    .context("pod deleted")?;
+    node_of(Some(&pod)).context("no node")
+}
+
+fn node_of(p: Option<&Pod>) -> Option<String> {
+    p.and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.node_name.clone())
+        .filter(|n| !n.is_empty())
+}
+
+fn unschedulable(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+        })
+}
+
+/// The first FailedScheduling event of the pod whose message contains
+/// `part`, by watch.
+async fn failed_scheduling(client: &Client, ns: &str, name: &str, part: &str) -> Result<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let config = watcher::Config::default().fields(&format!(
+        "involvedObject.name={name},reason=FailedScheduling"
+    ));
+    let stream = watcher(events, config).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    let found = tokio::time::timeout(WAIT, async {
+        while let Some(e) = stream.try_next().await? {
+            let message = e.message.unwrap_or_default();
+            if message.contains(part) {
+                return Ok(message);
+            }
+        }
+        bail!("event stream ended")
+    })
+    .await
+    .with_context(|| format!("no FailedScheduling event for {ns}/{name} with {part:?}"))??;
+    Ok(found)
+}
+
+/// Stands in for external-provisioner and KubeProvisioner: a claim of a
+/// Carina class with a selected node gets a `LogicVolume` there (left
+/// without status), a PV on that node, and is bound to it.
+fn provision_selected_claims(client: Client) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
+        let stream = watcher(claims, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let Ok(pvc) = event else { continue };
+            if let Err(e) = provision(&client, &pvc).await {
+                eprintln!("stand-in provisioner: {}: {e:#}", pvc.name_any());
+            }
+        }
+    })
+}
+
+async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
+    let Some(node) = pvc.annotations().get(SELECTED_NODE).cloned() else {
+        return Ok(());
+    };
+    let spec = pvc.spec.clone().unwrap_or_default();
+    if spec.volume_name.is_some() {
+        return Ok(());
+    }
+    let ns = pvc.namespace().unwrap_or_default();
+    let class = spec.storage_class_name.clone().unwrap_or_default();
+    let group = match class.as_str() {
+        "carina-ssd" => "ssd",
+        "carina-burst" => "burst",
+        _ => return Ok(()),
+    };
+    let size = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .cloned()
+        .context("no size")?;
+    let uid = pvc.uid().context("no uid")?;
+    let volume = format!("pvc-{uid}");
+    let lv = LogicVolume::new(
+        &volume,
+        LogicVolumeSpec {
+            node_name: node.clone(),
+            size: size.clone(),
+            device_group: group.into(),
+            pvc: pvc.name_any(),
+            name_space: ns.clone(),
+        },
+    );
+    ignore_exists(
+        Api::<LogicVolume>::all(client.clone())
+            .create(&PostParams::default(), &lv)
+            .await,
+    )?;
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": class,
+            "claimRef": {"namespace": ns, "name": pvc.name_any(), "uid": uid},
+            "csi": {"driver": DRIVER, "volumeHandle": volume,
+                    "volumeAttributes": {"carina.storage.io/node": node}},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}]}]}},
+        },
+    }))?;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    ignore_exists(pvs.create(&PostParams::default(), &pv).await)?;
+    pvs.patch_status(
+        &volume,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+    )
+    .await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    claims
+        .patch(
+            &pvc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {
+                    "pv.kubernetes.io/bind-completed": "yes",
+                    "pv.kubernetes.io/bound-by-controller": "yes"}},
+                "spec": {"volumeName": volume},
+            })),
+        )
+        .await?;
+    claims
+        .patch_status(
+            &pvc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Bound",
+                "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+fn ignore_exists<T>(r: kube::Result<T>) -> Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test]
+async fn kube_scheduler_places_pods_where_carina_volumes_fit() -> Result<()> {
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    for (node, gib) in [("node-a", 100), ("node-b", 200), ("node-c", 300)] {
+        add_node(&client, node).await?;
+        publish_capacity(&client, node, "ssd", gib * GIB).await?;
+    }
+    // Room for 3, 3 and 4 volumes of 10 GiB, in a group only they have.
+    let burst_nodes = [("node-d", 35), ("node-e", 35), ("node-f", 45)];
+    for (node, gib) in burst_nodes {
+        add_node(&client, node).await?;
+        publish_capacity(&client, node, "burst", gib * GIB).await?;
+    }
+    add_class(&client, "carina-ssd", "ssd").await?;
+    add_class(&client, "carina-burst", "burst").await?;
+    add_namespace(&client, "apps").await?;
+    add_namespace(&client, "burst").await?;
+    let provisioner = provision_selected_claims(client.clone());
+
+    // 1. binpack: the node with the least room that fits.
+    let mut binpack = start_scheduling(&cluster, Strategy::Binpack).await?;
+    pod_with_claim(&client, "apps", "packed", "carina-ssd", "10Gi").await?;
+    assert_eq!(scheduled_node(&client, "apps", "packed").await?, "node-a");
+    let packed = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "apps")
+        .get("packed")
+        .await?;
+    assert_eq!(
+        packed.annotations().get(SELECTED_NODE).map(String::as_str),
+        Some("node-a")
+    );
+
+    // 2. The burst.
+    burst(&client, &burst_nodes).await?;
+    binpack.kube_scheduler.check_running()?;
+    drop(binpack);
+
+    // 3. spreadout: the node with the most room.
+    let mut spread = start_scheduling(&cluster, Strategy::Spreadout).await?;
+    pod_with_claim(&client, "apps", "spread", "carina-ssd", "10Gi").await?;
+    assert_eq!(scheduled_node(&client, "apps", "spread").await?, "node-c");
+    // A second pod of the bound claim goes where its volume is.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
+    pods.create(
+        &PostParams::default(),
+        &pod("apps", "packed-again", &["packed"]),
+    )
+    .await?;
+    assert_eq!(
+        scheduled_node(&client, "apps", "packed-again").await?,
+        "node-a"
+    );
+    // A pod without claims passes the extender untouched.
+    pods.create(&PostParams::default(), &pod("apps", "plain", &[]))
+        .await?;
+    scheduled_node(&client, "apps", "plain").await?;
+    // Too large for every node: Pending, with the extender's reasons.
+    pod_with_claim(&client, "apps", "huge", "carina-ssd", "400Gi").await?;
+    let message = failed_scheduling(&client, "apps", "huge", "needs 400.0 GiB").await?;
+    for part in [
+        "device group \"ssd\" has 90.0 GiB allocatable after 10.0 GiB in flight, claim apps/huge needs 400.0 GiB",
+        "device group \"ssd\" has 200.0 GiB allocatable, claim apps/huge needs 400.0 GiB",
+        "the node has no device group \"ssd\"",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+    assert_eq!(node_of(Some(&pods.get("huge").await?)), None);
+    spread.kube_scheduler.check_running()?;
+    drop(spread);
+    provisioner.abort();
+    Ok(())
+}
+
+/// 30 pods of 10 GiB each onto nodes with room for `nodes` (GiB each):
+/// exactly as many as fit are placed, never more per node, the rest stay
+/// Pending.
+async fn burst(client: &Client, nodes: &[(&str, u64)]) -> Result<()> {
+    const PODS: usize = 30;
+    let fit: HashMap<&str, usize> = nodes
+        .iter()
+        .map(|(n, gib)| (*n, (*gib / 10) as usize))
+        .collect();
+    let total: usize = fit.values().sum();
+    assert_eq!(total, 10);
+    let creates = (0..PODS).map(|i| {
+        let client = client.clone();
+        async move {
+            pod_with_claim(
+                &client,
+                "burst",
+                &format!("b{i:02}"),
+                "carina-burst",
+                "10Gi",
+            )
+            .await
+        }
+    });
+    futures::future::try_join_all(creates).await?;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "burst");
+    let stream = watcher(pods.clone(), watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    let mut placed: HashMap<String, String> = HashMap::new();
+    let mut pending: HashMap<String, bool> = HashMap::new();
+    let settled = tokio::time::timeout(WAIT * 2, async {
+        while let Some(p) = stream.try_next().await? {
+            let name = p.name_any();
+            match node_of(Some(&p)) {
+                Some(node) => {
+                    pending.remove(&name);
+                    placed.insert(name, node);
+                }
+                None => {
+                    pending.insert(name, unschedulable(&p));
+                }
+            }
+            let refused = pending.values().filter(|u| **u).count();
+            if placed.len() + refused == PODS {
+                return Ok::<_, anyhow::Error>(());
+            }
+        }
+        bail!("pod stream ended")
+    })
+    .await;
+    settled.with_context(|| {
+        format!(
+            "burst not settled: {} placed, pending {pending:?}",
+            placed.len()
+        )
+    })??;
+    // Held for a while: nothing more gets placed (retries are refused).
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(p) = stream.try_next().await? {
+            if let Some(node) = node_of(Some(&p)) {
+                placed.insert(p.name_any(), node);
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+    .await;
+
+    let mut per_node: HashMap<&str, usize> = HashMap::new();
+    for node in placed.values() {
+        *per_node.entry(node.as_str()).or_default() += 1;
+    }
+    for (node, count) in &per_node {
+        let room = fit.get(node).copied().unwrap_or(0);
+        assert!(
+            *count <= room,
+            "{node} took {count} pods, holds {room}: {per_node:?}"
+        );
+    }
+    assert_eq!(placed.len(), total, "placed: {per_node:?}");
+    // The in-flight volumes: never more than a node holds.
+    let lvs = Api::<LogicVolume>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    for (node, room) in &fit {
+        let on_node = lvs
+            .items
+            .iter()
+            .filter(|lv| lv.spec.node_name == *node && lv.spec.device_group == "burst")
+            .count();
+        assert!(
+            on_node <= *room,
+            "{node}: {on_node} volumes, room for {room}"
+        );
+    }
+    let refused = pods
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|p| node_of(Some(p)).is_none())
+        .context("a pending pod")?;
+    failed_scheduling(client, "burst", &refused.name_any(), "in flight").await?;
+    Ok(())
+}
