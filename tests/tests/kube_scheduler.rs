@@ -53,6 +53,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -114,6 +115,38 @@ impl Drop for RunningExtender {
         }
         self.task.abort();
     }
+}
+
+fn deploy_file(name: &str) -> Result<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/scheduler")
+        .join(name);
+    std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+}
+
+/// `deploy/scheduler/scheduler-config.yaml`.
+fn checked_in_config() -> Result<Value> {
+    Ok(serde_yaml::from_str(&deploy_file("scheduler-config.yaml")?)?)
+}
+
+#[test]
+fn the_deployment_embeds_the_checked_in_configuration() -> Result<()> {
+    let config = checked_in_config()?;
+    assert_eq!(config["kind"], "KubeSchedulerConfiguration");
+    assert_eq!(config["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    let text = deploy_file("deployment.yaml")?;
+    let mut embedded = None;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc)?;
+        if v["kind"] == "ConfigMap" {
+            let inner = v["data"]["scheduler-config.yaml"]
+                .as_str()
+                .context("the ConfigMap holds scheduler-config.yaml")?;
+            embedded = Some(serde_yaml::from_str::<Value>(inner)?);
+        }
+    }
+    assert_eq!(embedded.context("a ConfigMap")?, config);
+    Ok(())
 }
 
 /// An extender and the kube-scheduler that calls it.
