@@ -126,7 +126,9 @@ fn deploy_file(name: &str) -> Result<String> {
 
 /// `deploy/scheduler/scheduler-config.yaml`.
 fn checked_in_config() -> Result<Value> {
-    Ok(serde_yaml::from_str(&deploy_file("scheduler-config.yaml")?)?)
+    Ok(serde_yaml::from_str(&deploy_file(
+        "scheduler-config.yaml",
+    )?)?)
 }
 
 #[test]
