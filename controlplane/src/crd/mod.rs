@@ -7,6 +7,7 @@
 
 pub mod logicvolume;
 pub mod nodestorageresource;
+pub mod quantity;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -34,6 +35,11 @@ pub const TRACEPARENT_ANNOTATION: &str = "carina.storage.io/traceparent";
 /// Annotation on a Node (or a `LogicVolume`) naming the node's `NodeStorage`
 /// endpoint (`host:port`), overriding the Node's `InternalIP`.
 pub const NODE_ENDPOINT_ANNOTATION: &str = "carina.storage.io/node-endpoint";
+
+/// Annotation on a `LogicVolume`: where the volume is on its node (the
+/// device of a block volume, the directory of a HOST volume), written by
+/// the bridge; it becomes the volume context's `carina.storage.io/path`.
+pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
 
 /// Prefix of the keys of `NodeStorageResource.status.capacity` and
 /// `.allocatable`.

@@ -47,7 +47,6 @@ use carina_proto::code_name;
 use carina_proto::nodestorage as pb;
 use carina_proto::tls::{ClientTls, TlsError};
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
@@ -246,112 +245,8 @@ impl Error {
     }
 }
 
-/// Errors of parsing a Kubernetes quantity as a byte count.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QuantityError {
-    #[error("{0:?} is not a Kubernetes quantity")]
-    Syntax(String),
-    #[error("{0:?} is negative")]
-    Negative(String),
-    #[error("{0:?} is more bytes than a volume can have (2^63-1)")]
-    TooLarge(String),
-}
-
-/// A quantity (`10Gi`, `1073741824`, `1.5G`, `5e9`) as whole bytes,
-/// rounded up. At most `2^63-1`, like a Kubernetes int64 quantity.
-pub fn quantity_bytes(q: &Quantity) -> Result<u64, QuantityError> {
-    let text = q.0.trim();
-    let syntax = || QuantityError::Syntax(q.0.clone());
-    let too_large = || QuantityError::TooLarge(q.0.clone());
-    let (negative, unsigned) = match text.as_bytes().first() {
-        Some(b'-') => (true, &text[1..]),
-        Some(b'+') => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let split = unsigned
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(unsigned.len());
-    let (number, suffix) = unsigned.split_at(split);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
-        return Err(syntax());
-    }
-    let mut mantissa: u128 = 0;
-    for digit in whole.bytes().chain(fraction.bytes()) {
-        mantissa = mantissa
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u128::from(digit - b'0')))
-            .ok_or_else(too_large)?;
-    }
-    let (binary_shift, decimal_exp): (u32, i64) = match suffix {
-        "" => (0, 0),
-        "Ki" => (10, 0),
-        "Mi" => (20, 0),
-        "Gi" => (30, 0),
-        "Ti" => (40, 0),
-        "Pi" => (50, 0),
-        "Ei" => (60, 0),
-        "m" => (0, -3),
-        "k" => (0, 3),
-        "M" => (0, 6),
-        "G" => (0, 9),
-        "T" => (0, 12),
-        "P" => (0, 15),
-        "E" => (0, 18),
-        exp if exp.starts_with(['e', 'E']) => {
-            let e: i64 = exp[1..].parse().map_err(|_| syntax())?;
-            (0, e)
-        }
-        _ => return Err(syntax()),
-    };
-    if negative && mantissa != 0 {
-        return Err(QuantityError::Negative(q.0.clone()));
-    }
-    let value = mantissa
-        .checked_mul(1u128 << binary_shift)
-        .ok_or_else(too_large)?;
-    let exp = decimal_exp - i64::try_from(fraction.len()).map_err(|_| syntax())?;
-    let bytes = if exp >= 0 {
-        let scale = u32::try_from(exp)
-            .ok()
-            .and_then(|e| 10u128.checked_pow(e))
-            .ok_or_else(too_large)?;
-        if value == 0 {
-            0
-        } else {
-            value.checked_mul(scale).ok_or_else(too_large)?
-        }
-    } else {
-        match u32::try_from(-exp).ok().and_then(|e| 10u128.checked_pow(e)) {
-            Some(scale) => value.div_ceil(scale),
-            // Smaller than any byte count but zero.
-            None => u128::from(value != 0),
-        }
-    };
-    let max = u128::from(i64::MAX.unsigned_abs());
-    if bytes > max {
-        return Err(too_large());
-    }
-    u64::try_from(bytes).map_err(|_| too_large())
-}
-
-/// `bytes` as a quantity, with the largest binary suffix that is exact
-/// (`1Gi`, `1536Mi`, `4097`).
-pub fn bytes_quantity(bytes: u64) -> Quantity {
-    for (shift, suffix) in [
-        (60, "Ei"),
-        (50, "Pi"),
-        (40, "Ti"),
-        (30, "Gi"),
-        (20, "Mi"),
-        (10, "Ki"),
-    ] {
-        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
-            return Quantity(format!("{}{suffix}", bytes >> shift));
-        }
-    }
-    Quantity(bytes.to_string())
-}
+use crate::crd::PATH_ANNOTATION;
+pub use crate::crd::quantity::{QuantityError, bytes_quantity, quantity_bytes};
 
 /// Now, to the second (what the API stores).
 pub(crate) fn now() -> Time {
@@ -467,6 +362,26 @@ impl Context {
         };
         if let Err(e) = self.recorder.publish(&event, &lv.object_ref(&())).await {
             tracing::warn!(volume.name = %lv.name_any(), error = %e, "publishing an Event failed");
+        }
+    }
+
+    /// Records where the volume is on its node (`carina.storage.io/path`,
+    /// Carina's PV attribute) as an annotation of the object.
+    async fn write_path(&self, name: &str, path: &str) -> Result<(), Error> {
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {PATH_ANNOTATION: path}},
+        });
+        match self
+            .lvs
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(source) => Err(Error::Status {
+                name: name.to_string(),
+                source,
+            }),
         }
     }
 
@@ -725,6 +640,16 @@ async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
         )],
         observed_generation: lv.metadata.generation,
     };
+    // The path goes on the object before the status that tells the
+    // provisioner the volume is ready, so its volume context has it.
+    let path = if block {
+        &volume.device_path
+    } else {
+        &volume.host_path
+    };
+    if !path.is_empty() && lv.annotations().get(PATH_ANNOTATION) != Some(path) {
+        ctx.write_path(&name, path).await?;
+    }
     ctx.write_status(&name, &status).await?;
     let (reason, what) = match op {
         Op::Create => ("Created", "created"),
@@ -921,65 +846,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn q(s: &str) -> Result<u64, QuantityError> {
-        quantity_bytes(&Quantity(s.into()))
-    }
-
-    #[test]
-    fn quantities_in_bytes() {
-        let cases = [
-            ("10Gi", 10 << 30),
-            ("1073741824", 1 << 30),
-            ("1Ki", 1024),
-            ("1.5Gi", 3 << 29),
-            ("1G", 1_000_000_000),
-            ("1.5k", 1500),
-            ("5e3", 5000),
-            ("5E3", 5000),
-            ("1E", 1_000_000_000_000_000_000),
-            ("0.1", 1),
-            ("1500m", 2),
-            ("1m", 1),
-            ("0", 0),
-            ("-0", 0),
-            ("+7", 7),
-            (".5Ki", 512),
-            ("7Ei", 7 << 60),
-            (" 3Mi ", 3 << 20),
-            ("1e-40", 1),
-        ];
-        for (text, want) in cases {
-            assert_eq!(q(text), Ok(want), "{text}");
-        }
-    }
-
-    #[test]
-    fn bad_quantities() {
-        for text in ["", "Gi", "1.2.3", "1Gib", "1gi", "1e", "1x", "--1", "."] {
-            assert!(matches!(q(text), Err(QuantityError::Syntax(_))), "{text}");
-        }
-        assert!(matches!(q("-1Gi"), Err(QuantityError::Negative(_))));
-        for text in ["8Ei", "1e19", "99999999999999999999999999999999999999999"] {
-            assert!(matches!(q(text), Err(QuantityError::TooLarge(_))), "{text}");
-        }
-    }
-
-    #[test]
-    fn byte_counts_as_quantities_round_trip() {
-        for (bytes, text) in [
-            (0, "0"),
-            (4097, "4097"),
-            (1024, "1Ki"),
-            (10 << 30, "10Gi"),
-            (1536 << 20, "1536Mi"),
-            (1 << 60, "1Ei"),
-        ] {
-            let quantity = bytes_quantity(bytes);
-            assert_eq!(quantity.0, text);
-            assert_eq!(quantity_bytes(&quantity), Ok(bytes));
-        }
-    }
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {

@@ -51,9 +51,9 @@
 //! **Context** of a volume: `carina.storage.io/node`, `/disk-group-name`,
 //! `/major` and `/minor` (block volumes), `/policy` (when the node's
 //! `NodeStorageResource` names the group's policy), `/path` (when the
-//! object carries [`PATH_ANNOTATION`]; the bridge does not record the
-//! device path yet, and nothing on the node side needs it), and
-//! `csi.storage.k8s.io/fstype` from the request.
+//! object carries [`PATH_ANNOTATION`], which the bridge writes before the
+//! status that marks the volume ready), and `csi.storage.k8s.io/fstype`
+//! from the request.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
@@ -78,8 +78,8 @@ use kube::{Client, ResourceExt};
 use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::bridge::quantity_bytes;
 use super::{EXCLUSIVE_ANNOTATION, naming};
+use crate::crd::quantity::quantity_bytes;
 use crate::crd::{
     DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, LogicVolumeStatus,
     NodeStorageResource, TRACEPARENT_ANNOTATION,
@@ -94,11 +94,7 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// published (the node rounds further to its own unit).
 pub const FALLBACK_UNIT: u64 = 1 << 20;
 
-/// Annotation on a made `LogicVolume` naming the device path (or the
-/// directory of a HOST volume) on the node, for the volume context's
-/// `carina.storage.io/path`. Read when present; the bridge does not write
-/// it yet.
-pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
+pub use crate::crd::PATH_ANNOTATION;
 
 /// `csi.storage.k8s.io/pvc/name`, which external-provisioner adds with
 /// `--extra-create-metadata`.
@@ -221,6 +217,14 @@ impl KubeProvisioner {
     /// The capacity of every node that published its groups, with the
     /// volumes asked for but not yet made subtracted.
     async fn node_capacities(&self) -> Result<Vec<(NodeSpec, Vec<pb::GroupCapacity>)>, CsiError> {
+        self.node_capacities_where(|_| true).await
+    }
+
+    /// [`Self::node_capacities`] of the records `keep` accepts.
+    async fn node_capacities_where(
+        &self,
+        keep: impl Fn(&NodeStorageResource) -> bool,
+    ) -> Result<Vec<(NodeSpec, Vec<pb::GroupCapacity>)>, CsiError> {
         let nsrs = self
             .nsrs
             .list(&ListParams::default())
@@ -234,6 +238,7 @@ impl KubeProvisioner {
         let mut nodes: Vec<(NodeSpec, Vec<pb::GroupCapacity>)> = nsrs
             .items
             .iter()
+            .filter(|nsr| keep(nsr))
             .filter_map(|nsr| {
                 let groups = &nsr.status.as_ref()?.groups;
                 (!groups.is_empty()).then(|| {
@@ -266,8 +271,15 @@ impl KubeProvisioner {
     /// Where a new volume goes: node, group, size, and the group's policy
     /// when known.
     async fn place(&self, req: &VolumeRequest) -> Result<Target, CsiError> {
-        let nodes = self.node_capacities().await?;
         let pinned = pinned_node(req);
+        // A node the capacity publisher cannot reach (Stale) is no choice
+        // for a new volume; a volume pinned to it (its pod is there) still
+        // goes there, and the bridge retries until the node is back.
+        let nodes = if pinned.is_some() {
+            self.node_capacities().await?
+        } else {
+            self.node_capacities_where(|nsr| !is_stale(nsr)).await?
+        };
         let pinned_published = pinned
             .as_deref()
             .is_some_and(|p| nodes.iter().any(|(n, _)| n.name == p));
@@ -523,6 +535,16 @@ fn fs_type(req: &VolumeRequest) -> Option<FsType> {
     } else {
         req.parameters.fs_type
     }
+}
+
+/// True if the capacity publisher marked the record stale (its node is
+/// unreachable).
+fn is_stale(nsr: &NodeStorageResource) -> bool {
+    nsr.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == super::capacity::STALE && c.status == "True")
+    })
 }
 
 /// The node a `NodeStorageResource` describes.
@@ -1041,6 +1063,31 @@ fn bytes(q: &Quantity) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_records_are_recognised() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let condition = |type_: &str, status: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "Test".into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        };
+        let mut nsr = NodeStorageResource::new("n", Default::default());
+        assert!(!is_stale(&nsr), "no status: not stale");
+        nsr.status = Some(crate::crd::NodeStorageResourceStatus {
+            conditions: vec![condition("Ready", "True"), condition("Stale", "False")],
+            ..Default::default()
+        });
+        assert!(!is_stale(&nsr));
+        nsr.status = Some(crate::crd::NodeStorageResourceStatus {
+            conditions: vec![condition("Stale", "True")],
+            ..Default::default()
+        });
+        assert!(is_stale(&nsr));
+    }
     use carina_csi::Accessibility;
     use carina_csi::params::Parameters;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
