@@ -120,12 +120,13 @@ pub struct ExtenderFilterResult<'a> {
 }
 
 /// `NodeNames` of a filter result: the request's own text echoed, or a
-/// list.
+/// list (owned or borrowed).
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum NodeNames<'a> {
     Echo(&'a RawValue),
     List(Vec<String>),
+    Borrowed(Vec<&'a str>),
 }
 
 /// One node's score (`HostPriority`).

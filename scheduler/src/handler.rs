@@ -30,7 +30,7 @@ use crate::filter::{Decision, decide};
 use crate::objects::Objects;
 use crate::request::{Collected, PodRequest, collect};
 use crate::reservations::Reservations;
-use crate::score;
+use crate::score::{self, Basis};
 use crate::settle::Settle;
 
 /// How long `/filter` waits for an object missing from the cache before
@@ -54,7 +54,19 @@ pub struct Extender<O: ?Sized> {
     strategy: Strategy,
     settle: Settle,
     reservations: Mutex<Option<(u64, Arc<Reservations>)>>,
+    /// The nodes the last `/filter` passed: kube-scheduler asks
+    /// `/prioritize` for the same pod and nodes right after.
+    last: Mutex<Option<Passed>>,
     objects: Arc<O>,
+}
+
+/// The nodes a `/filter` passed, for the `/prioritize` that follows.
+#[derive(Debug)]
+struct Passed {
+    uid: String,
+    /// The objects' change counter the decision was made at.
+    generation: u64,
+    nodes: Arc<Vec<(String, Basis)>>,
 }
 
 /// A node's published status, kept alive by its object.
@@ -88,6 +100,7 @@ impl<O: Objects + ?Sized> Extender<O> {
             strategy,
             settle: Settle::new(settle_timeout),
             reservations: Mutex::new(None),
+            last: Mutex::new(None),
             objects,
         }
     }
@@ -162,7 +175,7 @@ impl<O: Objects + ?Sized> Extender<O> {
                 .wait_for_others(&pod.metadata.uid, &*self.objects)
                 .await;
         }
-        let decision = self.decide(&args, &req).map_err(BadRequest::NodeNames)?;
+        let (generation, decision) = self.decide(&args, &req).map_err(BadRequest::NodeNames)?;
         if !decision.passed.is_empty() {
             self.settle
                 .record(pod, req.awaiting_node.clone(), &*self.objects);
@@ -173,14 +186,21 @@ impl<O: Objects + ?Sized> Extender<O> {
             failed = decision.failed.len(),
             "filter"
         );
-        let passed: Vec<String> = decision.passed.into_iter().map(|(n, _)| n).collect();
+        let Decision { passed, failed } = decision;
+        let passed = Arc::new(passed);
+        *lock(&self.last) = Some(Passed {
+            uid: pod.metadata.uid.clone(),
+            generation,
+            nodes: passed.clone(),
+        });
+        let names: Vec<&str> = passed.iter().map(|(n, _)| n.as_str()).collect();
         Ok(to_json(&ExtenderFilterResult {
             nodes: args
                 .nodes
                 .as_ref()
-                .map(|l| l.retain_names(|n| passed.iter().any(|p| p == n))),
-            node_names: args.node_names.map(|_| NodeNames::List(passed)),
-            failed_and_unresolvable_nodes: decision.failed,
+                .map(|l| l.retain_names(|n| names.contains(&n))),
+            node_names: args.node_names.map(|_| NodeNames::Borrowed(names.clone())),
+            failed_and_unresolvable_nodes: failed,
             ..ExtenderFilterResult::default()
         }))
     }
@@ -199,11 +219,16 @@ impl<O: Objects + ?Sized> Extender<O> {
         let Collected::Request(req) = collect(pod, &*self.objects) else {
             return none();
         };
-        let decision = self.decide(&args, &req).map_err(BadRequest::NodeNames)?;
-        let list = score::prioritize(
-            self.strategy,
-            decision.passed.iter().map(|(n, b)| (n.as_str(), *b)),
-        );
+        let passed = match self.recall(&pod.metadata.uid, &args) {
+            Some(nodes) => nodes,
+            None => Arc::new(
+                self.decide(&args, &req)
+                    .map_err(BadRequest::NodeNames)?
+                    .1
+                    .passed,
+            ),
+        };
+        let list = score::prioritize(self.strategy, passed.iter().map(|(n, b)| (n.as_str(), *b)));
         tracing::debug!(pod = %pod.key(), scores = ?list, "prioritize");
         Ok(to_json(&list))
     }
@@ -228,12 +253,39 @@ impl<O: Objects + ?Sized> Extender<O> {
         }
     }
 
-    /// The verdicts for the request's candidates.
+    /// The last `/filter`'s passing nodes, if they were decided for this
+    /// pod on the objects as they are now and are exactly the candidates
+    /// asked about (kube-scheduler keeps the order).
+    fn recall(&self, uid: &str, args: &ExtenderArgs<'_>) -> Option<Arc<Vec<(String, Basis)>>> {
+        let nodes = {
+            let last = lock(&self.last);
+            let last = last.as_ref()?;
+            if last.uid != uid || last.generation != self.generation() {
+                return None;
+            }
+            last.nodes.clone()
+        };
+        let candidates = args.candidates().ok()?;
+        let same = candidates.len() == nodes.len()
+            && candidates
+                .iter()
+                .zip(nodes.iter())
+                .all(|(c, (n, _))| c.as_ref() == n.as_str());
+        same.then_some(nodes)
+    }
+
+    fn generation(&self) -> u64 {
+        *self.objects.changes().borrow()
+    }
+
+    /// The verdicts for the request's candidates, and the objects' change
+    /// counter they were decided at.
     fn decide(
         &self,
         args: &ExtenderArgs<'_>,
         req: &PodRequest,
-    ) -> Result<Decision, serde_json::Error> {
+    ) -> Result<(u64, Decision), serde_json::Error> {
+        let generation = self.generation();
         let candidates = args.candidates()?;
         let reservations = if req.volumes.is_empty() {
             Arc::new(Reservations::default())
@@ -241,24 +293,27 @@ impl<O: Objects + ?Sized> Extender<O> {
             self.reservations()
         };
         let objects = &*self.objects;
-        Ok(decide(
-            req,
-            candidates.iter().map(|c| c.as_ref()),
-            |node| {
-                objects
-                    .node_storage(node)
-                    .filter(|n| n.status.is_some())
-                    .map(Status)
-            },
-            |node| reservations.on(node),
+        Ok((
+            generation,
+            decide(
+                req,
+                candidates.iter().map(|c| c.as_ref()),
+                |node| {
+                    objects
+                        .node_storage(node)
+                        .filter(|n| n.status.is_some())
+                        .map(Status)
+                },
+                |node| reservations.on(node),
+            ),
         ))
     }
 
     /// The reservations of the objects as they are now; computed again
     /// only after a change.
     fn reservations(&self) -> Arc<Reservations> {
-        let generation = *self.objects.changes().borrow();
-        let mut cached = self.reservations.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = self.generation();
+        let mut cached = lock(&self.reservations);
         if let Some((g, r)) = cached.as_ref()
             && *g == generation
         {
@@ -268,6 +323,11 @@ impl<O: Objects + ?Sized> Extender<O> {
         *cached = Some((generation, fresh.clone()));
         fresh
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // What the mutexes hold is replaced whole, never left half-written.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -424,6 +484,30 @@ mod tests {
             prioritize(&e, &args(&["p1"], &["a"])).await,
             json!([{"Host": "a", "Score": 10}])
         );
+    }
+
+    #[tokio::test]
+    async fn prioritize_reuses_the_filter_decision_only_while_nothing_changed() {
+        let e = extender(Strategy::Binpack);
+        e.objects()
+            .insert_claim(claim("ns", "d", Some("ssd"), "10Gi"));
+        let body = args(&["d"], &["a", "b", "c"]);
+        filter(&e, &body).await;
+        let hosts = |v: Value| -> Vec<String> {
+            v.as_array()
+                .expect("list")
+                .iter()
+                .map(|h| h["Host"].as_str().expect("host").to_string())
+                .collect()
+        };
+        assert_eq!(hosts(prioritize(&e, &body).await), ["a", "b", "c"]);
+        // Another pod's claim fills a: the cached decision is stale.
+        e.objects()
+            .insert_claim(selected(claim("ns", "x", Some("ssd"), "95Gi"), "a"));
+        assert_eq!(hosts(prioritize(&e, &body).await), ["b", "c"]);
+        // Other candidates than the filter's: decided afresh.
+        filter(&e, &body).await;
+        assert_eq!(hosts(prioritize(&e, &args(&["d"], &["c"])).await), ["c"]);
     }
 
     #[tokio::test]

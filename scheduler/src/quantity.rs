@@ -21,11 +21,10 @@ fn parse(text: &str) -> Option<u64> {
     if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
         return None;
     }
-    // 38 digits fit a u128; more than that is no storage size.
-    if whole.len() + fraction.len() > 38 {
-        return None;
+    let mut digits: u128 = 0;
+    for c in whole.bytes().chain(fraction.bytes()) {
+        digits = digits.checked_mul(10)?.checked_add(u128::from(c - b'0'))?;
     }
-    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
     let scale = fraction.len() as i32;
     // value = digits × 10^-scale × multiplier
     let (binary, decimal_exp): (u128, i32) = match suffix {
