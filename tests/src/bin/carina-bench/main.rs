@@ -2,14 +2,16 @@
 //! commands it stands on — in the same run, and writes
 //! `docs/benchmarks.json` and `docs/benchmarks.md`.
 //!
-//! Usage: `carina-bench [--out DIR] [--iterations N]`. Needs root and loop
-//! devices, like the engine tests.
+//! Usage: `carina-bench [--out DIR] [--iterations N] [--only scheduler]`.
+//! Needs root and loop devices, like the engine tests; `--only scheduler`
+//! runs just the scheduler extender's group, which needs neither.
 
 mod csi;
 mod engine;
 mod grpc;
 mod pool;
 mod report;
+mod scheduler;
 
 use std::path::PathBuf;
 
@@ -18,12 +20,15 @@ use anyhow::{Context, Result, bail};
 struct Args {
     out: PathBuf,
     iterations: usize,
+    /// Run only this group (`scheduler`).
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         out: PathBuf::from("docs"),
         iterations: 100,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -36,7 +41,13 @@ fn parse_args() -> Result<Args> {
                     .parse()
                     .context("--iterations")?
             }
-            other => bail!("unknown argument {other:?} (expected --out DIR, --iterations N)"),
+            "--only" => match it.next().as_deref() {
+                Some("scheduler") => args.only = Some("scheduler".into()),
+                other => bail!("--only {other:?}: only `scheduler` can run alone"),
+            },
+            other => bail!(
+                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler)"
+            ),
         }
     }
     if args.iterations == 0 {
@@ -48,18 +59,28 @@ fn parse_args() -> Result<Args> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = parse_args()?;
+    let mut entries = Vec::new();
+    if args.only.is_some() {
+        entries.extend(scheduler::latency(args.iterations).await?);
+        return finish(&args, &entries);
+    }
     if !carina_tests::have_root("carina-bench") {
         bail!("carina-bench needs root (loop devices, lvm)");
     }
-    let mut entries = Vec::new();
     entries.extend(engine::lvm_create_delete(args.iterations).await?);
     entries.extend(grpc::create_delete(args.iterations).await?);
     entries.extend(grpc::capacity_throughput(std::time::Duration::from_secs(5)).await?);
     entries.extend(grpc::node_memory().await?);
     entries.extend(csi::full_cycle(args.iterations).await?);
+    entries.extend(scheduler::latency(args.iterations).await?);
+    finish(&args, &entries)
+}
+
+/// Writes the report files and prints the entries.
+fn finish(args: &Args, entries: &[report::Entry]) -> Result<()> {
     let context = machine_context();
-    report::write(&args.out, &entries, &context)?;
-    for e in &entries {
+    report::write(&args.out, entries, &context)?;
+    for e in entries {
         println!(
             "{:<55} p50 {:>9.3} {}  p99 {:>9.3}  floor p50 {:>9}  ratio {:>6}",
             e.name,
