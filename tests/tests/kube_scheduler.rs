@@ -25,7 +25,10 @@
 //!    a 400 GiB pod stays Pending and its FailedScheduling event carries
 //!    the extender's reasons.
 //!
-//! Needs etcd and the Kubernetes binaries from `tests/tools/build.sh etcd kube`.
+//! A second test runs the `carina-scheduler` binary against a cluster.
+//!
+//! Needs etcd and the Kubernetes binaries from `tests/tools/build.sh etcd
+//! kube`, and `cargo build --workspace --bins` for the binary.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -41,6 +44,7 @@ use carina_controlplane::crd::{
 use carina_scheduler::cache::Cache;
 use carina_scheduler::{Extender, Strategy, server};
 use carina_tests::kube::{Component, KubeCluster};
+use carina_tests::process::{ChildGuard, tail, workspace_binary};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
     Container, Event, Namespace, Node, NodeCondition, NodeStatus, PersistentVolume,
@@ -55,6 +59,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -681,4 +686,75 @@ async fn burst(client: &Client, nodes: &[(&str, u64)]) -> Result<()> {
         .context("a pending pod")?;
     failed_scheduling(client, "burst", &refused.name_any(), "in flight").await?;
     Ok(())
+}
+
+/// The `carina-scheduler` binary against the cluster: `/healthz` at once,
+/// `/readyz` once its caches have listed, and a `/filter` answered.
+#[tokio::test]
+async fn the_binary_serves_once_its_caches_are_synced() -> Result<()> {
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let binary = workspace_binary("carina-scheduler")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let log = cluster.log_dir().join("carina-scheduler.log");
+    let args = [
+        format!("--listen=127.0.0.1:{port}"),
+        "--strategy=binpack".to_string(),
+    ];
+    let kubeconfig = cluster.kubeconfig_path().to_string_lossy().into_owned();
+    let mut child = ChildGuard::spawn(
+        "carina-scheduler",
+        &binary,
+        &args,
+        &[("KUBECONFIG", kubeconfig.as_str())],
+        &log,
+    )?;
+    // Waiting for a process to start: nothing to watch yet.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        child.check_running()?;
+        if let Ok(answer) = http(port, "GET /readyz HTTP/1.0\r\n\r\n").await
+            && answer.starts_with("HTTP/1.0 200")
+        {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "carina-scheduler not ready within {WAIT:?}:\n{}",
+                tail(&log, 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        http(port, "GET /healthz HTTP/1.0\r\n\r\n")
+            .await?
+            .ends_with("ok")
+    );
+    let body = r#"{"Pod":{"metadata":{"name":"p","namespace":"default","uid":"u"},"spec":{"volumes":[{"name":"d","persistentVolumeClaim":{"claimName":"missing"}}]}},"NodeNames":["n1"]}"#;
+    let answer = http(
+        port,
+        &format!(
+            "POST /filter HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await?;
+    assert!(
+        answer.contains("claim default/missing is not in the extender's cache yet"),
+        "{answer}"
+    );
+    child.check_running()?;
+    Ok(())
+}
+
+/// One HTTP/1.0 exchange on loopback; the whole response.
+async fn http(port: u16, request: &str) -> Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    Ok(String::from_utf8_lossy(&response).into_owned())
 }
