@@ -5,6 +5,7 @@
 //! also when the test panics. Under `CI=true` a test that cannot get what it
 //! needs (root, a loop device) fails instead of skipping.
 
+pub mod cluster;
 pub mod grpc;
 pub mod kube;
 pub mod process;

@@ -108,6 +108,34 @@ impl ChildGuard {
         Ok(())
     }
 
+    /// Sends `signal` (a name `kill` knows: `STOP`, `CONT`, `TERM`, ...)
+    /// without waiting for any effect.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let Some(child) = self.child.as_ref() else {
+            bail!("{} is not running", self.name);
+        };
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .context("run kill")?;
+        if !status.success() {
+            bail!(
+                "kill -{signal} {} ({}) failed: {status}",
+                child.id(),
+                self.name
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGKILL at once (a crash: no shutdown code runs), and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Sends SIGTERM and waits up to `grace`, then SIGKILL.
     pub fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {

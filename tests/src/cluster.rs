@@ -1,0 +1,555 @@
+//! Carina's own binaries as processes, set up the way a cluster runs them:
+//! one development CA for every node and controller ([`Pki`]),
+//! `carina-node` ([`NodeArgs`]) and `carina-controller` in either mode
+//! ([`KubeControllerArgs`], [`direct_controller_args`]), each a
+//! restartable [`Service`] that is ready once its unix socket accepts
+//! connections; and the Kubernetes side of a node: a `Node` object that
+//! points at the node's NodeStorage endpoint ([`register_node`]) and the
+//! wait for its capacity record ([`await_capacity`]).
+//!
+//! ```ignore
+//! let pki = Pki::write(&dir.join("pki"))?;
+//! let args = NodeArgs::new("node-a", &pki, &config_json, &dir.join("node-a"), &log)?;
+//! let node = Service::start("carina-node", "node-a", args.argv(), &args.csi_socket, &args.log).await?;
+//! register_node(&client, "node-a", &args.endpoint()).await?;
+//! await_capacity(&client, "node-a", Duration::from_secs(60)).await?;
+//! ```
+//!
+//! A [`Service`] stops (SIGTERM, then SIGKILL) when dropped. Its log
+//! level is `CARINA_TEST_RUST_LOG` (a `RUST_LOG` filter; default `info`).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use carina_controlplane::crd::{NODE_ENDPOINT_ANNOTATION, NodeStorageResource};
+use carina_controlplane::kube::capacity::READY;
+use carina_proto::devcerts::{CertifiedKey, DevCa, Validity};
+use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use tonic::transport::Channel;
+
+use crate::grpc::{self, unix_channel};
+use crate::process::{ChildGuard, tail, workspace_binary};
+
+/// How long a process may take to open its socket.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a stopped process may take to exit before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// A certificate and its key, as files.
+#[derive(Debug, Clone)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl CertFiles {
+    fn write(dir: &Path, name: &str, issued: &CertifiedKey) -> Result<CertFiles> {
+        let files = CertFiles {
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+        };
+        std::fs::write(&files.cert, &issued.cert_pem)?;
+        std::fs::write(&files.key, &issued.key_pem)?;
+        Ok(files)
+    }
+}
+
+/// One development CA for a test's nodes and controllers, and the
+/// controllers' client certificate (role `controller`), as files.
+#[derive(Debug)]
+pub struct Pki {
+    ca: DevCa,
+    dir: PathBuf,
+    /// The CA certificate every party trusts.
+    pub ca_pem: PathBuf,
+    /// The client certificate of role `controller`.
+    pub controller: CertFiles,
+}
+
+impl Pki {
+    /// Makes the CA and the controller certificate in `dir`.
+    pub fn write(dir: &Path) -> Result<Pki> {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let ca = DevCa::new("carina test cluster CA", Validity::days(1))?;
+        let ca_pem = dir.join("ca.pem");
+        std::fs::write(&ca_pem, ca.cert_pem())?;
+        let client = ca.issue_client(DEFAULT_TRUST_DOMAIN, "controller", Validity::days(1))?;
+        let controller = CertFiles::write(dir, "controller", &client)?;
+        Ok(Pki {
+            ca,
+            dir: dir.to_path_buf(),
+            ca_pem,
+            controller,
+        })
+    }
+
+    /// A server certificate for node `name` (DNS SANs `name` and
+    /// `localhost`, IP SAN 127.0.0.1).
+    pub fn node(&self, name: &str) -> Result<CertFiles> {
+        let server = self.ca.issue_server(
+            name,
+            &["localhost".to_string()],
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            Validity::days(1),
+        )?;
+        CertFiles::write(&self.dir, name, &server)
+    }
+
+    /// The controller's credentials for node `name`.
+    pub fn client_tls(&self, name: &str) -> Result<ClientTls> {
+        Ok(ClientTls::from_files(
+            &self.ca_pem,
+            &self.controller.cert,
+            &self.controller.key,
+            name,
+        )?)
+    }
+
+    /// A NodeStorage client of role `controller` for node `name` at
+    /// `endpoint`.
+    pub async fn node_client(&self, name: &str, endpoint: &str) -> Result<grpc::Client> {
+        let channel = connect(endpoint, &self.client_tls(name)?)
+            .await
+            .with_context(|| format!("connect to node {name} at {endpoint}"))?;
+        Ok(grpc::Client::new(channel))
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// Arguments of one `carina-node` process: its name, certificate,
+/// `config.json`, NodeStorage and metrics ports, CSI socket and state
+/// directory. The same arguments start it again after a stop.
+#[derive(Debug, Clone)]
+pub struct NodeArgs {
+    pub name: String,
+    pub config: PathBuf,
+    pub port: u16,
+    pub metrics_port: u16,
+    pub csi_socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+    pub certs: CertFiles,
+    pub ca: PathBuf,
+}
+
+impl NodeArgs {
+    /// A node `name` configured by `config_json`, its files in `dir` (made
+    /// if missing), its output in `log` (replaced), its ports free.
+    pub fn new(
+        name: &str,
+        pki: &Pki,
+        config_json: &str,
+        dir: &Path,
+        log: &Path,
+    ) -> Result<NodeArgs> {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let config = dir.join("config.json");
+        std::fs::write(&config, config_json)?;
+        let _ = std::fs::remove_file(log);
+        Ok(NodeArgs {
+            name: name.to_string(),
+            config,
+            port: free_port()?,
+            metrics_port: free_port()?,
+            csi_socket: dir.join("csi.sock"),
+            state_dir: dir.join("state"),
+            log: log.to_path_buf(),
+            certs: pki.node(name)?,
+            ca: pki.ca_pem.clone(),
+        })
+    }
+
+    /// `127.0.0.1:<port>`, NodeStorage.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn argv(&self) -> Vec<String> {
+        let p = |p: &Path| p.display().to_string();
+        vec![
+            "--config".into(),
+            p(&self.config),
+            "--node-name".into(),
+            self.name.clone(),
+            "--listen".into(),
+            self.endpoint(),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{}", self.metrics_port),
+            "--tls-cert".into(),
+            p(&self.certs.cert),
+            "--tls-key".into(),
+            p(&self.certs.key),
+            "--tls-ca".into(),
+            p(&self.ca),
+            "--csi-endpoint".into(),
+            p(&self.csi_socket),
+            "--state-dir".into(),
+            p(&self.state_dir),
+            "--shutdown-grace-secs".into(),
+            "5".into(),
+        ]
+    }
+
+    /// Starts the node and waits for its CSI socket.
+    pub async fn start(&self) -> Result<Service> {
+        Service::start(
+            "carina-node",
+            &self.name,
+            self.argv(),
+            &self.csi_socket,
+            &self.log,
+        )
+        .await
+    }
+}
+
+/// Arguments of one `carina-controller --mode kube` replica, with
+/// timings short enough for tests: a 4 s lease renewed every second,
+/// 30 s to wait for the bridge, 10 s per node call.
+#[derive(Debug, Clone)]
+pub struct KubeControllerArgs {
+    pub identity: String,
+    pub lease_name: String,
+    pub kubeconfig: PathBuf,
+    pub csi_socket: PathBuf,
+    pub log: PathBuf,
+    pub ca: PathBuf,
+    pub cert: CertFiles,
+    pub lease_duration_secs: u64,
+    pub renew_deadline_secs: u64,
+    pub retry_period_secs: u64,
+    pub create_timeout_secs: u64,
+    pub node_call_timeout_secs: u64,
+}
+
+impl KubeControllerArgs {
+    /// Replica `identity` on Lease `kube-system/<lease_name>`, its socket
+    /// `<identity>.sock` in `dir`, its output appended to `log`.
+    pub fn new(
+        identity: &str,
+        lease_name: &str,
+        kubeconfig: &Path,
+        pki: &Pki,
+        dir: &Path,
+        log: &Path,
+    ) -> KubeControllerArgs {
+        KubeControllerArgs {
+            identity: identity.to_string(),
+            lease_name: lease_name.to_string(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            csi_socket: dir.join(format!("{identity}.sock")),
+            log: log.to_path_buf(),
+            ca: pki.ca_pem.clone(),
+            cert: pki.controller.clone(),
+            lease_duration_secs: 4,
+            renew_deadline_secs: 3,
+            retry_period_secs: 1,
+            create_timeout_secs: 30,
+            node_call_timeout_secs: 10,
+        }
+    }
+
+    pub fn argv(&self) -> Vec<String> {
+        let p = |p: &Path| p.display().to_string();
+        vec![
+            "--mode".into(),
+            "kube".into(),
+            "--kubeconfig".into(),
+            p(&self.kubeconfig),
+            "--csi-endpoint".into(),
+            p(&self.csi_socket),
+            "--tls-ca".into(),
+            p(&self.ca),
+            "--tls-cert".into(),
+            p(&self.cert.cert),
+            "--tls-key".into(),
+            p(&self.cert.key),
+            "--identity".into(),
+            self.identity.clone(),
+            "--lease-name".into(),
+            self.lease_name.clone(),
+            "--lease-duration-secs".into(),
+            self.lease_duration_secs.to_string(),
+            "--renew-deadline-secs".into(),
+            self.renew_deadline_secs.to_string(),
+            "--retry-period-secs".into(),
+            self.retry_period_secs.to_string(),
+            "--create-timeout-secs".into(),
+            self.create_timeout_secs.to_string(),
+            "--node-call-timeout-secs".into(),
+            self.node_call_timeout_secs.to_string(),
+            "--shutdown-grace-secs".into(),
+            "5".into(),
+        ]
+    }
+
+    /// Starts the replica and waits for its CSI socket.
+    pub async fn start(&self) -> Result<Service> {
+        Service::start(
+            "carina-controller",
+            &self.identity,
+            self.argv(),
+            &self.csi_socket,
+            &self.log,
+        )
+        .await
+    }
+}
+
+/// Arguments of `carina-controller --mode direct` over the node list in
+/// `nodes_yaml`, with the controller certificate of `pki`.
+pub fn direct_controller_args(nodes_yaml: &Path, pki: &Pki, csi_socket: &Path) -> Vec<String> {
+    let p = |p: &Path| p.display().to_string();
+    vec![
+        "--mode".into(),
+        "direct".into(),
+        "--nodes".into(),
+        p(nodes_yaml),
+        "--csi-endpoint".into(),
+        p(csi_socket),
+        "--tls-ca".into(),
+        p(&pki.ca_pem),
+        "--tls-cert".into(),
+        p(&pki.controller.cert),
+        "--tls-key".into(),
+        p(&pki.controller.key),
+    ]
+}
+
+/// A binary of this workspace run as a service that is ready once its
+/// unix socket accepts connections; it can be stopped, killed, paused and
+/// started again with the same arguments (and the same log, appended).
+#[derive(Debug)]
+pub struct Service {
+    name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    socket: PathBuf,
+    log: PathBuf,
+    child: Option<ChildGuard>,
+}
+
+impl Service {
+    /// Starts workspace binary `binary` as `name` and waits (at most
+    /// [`START_TIMEOUT`]) until `socket` accepts a connection.
+    pub async fn start(
+        binary: &str,
+        name: &str,
+        args: Vec<String>,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Service> {
+        let mut service = Service {
+            name: name.to_string(),
+            program: workspace_binary(binary)?,
+            args,
+            socket: socket.to_path_buf(),
+            log: log.to_path_buf(),
+            child: None,
+        };
+        service.restart().await?;
+        Ok(service)
+    }
+
+    /// Starts the process again (it must not be running) and waits for
+    /// its socket; a stale socket left by a crash does not count.
+    pub async fn restart(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            bail!("{} is still running", self.name);
+        }
+        let filter = std::env::var("CARINA_TEST_RUST_LOG").unwrap_or_else(|_| "info".into());
+        let mut child = ChildGuard::spawn(
+            &self.name,
+            &self.program,
+            &self.args,
+            &[("RUST_LOG", &filter)],
+            &self.log,
+        )?;
+        // Waiting for a process to start: there is nothing to watch.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Err(e) = child.check_running() {
+                child.kill();
+                return Err(e);
+            }
+            if tokio::net::UnixStream::connect(&self.socket).await.is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not accept connections on {} within {START_TIMEOUT:?}; log:\n{}",
+                    self.name,
+                    self.socket.display(),
+                    tail(&self.log, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGTERM, then waits up to [`STOP_GRACE`] for the exit (SIGKILL
+    /// after that).
+    pub async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if child.signal("TERM").is_ok() {
+            let deadline = Instant::now() + STOP_GRACE;
+            while child.check_running().is_ok() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        // Reaps it; SIGKILL only if it is still running.
+        child.kill();
+    }
+
+    /// SIGKILL: a crash, no shutdown code runs.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the running process.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        match &self.child {
+            Some(child) => child.signal(signal),
+            None => bail!("{} is not running", self.name),
+        }
+    }
+
+    /// Fails (with the log's tail) if the process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.child.as_mut() {
+            Some(child) => child.check_running(),
+            None => bail!("{} is stopped", self.name),
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// A gRPC channel over the service's unix socket.
+    pub async fn channel(&self) -> Result<Channel> {
+        unix_channel(self.socket.clone())
+            .await
+            .with_context(|| format!("connect to {} at {}", self.name, self.socket.display()))
+    }
+}
+
+/// Registers Node `name` as a kubelet would, without one: label
+/// `kubernetes.io/hostname`, the annotation [`NODE_ENDPOINT_ANNOTATION`]
+/// = `endpoint` (where the control plane reaches its NodeStorage), and a
+/// status with an InternalIP of 127.0.0.1, allocatable resources and
+/// `Ready=True`.
+pub async fn register_node(client: &kube::Client, name: &str, endpoint: &str) -> Result<Node> {
+    let api: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([(
+                "kubernetes.io/hostname".to_string(),
+                name.to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                NODE_ENDPOINT_ANNOTATION.to_string(),
+                endpoint.to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    api.create(&PostParams::default(), &node)
+        .await
+        .with_context(|| format!("create Node {name}"))?;
+    let resources = BTreeMap::from([
+        ("cpu".to_string(), Quantity("4".into())),
+        ("memory".to_string(), Quantity("8Gi".into())),
+        ("pods".to_string(), Quantity("110".into())),
+    ]);
+    let status = NodeStatus {
+        addresses: Some(vec![
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: "127.0.0.1".into(),
+            },
+            NodeAddress {
+                type_: "Hostname".into(),
+                address: name.into(),
+            },
+        ]),
+        capacity: Some(resources.clone()),
+        allocatable: Some(resources),
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            ..NodeCondition::default()
+        }]),
+        ..NodeStatus::default()
+    };
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "status": status })),
+    )
+    .await
+    .with_context(|| format!("write the status of Node {name}"))
+}
+
+/// Waits, by watch, until the `NodeStorageResource` of `node` is `Ready`
+/// with at least one group: the capacity publisher has a live stream from
+/// the node, and placement can choose it.
+pub async fn await_capacity(
+    client: &kube::Client,
+    node: &str,
+    within: Duration,
+) -> Result<NodeStorageResource> {
+    let api: Api<NodeStorageResource> = Api::all(client.clone());
+    let ready = await_condition(api.clone(), node, |nsr: Option<&NodeStorageResource>| {
+        nsr.and_then(|n| n.status.as_ref()).is_some_and(|s| {
+            !s.groups.is_empty()
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == READY && c.status == "True")
+        })
+    });
+    match tokio::time::timeout(within, ready).await {
+        Ok(found) => found
+            .with_context(|| format!("watch NodeStorageResource {node}"))?
+            .with_context(|| format!("NodeStorageResource {node} deleted while waiting")),
+        Err(_) => {
+            let last = api.get_opt(node).await?;
+            bail!("NodeStorageResource {node} not Ready within {within:?}; last seen: {last:#?}")
+        }
+    }
+}
