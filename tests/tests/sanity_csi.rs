@@ -1,18 +1,33 @@
 //! csi-sanity (the upstream CSI conformance suite) against the real
 //! binaries: `carina-controller --mode direct` and one `carina-node` on loop
-//! devices, once per volume type. Each run's full log (every spec that ran
-//! and every spec skipped) is kept under `target/test-logs/`.
+//! devices, once per volume type; and the LVM mount case again with
+//! `carina-controller --mode kube` on a real kube-apiserver (needs etcd
+//! and kube-apiserver from `tests/tools/build.sh etcd kube`). Each run's
+//! full log (every spec that ran and every spec skipped) is kept under
+//! `target/test-logs/`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use carina_proto::devcerts::{DevCa, Validity};
-use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
-use carina_tests::process::{ChildGuard, tail, upstream_tool, wait_for_path, workspace_binary};
+use carina_tests::cluster::{
+    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, direct_controller_args,
+    register_node,
+};
+use carina_tests::kube::KubeCluster;
+use carina_tests::process::{tail, upstream_tool};
 use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, run, unique};
 
 const MIB: u64 = 1 << 20;
+
+/// The control plane behind the CSI controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `--mode direct`: a static node list.
+    Direct,
+    /// `--mode kube`: `LogicVolume`s on a real kube-apiserver.
+    Kube,
+}
 
 /// What one csi-sanity run covers.
 struct Case {
@@ -20,6 +35,7 @@ struct Case {
     policy: &'static str,
     block: bool,
     fs_type: Option<&'static str>,
+    mode: Mode,
 }
 
 /// The counts csi-sanity's (ginkgo's) summary line reports.
@@ -74,137 +90,139 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Storage for one case: a large sparse loop disk for LVM and RAW; HOST
+/// gets its own filesystem on it so capacity is deterministic. Dropped
+/// after the node that uses it.
+struct Storage {
+    /// The node's `config.json`.
+    config_json: String,
+    group: String,
+    _host_mount: Option<MountGuard>,
+    _vg: Option<VgGuard>,
+    _disk: LoopDisk,
 }
 
-fn run_case(case: &Case) -> Result<Summary> {
-    let sanity = upstream_tool("CARINA_CSI_SANITY", "csi-sanity-v5.6.0", "csi-sanity")?;
-    let node_bin = workspace_binary("carina-node")?;
-    let controller_bin = workspace_binary("carina-controller")?;
-    let work = tempfile::tempdir()?;
-    let dir = work.path();
+impl Storage {
+    fn new(case: &Case, dir: &Path) -> Result<Storage> {
+        let group = unique(&format!("sanity-{}", case.label));
+        let disk = LoopDisk::new(16 << 30)?;
+        let vg = (case.policy == "LVM").then(|| VgGuard::new(&group, &[&disk]));
+        let host_root = dir.join("host");
+        let host_mount = if case.policy == "HOST" {
+            run("mkfs.ext4", &["-q", "-F", &disk.dev()])?;
+            Some(MountGuard::mount(
+                &disk.dev(),
+                &host_root,
+                Some("ext4"),
+                None,
+            )?)
+        } else {
+            None
+        };
+        let selector = match case.policy {
+            "HOST" => format!(
+                r#"{{"name":"{group}","policy":"HOST","root":"{}","reserveBytes":0}}"#,
+                host_root.join("volumes").display()
+            ),
+            policy => format!(
+                r#"{{"name":"{group}","re":["{}"],"policy":"{policy}","reserveBytes":0,"minDiskBytes":1048576}}"#,
+                disk.pattern()
+            ),
+        };
+        Ok(Storage {
+            config_json: format!(r#"{{"diskSelector":[{selector}],"diskScanInterval":"0"}}"#),
+            group,
+            _host_mount: host_mount,
+            _vg: vg,
+            _disk: disk,
+        })
+    }
+}
 
-    // Storage: a large sparse disk for LVM and RAW; HOST gets its own
-    // filesystem so capacity is deterministic.
-    let group = unique(&format!("sanity-{}", case.label));
-    let disk = LoopDisk::new(16 << 30)?;
-    let _vg = (case.policy == "LVM").then(|| VgGuard::new(&group, &[&disk]));
-    let host_root = dir.join("host");
-    let _host_mount = if case.policy == "HOST" {
-        run("mkfs.ext4", &["-q", "-F", &disk.dev()])?;
-        Some(MountGuard::mount(
-            &disk.dev(),
-            &host_root,
-            Some("ext4"),
-            None,
-        )?)
-    } else {
-        None
-    };
-    let selector = match case.policy {
-        "HOST" => format!(
-            r#"{{"name":"{group}","policy":"HOST","root":"{}","reserveBytes":0}}"#,
-            host_root.join("volumes").display()
-        ),
-        policy => format!(
-            r#"{{"name":"{group}","re":["{}"],"policy":"{policy}","reserveBytes":0,"minDiskBytes":1048576}}"#,
-            disk.pattern()
-        ),
-    };
-    let config = write(
-        dir,
-        "config.json",
-        &format!(r#"{{"diskSelector":[{selector}],"diskScanInterval":"0"}}"#),
-    )?;
+/// The node's name, in its certificate and (kube mode) its Node object.
+const NODE_NAME: &str = "sanity-node";
 
-    // Certificates: the node serves NodeStorage as `sanity-node`; the
-    // controller is a `controller` client.
-    let node_name = "sanity-node";
-    let ca = DevCa::new("carina sanity CA", Validity::days(1))?;
-    let server = ca.issue_server(node_name, &["localhost".into()], &[], Validity::days(1))?;
-    let client = ca.issue_client(DEFAULT_TRUST_DOMAIN, "controller", Validity::days(1))?;
-    let ca_pem = write(dir, "ca.pem", ca.cert_pem())?;
-    let node_cert = write(dir, "node.pem", &server.cert_pem)?;
-    let node_key = write(dir, "node-key.pem", &server.key_pem)?;
-    let ctl_cert = write(dir, "controller.pem", &client.cert_pem)?;
-    let ctl_key = write(dir, "controller-key.pem", &client.key_pem)?;
-
-    let logs = log_dir();
-    let port = free_port()?;
-    let node_csi = dir.join("node.sock");
-    let node_log = logs.join(format!("sanity-{}-node.log", case.label));
-    let _ = std::fs::remove_file(&node_log);
-    let s = |p: &Path| p.display().to_string();
-    let mut node = ChildGuard::spawn(
-        "carina-node",
-        &node_bin,
-        &[
-            "--config".into(),
-            s(&config),
-            "--node-name".into(),
-            node_name.into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--metrics-listen".into(),
-            format!("127.0.0.1:{}", free_port()?),
-            "--tls-cert".into(),
-            s(&node_cert),
-            "--tls-key".into(),
-            s(&node_key),
-            "--tls-ca".into(),
-            s(&ca_pem),
-            "--csi-endpoint".into(),
-            s(&node_csi),
-            "--state-dir".into(),
-            s(&dir.join("state")),
-        ],
-        &[("RUST_LOG", "info")],
-        &node_log,
-    )?;
-    wait_for_path(&node_csi, &mut node, Duration::from_secs(60))?;
-
+/// `carina-controller --mode direct` with `node` as its only node.
+async fn direct_controller(node: &NodeArgs, pki: &Pki, dir: &Path, log: &Path) -> Result<Service> {
     let nodes = write(
         dir,
         "nodes.yaml",
-        &format!("nodes:\n  - name: {node_name}\n    endpoint: 127.0.0.1:{port}\n"),
+        &format!(
+            "nodes:\n  - name: {}\n    endpoint: {}\n",
+            node.name,
+            node.endpoint()
+        ),
     )?;
-    let ctl_csi = dir.join("controller.sock");
+    let socket = dir.join("controller.sock");
+    let args = direct_controller_args(&nodes, pki, &socket);
+    Service::start("carina-controller", "carina-controller", args, &socket, log).await
+}
+
+/// A Kubernetes control plane with the CRDs, `node` registered with its
+/// endpoint annotation, and `carina-controller --mode kube` leading,
+/// once the node's capacity is published (csi-sanity's volumes have no
+/// topology, so placement reads the `NodeStorageResource`).
+async fn kube_controller(
+    node: &NodeArgs,
+    pki: &Pki,
+    dir: &Path,
+    log: &Path,
+) -> Result<(KubeCluster, Service)> {
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    register_node(&client, &node.name, &node.endpoint()).await?;
+    let args = KubeControllerArgs::new(
+        "carina-controller",
+        "carina-controller",
+        cluster.kubeconfig_path(),
+        pki,
+        dir,
+        log,
+    );
+    let controller = args.start().await?;
+    await_capacity(&client, &node.name, Duration::from_secs(60)).await?;
+    Ok((cluster, controller))
+}
+
+async fn run_case(case: &Case) -> Result<Summary> {
+    let sanity = upstream_tool("CARINA_CSI_SANITY", "csi-sanity-v5.6.0", "csi-sanity")?;
+    let work = tempfile::tempdir()?;
+    let dir = work.path();
+    let storage = Storage::new(case, dir)?;
+    let logs = log_dir();
+    let pki = Pki::write(&dir.join("pki"))?;
+    let node_args = NodeArgs::new(
+        NODE_NAME,
+        &pki,
+        &storage.config_json,
+        &dir.join("node"),
+        &logs.join(format!("sanity-{}-node.log", case.label)),
+    )?;
+    let mut node = node_args.start().await?;
     let ctl_log = logs.join(format!("sanity-{}-controller.log", case.label));
     let _ = std::fs::remove_file(&ctl_log);
-    let mut controller = ChildGuard::spawn(
-        "carina-controller",
-        &controller_bin,
-        &[
-            "--mode".into(),
-            "direct".into(),
-            "--nodes".into(),
-            s(&nodes),
-            "--csi-endpoint".into(),
-            s(&ctl_csi),
-            "--tls-ca".into(),
-            s(&ca_pem),
-            "--tls-cert".into(),
-            s(&ctl_cert),
-            "--tls-key".into(),
-            s(&ctl_key),
-        ],
-        &[("RUST_LOG", "info")],
-        &ctl_log,
-    )?;
-    wait_for_path(&ctl_csi, &mut controller, Duration::from_secs(60))?;
+    // The cluster (kube mode) outlives the controller.
+    let (_cluster, mut controller) = match case.mode {
+        Mode::Direct => (
+            None,
+            direct_controller(&node_args, &pki, dir, &ctl_log).await?,
+        ),
+        Mode::Kube => {
+            let (cluster, controller) = kube_controller(&node_args, &pki, dir, &ctl_log).await?;
+            (Some(cluster), controller)
+        }
+    };
 
-    let mut params = format!("carina.storage.io/disk-group-name: {group}\n");
+    let mut params = format!("carina.storage.io/disk-group-name: {}\n", storage.group);
     if let Some(fs) = case.fs_type {
         params.push_str(&format!("csi.storage.k8s.io/fstype: {fs}\n"));
     }
     let params_file = write(dir, "parameters.yaml", &params)?;
     let sanity_log = logs.join(format!("sanity-{}.log", case.label));
     let mut args = vec![
-        format!("--csi.endpoint={}", node_csi.display()),
-        format!("--csi.controllerendpoint={}", ctl_csi.display()),
+        format!("--csi.endpoint={}", node_args.csi_socket.display()),
+        format!("--csi.controllerendpoint={}", controller.socket().display()),
         format!("--csi.mountdir={}", dir.join("mnt").display()),
         format!("--csi.stagingdir={}", dir.join("staging").display()),
         format!("--csi.testvolumesize={}", 400 * MIB),
@@ -221,9 +239,10 @@ fn run_case(case: &Case) -> Result<Summary> {
     if case.block {
         args.push("--csi.testvolumeaccesstype=block".into());
     }
-    let out = std::process::Command::new(&sanity)
+    let out = tokio::process::Command::new(&sanity)
         .args(&args)
         .output()
+        .await
         .with_context(|| format!("run {}", sanity.display()))?;
     let text = format!(
         "{}{}",
@@ -233,8 +252,8 @@ fn run_case(case: &Case) -> Result<Summary> {
     std::fs::write(&sanity_log, &text)?;
     node.check_running()?;
     controller.check_running()?;
-    drop(controller);
-    drop(node);
+    controller.stop().await;
+    node.stop().await;
     let summary = parse_summary(&text).with_context(|| {
         format!(
             "no ginkgo summary in {}:\n{}",
@@ -269,52 +288,74 @@ fn run_case(case: &Case) -> Result<Summary> {
     Ok(summary)
 }
 
-fn sanity(case: Case) {
+async fn sanity(case: Case) {
     if !have_root(&format!("csi-sanity {}", case.label)) {
         return;
     }
-    let summary = run_case(&case).unwrap_or_else(|e| panic!("{e:#}"));
+    let summary = run_case(&case).await.unwrap_or_else(|e| panic!("{e:#}"));
     assert!(summary.passed > 0, "csi-sanity ran no spec");
 }
 
-#[test]
-fn csi_sanity_lvm_mount() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_lvm_mount() {
     sanity(Case {
         label: "lvm-mount",
         policy: "LVM",
         block: false,
         fs_type: Some("xfs"),
-    });
+        mode: Mode::Direct,
+    })
+    .await;
 }
 
-#[test]
-fn csi_sanity_lvm_block() {
+/// The LVM mount case through the Kubernetes control plane: CSI by
+/// `KubeProvisioner`, volumes made by the bridge on the node process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_kube_lvm_mount() {
+    sanity(Case {
+        label: "kube-lvm-mount",
+        policy: "LVM",
+        block: false,
+        fs_type: Some("xfs"),
+        mode: Mode::Kube,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_lvm_block() {
     sanity(Case {
         label: "lvm-block",
         policy: "LVM",
         block: true,
         fs_type: None,
-    });
+        mode: Mode::Direct,
+    })
+    .await;
 }
 
-#[test]
-fn csi_sanity_raw_mount() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_raw_mount() {
     sanity(Case {
         label: "raw-mount",
         policy: "RAW",
         block: false,
         fs_type: Some("xfs"),
-    });
+        mode: Mode::Direct,
+    })
+    .await;
 }
 
-#[test]
-fn csi_sanity_host_mount() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_host_mount() {
     sanity(Case {
         label: "host-mount",
         policy: "HOST",
         block: false,
         fs_type: None,
-    });
+        mode: Mode::Direct,
+    })
+    .await;
 }
 
 #[test]
