@@ -1,0 +1,656 @@
+//! End to end on Kubernetes with the real processes: a real kube-apiserver
+//! and etcd with Carina's CRDs; two `carina-node` processes (`node-a`,
+//! `node-b`), each on its own loop disk with an LVM group of the same
+//! name (as one StorageClass names one group for every node), serving
+//! NodeStorage with a certificate from one development CA on a free
+//! loopback port; Node objects that point at those ports through the
+//! endpoint annotation; and `carina-controller --mode kube` as a process,
+//! driven through its CSI socket.
+//!
+//! It proves:
+//! - create (pinned to a node, as `WaitForFirstConsumer` asks), expand and
+//!   delete through CSI; the `LogicVolume` status, the node's own answer
+//!   (`GetLV` over mTLS) and `lvs` on the node's disk agree; the other
+//!   node has nothing;
+//! - a controller killed (SIGKILL) in the middle of a create and started
+//!   again converges to exactly one volume, and the retried
+//!   `CreateVolume` returns it;
+//! - a create pinned to a node whose process is down fails with a
+//!   retryable code, and the same request succeeds once the node is back;
+//!   nothing leaks on either node or in the API;
+//! - two replicas: one holds the Lease and runs the bridge while both
+//!   serve CSI; the other takes over when the leader stops (SIGTERM), and
+//!   volumes are made and deleted afterwards.
+//!
+//! Capacity records and configuration push are covered by `kube_bridge`.
+//!
+//! Needs root and loop devices, etcd and kube-apiserver from
+//! `tests/tools/build.sh etcd kube`, and `cargo build --workspace --bins`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use carina_controlplane::crd::LogicVolume;
+use carina_controlplane::kube::bridge::quantity_bytes;
+use carina_controlplane::kube::naming::object_name;
+use carina_csi::TOPOLOGY_KEY;
+use carina_proto::csi;
+use carina_proto::csi::controller_client::ControllerClient;
+use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use carina_proto::nodestorage as pb;
+use carina_tests::cluster::{
+    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, register_node,
+};
+use carina_tests::kube::KubeCluster;
+use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, lvm, unique};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::wait::await_condition;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const A: &str = "node-a";
+const B: &str = "node-b";
+const MIB: u64 = 1 << 20;
+const DISK_BYTES: u64 = 2 << 30;
+/// Bound of every wait for the control plane.
+const WAIT: Duration = Duration::from_secs(60);
+/// The Lease of the replicas (namespace `kube-system`).
+const LEASE: &str = "carina-controller";
+
+type Csi = ControllerClient<Channel>;
+
+/// One node: its process, its volume group and the disk under it (dropped
+/// in that order).
+struct LvmNode {
+    args: NodeArgs,
+    service: Service,
+    _vg: VgGuard,
+    disk: LoopDisk,
+}
+
+/// The cluster, the nodes and the files of one test. Controllers are the
+/// test's own; drop them before this.
+struct E2e {
+    nodes: Vec<LvmNode>,
+    pki: Pki,
+    group: String,
+    cluster: KubeCluster,
+    dir: tempfile::TempDir,
+}
+
+impl E2e {
+    /// The cluster with CRDs, and nodes `names` running and registered.
+    async fn start(names: &[&str]) -> Result<E2e> {
+        let cluster = KubeCluster::start().await?;
+        cluster.install_crds().await?;
+        let dir = tempfile::Builder::new().prefix("carina-e2e-").tempdir()?;
+        let pki = Pki::write(&dir.path().join("pki"))?;
+        let group = unique("e2e");
+        let mut nodes = Vec::new();
+        for name in names {
+            let disk = LoopDisk::new(DISK_BYTES)?;
+            let vg = VgGuard::new(&group, &[&disk]);
+            let config = disk_group_config(&group, "LVM", &[&disk], 0);
+            let args = NodeArgs::new(
+                name,
+                &pki,
+                &config,
+                &dir.path().join(name),
+                &cluster.log_dir().join(format!("{name}.log")),
+            )?;
+            let service = args.start().await?;
+            register_node(&cluster.client(), name, &args.endpoint()).await?;
+            nodes.push(LvmNode {
+                args,
+                service,
+                _vg: vg,
+                disk,
+            });
+        }
+        Ok(E2e {
+            nodes,
+            pki,
+            group,
+            cluster,
+            dir,
+        })
+    }
+
+    fn client(&self) -> kube::Client {
+        self.cluster.client()
+    }
+
+    fn node(&self, name: &str) -> &LvmNode {
+        self.nodes
+            .iter()
+            .find(|n| n.args.name == name)
+            .expect("a node of this test")
+    }
+
+    fn node_mut(&mut self, name: &str) -> &mut LvmNode {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.args.name == name)
+            .expect("a node of this test")
+    }
+
+    /// The arguments of replica `identity`.
+    fn controller(&self, identity: &str) -> KubeControllerArgs {
+        KubeControllerArgs::new(
+            identity,
+            LEASE,
+            self.cluster.kubeconfig_path(),
+            &self.pki,
+            self.dir.path(),
+            &self.cluster.log_dir().join(format!("{identity}.log")),
+        )
+    }
+
+    /// Waits until every node's capacity is published (the bridge side
+    /// runs and reaches the nodes).
+    async fn await_all_capacity(&self) -> Result<()> {
+        for n in &self.nodes {
+            await_capacity(&self.client(), &n.args.name, WAIT).await?;
+        }
+        Ok(())
+    }
+
+    /// The volumes on `node` as `lvs` on its disk shows them: (name, bytes).
+    fn lvs(&self, node: &str) -> Result<Vec<(String, u64)>> {
+        let disk = self.node(node).disk.dev();
+        let out = lvm(
+            &[&disk],
+            &[
+                "lvs",
+                "--noheadings",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "lv_name,lv_size",
+                &self.group,
+            ],
+        )?;
+        out.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let mut f = l.split_whitespace();
+                let name = f.next().context("lv_name")?.to_string();
+                let size = f.next().context("lv_size")?.parse()?;
+                Ok((name, size))
+            })
+            .collect()
+    }
+
+    /// The volumes `node` reports (`ListLVs` over mTLS as the controller).
+    async fn listed(&self, node: &str) -> Result<Vec<pb::LogicVolume>> {
+        let n = self.node(node);
+        let mut client = self.pki.node_client(node, &n.args.endpoint()).await?;
+        let listed = client
+            .list_l_vs(pb::ListLVsRequest {
+                device_group: self.group.clone(),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("ListLVs on {node}"))?
+            .into_inner();
+        Ok(listed.volumes)
+    }
+
+    /// The volume `name` as `node` reports it (`GetLV`), `None` if absent.
+    async fn get_lv(&self, node: &str, name: &str) -> Result<Option<pb::LogicVolume>> {
+        let n = self.node(node);
+        let mut client = self.pki.node_client(node, &n.args.endpoint()).await?;
+        match client
+            .get_lv(pb::GetLvRequest {
+                name: name.to_string(),
+            })
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().volume),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(anyhow::Error::from(s).context(format!("GetLV {name} on {node}"))),
+        }
+    }
+
+    /// Asserts that exactly `expected` (object names) are on `node`, in
+    /// the node's own answer and on its disk.
+    async fn assert_volumes(&self, node: &str, expected: &[&str]) -> Result<()> {
+        let mut on_disk: Vec<String> = self.lvs(node)?.into_iter().map(|(n, _)| n).collect();
+        let mut listed: Vec<String> = self
+            .listed(node)
+            .await?
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        let mut expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        on_disk.sort();
+        listed.sort();
+        expected.sort();
+        assert_eq!(on_disk, expected, "lvs on {node}");
+        assert_eq!(listed, expected, "ListLVs on {node}");
+        Ok(())
+    }
+
+    /// How many `method` calls `node` has answered (any code), from its
+    /// `/metrics`.
+    async fn calls(&self, node: &str, method: &str) -> Result<u64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = self.node(node).args.metrics_port;
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        let series =
+            format!("carina_node_grpc_requests_total{{node=\"{node}\",method=\"{method}\",");
+        text.lines()
+            .filter(|l| l.starts_with(&series))
+            .map(|l| {
+                l.rsplit(' ')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .with_context(|| format!("a sample without a count: {l}"))
+            })
+            .sum()
+    }
+
+    /// The names of all `LogicVolume`s.
+    async fn logic_volumes(&self) -> Result<Vec<String>> {
+        let api: Api<LogicVolume> = Api::all(self.client());
+        let mut names: Vec<String> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|lv| lv.name_any())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+fn mount_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+    }
+}
+
+fn on(node: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
+    }
+}
+
+/// `CreateVolume` as external-provisioner sends it for a claim of
+/// `bytes` in `group`; pinned to `node` (requisite and preferred) as for a
+/// `WaitForFirstConsumer` claim the scheduler placed there, or free
+/// (`Immediate`) when `None`.
+fn create(name: &str, bytes: u64, group: &str, node: Option<&str>) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap()],
+        parameters: HashMap::from([(
+            "carina.storage.io/disk-group-name".to_string(),
+            group.to_string(),
+        )]),
+        accessibility_requirements: node.map(|n| csi::TopologyRequirement {
+            requisite: vec![on(n)],
+            preferred: vec![on(n)],
+        }),
+        ..Default::default()
+    }
+}
+
+async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
+    let name = req.name.clone();
+    csi.create_volume(req)
+        .await
+        .with_context(|| format!("CreateVolume {name}"))?
+        .into_inner()
+        .volume
+        .with_context(|| format!("CreateVolume {name}: no volume"))
+}
+
+/// The node of the volume's accessible topology.
+fn node_of(v: &csi::Volume) -> Option<&str> {
+    match v.accessible_topology.as_slice() {
+        [t] => t.segments.get(TOPOLOGY_KEY).map(String::as_str),
+        _ => None,
+    }
+}
+
+/// Waits, by watch, until `LogicVolume` `name` satisfies `done`.
+async fn await_lv(
+    e2e: &E2e,
+    name: &str,
+    what: &str,
+    done: impl Fn(Option<&LogicVolume>) -> bool,
+) -> Result<Option<LogicVolume>> {
+    let api: Api<LogicVolume> = Api::all(e2e.client());
+    let cond = move |lv: Option<&LogicVolume>| done(lv);
+    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
+        Ok(found) => Ok(found.with_context(|| format!("watch LogicVolume {name}"))?),
+        Err(_) => {
+            let last = api.get_opt(name).await?;
+            bail!("LogicVolume {name}: not {what} within {WAIT:?}; last seen: {last:#?}")
+        }
+    }
+}
+
+fn made(lv: Option<&LogicVolume>) -> bool {
+    lv.and_then(|lv| lv.status.as_ref())
+        .is_some_and(|s| s.volume_id.is_some())
+}
+
+/// The Lease's holder.
+async fn holder(e2e: &E2e) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(e2e.client(), "kube-system");
+    Ok(leases
+        .get_opt(LEASE)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+/// Waits, by watch, until the Lease is held by `who`.
+async fn await_holder(e2e: &E2e, who: &str, within: Duration) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(e2e.client(), "kube-system");
+    let held = await_condition(leases, LEASE, |l: Option<&Lease>| {
+        l.and_then(|l| l.spec.as_ref())
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(who)
+    });
+    tokio::time::timeout(within, held)
+        .await
+        .with_context(|| format!("Lease {LEASE} not held by {who} within {within:?}"))??;
+    Ok(())
+}
+
+/// A paused process, resumed (SIGCONT) when this drops, also when the
+/// test fails first.
+struct Paused<'a>(&'a Service);
+
+impl<'a> Paused<'a> {
+    fn pause(service: &'a Service) -> Result<Paused<'a>> {
+        service.signal("STOP")?;
+        Ok(Paused(service))
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.signal("CONT");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
+    if !have_root("create_expand_delete_on_the_chosen_node") {
+        return Ok(());
+    }
+    let e2e = E2e::start(&[A, B]).await?;
+    let mut ctl = e2e.controller("ctl-1").start().await?;
+    e2e.await_all_capacity().await?;
+    let mut csi = Csi::new(ctl.channel().await?);
+    let lvs: Api<LogicVolume> = Api::all(e2e.client());
+
+    // Create, pinned to B.
+    let name = "pvc-e2e-a";
+    let v = make(&mut csi, create(name, 64 * MIB, &e2e.group, Some(B))).await?;
+    assert_eq!(node_of(&v), Some(B), "{v:?}");
+    let object = object_name(name);
+    let lv = lvs.get(&object).await?;
+    let status = lv
+        .status
+        .clone()
+        .context("a made LogicVolume has a status")?;
+    assert_eq!(lv.spec.node_name, B);
+    assert_eq!(status.volume_id.as_deref(), Some(v.volume_id.as_str()));
+    assert_eq!(status.code, Some(0));
+    let current = status.current_size.as_ref().context("currentSize")?;
+    assert_eq!(quantity_bytes(current)?, v.capacity_bytes as u64);
+    let on_b = e2e.get_lv(B, &object).await?.context("the LV on node B")?;
+    assert_eq!(on_b.size_bytes, v.capacity_bytes as u64);
+    assert_eq!(on_b.device_group, e2e.group);
+    assert!(on_b.size_bytes >= 64 * MIB);
+    assert_eq!(e2e.lvs(B)?, [(object.clone(), on_b.size_bytes)]);
+    e2e.assert_volumes(B, &[&object]).await?;
+    e2e.assert_volumes(A, &[]).await?;
+
+    // The same request again: the same volume.
+    let again = make(&mut csi, create(name, 64 * MIB, &e2e.group, Some(B))).await?;
+    assert_eq!(again.volume_id, v.volume_id);
+
+    // Expand.
+    let expanded = csi
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: (128 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .context("ControllerExpandVolume")?
+        .into_inner();
+    let grown = expanded.capacity_bytes as u64;
+    assert!(grown >= 128 * MIB, "{expanded:?}");
+    let lv = lvs.get(&object).await?;
+    let current = lv
+        .status
+        .and_then(|s| s.current_size)
+        .context("currentSize")?;
+    assert_eq!(quantity_bytes(&current)?, grown);
+    let on_b = e2e.get_lv(B, &object).await?.context("the LV on node B")?;
+    assert_eq!(on_b.size_bytes, grown);
+    assert_eq!(e2e.lvs(B)?, [(object.clone(), grown)]);
+    e2e.assert_volumes(A, &[]).await?;
+
+    // Delete: the call returns once the object is gone, and by then the
+    // node has deleted the volume.
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .context("DeleteVolume")?;
+    assert!(lvs.get_opt(&object).await?.is_none(), "the object is gone");
+    assert!(e2e.get_lv(B, &object).await?.is_none(), "the LV is gone");
+    e2e.assert_volumes(B, &[]).await?;
+    e2e.assert_volumes(A, &[]).await?;
+    // Deleting again is fine.
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v.volume_id,
+        ..Default::default()
+    })
+    .await
+    .context("DeleteVolume again")?;
+
+    ctl.check_running()?;
+    ctl.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> {
+    if !have_root("a_controller_killed_mid_create_converges_to_one_volume") {
+        return Ok(());
+    }
+    let e2e = E2e::start(&[A, B]).await?;
+    let mut first = e2e.controller("ctl-1").start().await?;
+    e2e.await_all_capacity().await?;
+    let name = "pvc-e2e-crash";
+    let object = object_name(name);
+    let request = create(name, 64 * MIB, &e2e.group, Some(B));
+
+    // Node B is paused, so the create cannot finish: the object is
+    // written, the bridge's CreateLV waits on the node.
+    let paused = Paused::pause(&e2e.node(B).service)?;
+    let mut csi = Csi::new(first.channel().await?);
+    let req = request.clone();
+    let pending = tokio::spawn(async move { csi.create_volume(req).await });
+    await_lv(&e2e, &object, "written", |lv| lv.is_some()).await?;
+    // Give the bridge a moment to send CreateLV to the paused node, so
+    // the kill lands while the node call is in flight (a kill before it
+    // is the easier case: nothing reached the node).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.kill();
+    let answer = tokio::time::timeout(WAIT, pending).await??;
+    assert!(
+        answer.is_err(),
+        "CreateVolume answered although its controller was killed: {answer:?}"
+    );
+    // The node goes on; whatever reached it may now run, its caller gone.
+    drop(paused);
+    let lv = Api::<LogicVolume>::all(e2e.client()).get(&object).await?;
+    assert!(!made(Some(&lv)), "made before the restart: {:?}", lv.status);
+
+    // Another replica (the first's lease runs out) retries the same
+    // request and gets the volume.
+    let mut second = e2e.controller("ctl-2").start().await?;
+    let mut csi = Csi::new(second.channel().await?);
+    let started = Instant::now();
+    let v = make(&mut csi, request.clone()).await?;
+    eprintln!(
+        "the retried CreateVolume returned {:?} after the restart",
+        started.elapsed()
+    );
+    assert_eq!(node_of(&v), Some(B));
+    let again = make(&mut csi, request).await?;
+    assert_eq!(again.volume_id, v.volume_id);
+
+    assert_eq!(e2e.logic_volumes().await?, [object.as_str()]);
+    e2e.assert_volumes(B, &[&object]).await?;
+    e2e.assert_volumes(A, &[]).await?;
+    assert_eq!(
+        e2e.lvs(B)?,
+        [(object.clone(), v.capacity_bytes as u64)],
+        "one LV of the returned size"
+    );
+    assert_eq!(holder(&e2e).await?.as_deref(), Some("ctl-2"));
+    // 2 when the killed controller's CreateLV reached the node and ran
+    // after all, 1 when it never got there.
+    eprintln!(
+        "node B answered {} CreateLV calls",
+        e2e.calls(B, "CreateLV").await?
+    );
+    second.check_running()?;
+    second.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_on_a_down_node_is_retryable_and_succeeds_after_restart() -> Result<()> {
+    if !have_root("a_create_on_a_down_node_is_retryable_and_succeeds_after_restart") {
+        return Ok(());
+    }
+    let mut e2e = E2e::start(&[A, B]).await?;
+    let mut ctl = e2e.controller("ctl-1").start().await?;
+    e2e.await_all_capacity().await?;
+    let mut csi = Csi::new(ctl.channel().await?);
+    let name = "pvc-e2e-down";
+    let object = object_name(name);
+    let request = create(name, 64 * MIB, &e2e.group, Some(B));
+
+    e2e.node_mut(B).service.stop().await;
+    let status = match csi.create_volume(request.clone()).await {
+        Ok(v) => bail!("CreateVolume on a stopped node succeeded: {v:?}"),
+        Err(s) => s,
+    };
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "not a retryable code: {status:?}"
+    );
+    eprintln!("CreateVolume on the stopped node: {status:?}");
+    e2e.assert_volumes(A, &[]).await?;
+
+    // The node comes back on the same port with the same disk.
+    e2e.node_mut(B).service.restart().await?;
+    // If the failed create left its object, the bridge retries it; else
+    // the node's capacity must be back before the retry places it.
+    if Api::<LogicVolume>::all(e2e.client())
+        .get_opt(&object)
+        .await?
+        .is_some()
+    {
+        await_lv(&e2e, &object, "made", made).await?;
+    } else {
+        await_capacity(&e2e.client(), B, WAIT).await?;
+    }
+    let v = make(&mut csi, request.clone()).await?;
+    assert_eq!(node_of(&v), Some(B));
+    let again = make(&mut csi, request).await?;
+    assert_eq!(again.volume_id, v.volume_id);
+
+    assert_eq!(e2e.logic_volumes().await?, [object.as_str()]);
+    e2e.assert_volumes(B, &[&object]).await?;
+    e2e.assert_volumes(A, &[]).await?;
+    ctl.check_running()?;
+    ctl.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_leads_the_other_takes_over() -> Result<()> {
+    if !have_root("two_replicas_one_leads_the_other_takes_over") {
+        return Ok(());
+    }
+    let e2e = E2e::start(&[A, B]).await?;
+    let first_args = e2e.controller("ctl-1");
+    let mut first = first_args.start().await?;
+    await_holder(&e2e, "ctl-1", WAIT).await?;
+    let mut second = e2e.controller("ctl-2").start().await?;
+    e2e.await_all_capacity().await?;
+    assert_eq!(holder(&e2e).await?.as_deref(), Some("ctl-1"));
+
+    // The standby serves CSI; the leader's bridge makes the volume.
+    let mut csi = Csi::new(second.channel().await?);
+    let v1 = make(&mut csi, create("pvc-e2e-1", 64 * MIB, &e2e.group, Some(A))).await?;
+    assert_eq!(node_of(&v1), Some(A));
+    e2e.assert_volumes(A, &["pvc-e2e-1"]).await?;
+
+    // The leader stops; the standby takes the lease (released, so well
+    // within its duration) and runs the bridge.
+    let stopped = Instant::now();
+    first.stop().await;
+    let lease = Duration::from_secs(first_args.lease_duration_secs);
+    await_holder(&e2e, "ctl-2", lease + Duration::from_secs(5)).await?;
+    eprintln!("lease taken over {:?} after SIGTERM", stopped.elapsed());
+
+    // New volumes are made and old ones deleted by the new leader. Without
+    // a pin, spreadout places the volume on B, the emptier node.
+    let v2 = make(&mut csi, create("pvc-e2e-2", 64 * MIB, &e2e.group, None)).await?;
+    assert_eq!(node_of(&v2), Some(B), "{v2:?}");
+    e2e.assert_volumes(B, &["pvc-e2e-2"]).await?;
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v1.volume_id,
+        ..Default::default()
+    })
+    .await
+    .context("DeleteVolume pvc-e2e-1")?;
+    e2e.assert_volumes(A, &[]).await?;
+    assert_eq!(e2e.logic_volumes().await?, ["pvc-e2e-2"]);
+
+    second.check_running()?;
+    second.stop().await;
+    assert_eq!(holder(&e2e).await?, None, "released on shutdown");
+    Ok(())
+}
