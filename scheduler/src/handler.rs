@@ -194,12 +194,13 @@ impl<O: Objects + ?Sized> Extender<O> {
             nodes: passed.clone(),
         });
         let names: Vec<&str> = passed.iter().map(|(n, _)| n.as_str()).collect();
+        let nodes = args.nodes.as_ref().map(|l| {
+            let keep: std::collections::HashSet<&str> = names.iter().copied().collect();
+            l.retain_names(|n| keep.contains(n))
+        });
         Ok(to_json(&ExtenderFilterResult {
-            nodes: args
-                .nodes
-                .as_ref()
-                .map(|l| l.retain_names(|n| names.contains(&n))),
-            node_names: args.node_names.map(|_| NodeNames::Borrowed(names.clone())),
+            nodes,
+            node_names: args.node_names.map(|_| NodeNames::Borrowed(names)),
             failed_and_unresolvable_nodes: failed,
             ..ExtenderFilterResult::default()
         }))
