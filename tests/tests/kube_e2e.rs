@@ -34,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use carina_controlplane::crd::LogicVolume;
 use carina_controlplane::kube::bridge::quantity_bytes;
 use carina_controlplane::kube::naming::object_name;
-use carina_csi::TOPOLOGY_KEY;
+use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::access_mode::Mode;
@@ -429,6 +429,11 @@ async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
     assert_eq!(on_b.size_bytes, v.capacity_bytes as u64);
     assert_eq!(on_b.device_group, e2e.group);
     assert!(on_b.size_bytes >= 64 * MIB);
+    assert_eq!(
+        v.volume_context.get(context::PATH),
+        Some(&on_b.device_path),
+        "the volume's path is the device on node B"
+    );
     assert_eq!(e2e.lvs(B)?, [(object.clone(), on_b.size_bytes)]);
     e2e.assert_volumes(B, &[&object]).await?;
     e2e.assert_volumes(A, &[]).await?;
