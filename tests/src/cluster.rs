@@ -32,6 +32,7 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
+use serde::de::DeserializeOwned;
 use tonic::transport::Channel;
 
 use crate::grpc::{self, unix_channel};
@@ -535,21 +536,54 @@ pub async fn await_capacity(
     within: Duration,
 ) -> Result<NodeStorageResource> {
     let api: Api<NodeStorageResource> = Api::all(client.clone());
-    let ready = await_condition(api.clone(), node, |nsr: Option<&NodeStorageResource>| {
+    let ready = await_object(&api, node, "Ready with capacity", within, |nsr| {
         nsr.and_then(|n| n.status.as_ref()).is_some_and(|s| {
             !s.groups.is_empty()
                 && s.conditions
                     .iter()
                     .any(|c| c.type_ == READY && c.status == "True")
         })
-    });
-    match tokio::time::timeout(within, ready).await {
-        Ok(found) => found
-            .with_context(|| format!("watch NodeStorageResource {node}"))?
-            .with_context(|| format!("NodeStorageResource {node} deleted while waiting")),
-        Err(_) => {
-            let last = api.get_opt(node).await?;
-            bail!("NodeStorageResource {node} not Ready within {within:?}; last seen: {last:#?}")
+    })
+    .await?;
+    ready.with_context(|| format!("NodeStorageResource {node} deleted while waiting"))
+}
+
+/// Waits, by watch, until the object `name` satisfies `done` (which sees
+/// `None` while it does not exist), at most `within`; returns it as
+/// seen then. A watch that fails (an API server still initialising a new
+/// CRD's storage answers 429) is started again after a short pause; the
+/// last error goes into the timeout's message with the object as last
+/// seen.
+pub async fn await_object<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    done: impl Fn(Option<&K>) -> bool,
+) -> Result<Option<K>>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    let mut last_error: Option<String> = None;
+    loop {
+        let watched = tokio::time::timeout_at(deadline, await_condition(api.clone(), name, &done));
+        match watched.await {
+            Ok(Ok(obj)) => return Ok(obj),
+            Ok(Err(e)) => {
+                last_error = Some(e.to_string());
+                tokio::time::sleep_until(
+                    deadline.min(tokio::time::Instant::now() + Duration::from_millis(500)),
+                )
+                .await;
+            }
+            Err(_) => {
+                let last = api.get_opt(name).await.ok().flatten();
+                bail!(
+                    "{name}: not {what} within {within:?} (last watch error: {}); last seen: {last:#?}",
+                    last_error.as_deref().unwrap_or("none")
+                )
+            }
         }
     }
 }

@@ -41,14 +41,13 @@ use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, register_node,
+    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, await_object, register_node,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, lvm, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::wait::await_condition;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -343,14 +342,7 @@ async fn await_lv(
     done: impl Fn(Option<&LogicVolume>) -> bool,
 ) -> Result<Option<LogicVolume>> {
     let api: Api<LogicVolume> = Api::all(e2e.client());
-    let cond = move |lv: Option<&LogicVolume>| done(lv);
-    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
-        Ok(found) => Ok(found.with_context(|| format!("watch LogicVolume {name}"))?),
-        Err(_) => {
-            let last = api.get_opt(name).await?;
-            bail!("LogicVolume {name}: not {what} within {WAIT:?}; last seen: {last:#?}")
-        }
-    }
+    await_object(&api, name, what, WAIT, done).await
 }
 
 fn made(lv: Option<&LogicVolume>) -> bool {
@@ -371,14 +363,13 @@ async fn holder(e2e: &E2e) -> Result<Option<String>> {
 /// Waits, by watch, until the Lease is held by `who`.
 async fn await_holder(e2e: &E2e, who: &str, within: Duration) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(e2e.client(), "kube-system");
-    let held = await_condition(leases, LEASE, |l: Option<&Lease>| {
+    let what = format!("held by {who}");
+    await_object(&leases, LEASE, &what, within, |l: Option<&Lease>| {
         l.and_then(|l| l.spec.as_ref())
             .and_then(|s| s.holder_identity.as_deref())
             == Some(who)
-    });
-    tokio::time::timeout(within, held)
-        .await
-        .with_context(|| format!("Lease {LEASE} not held by {who} within {within:?}"))??;
+    })
+    .await?;
     Ok(())
 }
 
