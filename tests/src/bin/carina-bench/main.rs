@@ -2,13 +2,15 @@
 //! commands it stands on — in the same run, and writes
 //! `docs/benchmarks.json` and `docs/benchmarks.md`.
 //!
-//! Usage: `carina-bench [--out DIR] [--iterations N] [--only scheduler]`.
+//! Usage: `carina-bench [--out DIR] [--iterations N] [--only scheduler|kube]`.
 //! Needs root and loop devices, like the engine tests; `--only scheduler`
-//! runs just the scheduler extender's group, which needs neither.
+//! runs just the scheduler extender's group, which needs neither;
+//! `--only kube` just the Kubernetes control plane's group.
 
 mod csi;
 mod engine;
 mod grpc;
+mod kube;
 mod pool;
 mod report;
 mod scheduler;
@@ -20,7 +22,7 @@ use anyhow::{Context, Result, bail};
 struct Args {
     out: PathBuf,
     iterations: usize,
-    /// Run only this group (`scheduler`).
+    /// Run only this group (`scheduler`, `kube`).
     only: Option<String>,
 }
 
@@ -42,11 +44,11 @@ fn parse_args() -> Result<Args> {
                     .context("--iterations")?
             }
             "--only" => match it.next().as_deref() {
-                Some("scheduler") => args.only = Some("scheduler".into()),
-                other => bail!("--only {other:?}: only `scheduler` can run alone"),
+                Some(group @ ("scheduler" | "kube")) => args.only = Some(group.into()),
+                other => bail!("--only {other:?}: only `scheduler` or `kube` can run alone"),
             },
             other => bail!(
-                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler)"
+                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube)"
             ),
         }
     }
@@ -60,18 +62,23 @@ fn parse_args() -> Result<Args> {
 async fn main() -> Result<()> {
     let args = parse_args()?;
     let mut entries = Vec::new();
-    if args.only.is_some() {
+    if args.only.as_deref() == Some("scheduler") {
         entries.extend(scheduler::latency(args.iterations).await?);
         return finish(&args, &entries);
     }
     if !carina_tests::have_root("carina-bench") {
         bail!("carina-bench needs root (loop devices, lvm)");
     }
+    if args.only.as_deref() == Some("kube") {
+        entries.extend(kube::create_volume(args.iterations).await?);
+        return finish(&args, &entries);
+    }
     entries.extend(engine::lvm_create_delete(args.iterations).await?);
     entries.extend(grpc::create_delete(args.iterations).await?);
     entries.extend(grpc::capacity_throughput(std::time::Duration::from_secs(5)).await?);
     entries.extend(grpc::node_memory().await?);
     entries.extend(csi::full_cycle(args.iterations).await?);
+    entries.extend(kube::create_volume(args.iterations).await?);
     entries.extend(scheduler::latency(args.iterations).await?);
     finish(&args, &entries)
 }

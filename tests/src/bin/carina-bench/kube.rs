@@ -1,0 +1,228 @@
+//! `CreateVolume` through the Kubernetes control plane — CSI over its
+//! unix socket → `KubeProvisioner` writes a `LogicVolume` and watches it →
+//! the bridge sees it and calls `CreateLV` over mutual TLS → the engine
+//! runs `lvcreate` → the bridge writes the status → the watch fires —
+//! against the bare `lvcreate` on the same VG, interleaved in one run.
+//! And a burst: 200 `CreateVolume` calls at once against 200 bare
+//! `lvcreate` one after the other (the bridge's default concurrency).
+//!
+//! Everything but the API server runs in this process: etcd and
+//! kube-apiserver from `tests/tools/build.sh etcd kube`, the provisioner,
+//! the bridge and an in-process NodeStorage server over an LVM pool.
+//! Volumes are 8 MiB, pinned to the node as for `WaitForFirstConsumer`,
+//! and deleted (untimed) between measurements.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use carina_controlplane::direct::Strategy;
+use carina_controlplane::kube::bridge::{self, BridgeConfig};
+use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
+use carina_controlplane::serve::serve_controller;
+use carina_csi::TOPOLOGY_KEY;
+use carina_csi::socket::bind;
+use carina_proto::csi;
+use carina_proto::csi::controller_client::ControllerClient;
+use carina_proto::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode::Mode,
+};
+use carina_tests::cluster::{await_capacity, register_node};
+use carina_tests::grpc::{TestNode, unix_channel};
+use carina_tests::kube::KubeCluster;
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+
+use crate::pool::LvmPool;
+use crate::report::{Entry, timed};
+
+const GROUP: &str =
+    "Kubernetes control plane: CreateVolume (CSI → LogicVolume → watch → bridge → mTLS → lvcreate)";
+const SIZE: u64 = 8 << 20;
+const NODE: &str = "bench-node";
+/// Calls in the burst.
+const BURST: usize = 200;
+/// Calls before the recorded ones.
+const WARMUP: usize = 3;
+
+type Csi = ControllerClient<Channel>;
+
+pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
+    // Room for the burst's volumes and as many bare ones, never both.
+    let pool = LvmPool::new("bench-kube", 4 << 30).await?;
+    let node = TestNode::start(pool.engine.clone(), NODE).await?;
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    register_node(&client, NODE, &node.endpoint()).await?;
+
+    let (stop_bridge, bridge_stopped) = oneshot::channel::<()>();
+    let bridge_task = tokio::spawn(bridge::run(
+        client.clone(),
+        BridgeConfig::new(node.client_tls("controller")?),
+        async {
+            let _ = bridge_stopped.await;
+        },
+    ));
+    await_capacity(&client, NODE, Duration::from_secs(60)).await?;
+
+    let work = tempfile::tempdir()?;
+    let socket = work.path().join("controller.sock");
+    let provisioner = KubeProvisioner::new(
+        client.clone(),
+        KubeProvisionerConfig {
+            strategy: Strategy::Spreadout,
+            wait_timeout: Duration::from_secs(60),
+        },
+    );
+    let (stop_csi, csi_stopped) = oneshot::channel::<()>();
+    let csi_task = tokio::spawn(serve_controller(
+        bind(&socket.display().to_string())?,
+        Arc::new(provisioner),
+        async {
+            let _ = csi_stopped.await;
+        },
+    ));
+    let mut csi = Csi::new(unix_channel(socket).await?);
+
+    // One by one, interleaved with the floor.
+    let (mut kube, mut bare) = (Vec::new(), Vec::new());
+    for i in 0..(iterations + WARMUP) {
+        let t0 = Instant::now();
+        let id = create(&mut csi, &format!("kube-{i}"), &pool.vg).await?;
+        let k = t0.elapsed();
+        let name = format!("bare-{i}");
+        let t0 = Instant::now();
+        pool.bare_lvcreate(&name, "8m").run().await?;
+        let b = t0.elapsed();
+        delete(&mut csi, id).await?;
+        pool.bare_lvremove(&name).run().await?;
+        if i >= WARMUP {
+            kube.push(k);
+            bare.push(b);
+        }
+    }
+
+    // The burst, against the same number of bare commands in a row.
+    let t0 = Instant::now();
+    let mut calls = JoinSet::new();
+    for i in 0..BURST {
+        let (mut csi, vg) = (csi.clone(), pool.vg.clone());
+        calls.spawn(async move { create(&mut csi, &format!("burst-{i}"), &vg).await });
+    }
+    let mut ids = Vec::with_capacity(BURST);
+    while let Some(id) = calls.join_next().await {
+        ids.push(id??);
+    }
+    let burst = t0.elapsed();
+    let mut deletes = JoinSet::new();
+    for id in ids {
+        let mut csi = csi.clone();
+        deletes.spawn(async move { delete(&mut csi, id).await });
+    }
+    while let Some(deleted) = deletes.join_next().await {
+        deleted??;
+    }
+    let t0 = Instant::now();
+    for i in 0..BURST {
+        pool.bare_lvcreate(&format!("serial-{i}"), "8m")
+            .run()
+            .await?;
+    }
+    let serial = t0.elapsed();
+    for i in 0..BURST {
+        pool.bare_lvremove(&format!("serial-{i}")).run().await?;
+    }
+
+    let _ = stop_csi.send(());
+    let _ = csi_task.await;
+    let _ = stop_bridge.send(());
+    bridge_task.await??;
+    node.stop().await?;
+
+    let one = timed(GROUP, "kube.create_volume", "lvcreate", &kube, Some(&bare));
+    if let Some(floor) = one.floor_p50 {
+        println!(
+            "kube.create_volume: p50 {:.1} ms above the bare lvcreate (target: within 30 ms)",
+            one.p50 - floor
+        );
+    }
+    Ok(vec![
+        one,
+        wall(
+            &format!("kube.create_volume.burst_{BURST}_concurrent"),
+            &format!("{BURST} serial lvcreate"),
+            burst,
+            serial,
+            BURST,
+        ),
+    ])
+}
+
+/// An entry for one wall time against one floor wall time, in seconds.
+fn wall(name: &str, floor: &str, took: Duration, floor_took: Duration, calls: usize) -> Entry {
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let (s, f) = (took.as_secs_f64(), floor_took.as_secs_f64());
+    Entry {
+        name: name.to_string(),
+        unit: "s".to_string(),
+        p50: round(s),
+        p99: round(s),
+        floor_p50: Some(round(f)),
+        ratio: (f > 0.0).then(|| round(s / f)),
+        iterations: calls,
+        group: GROUP.to_string(),
+        floor: floor.to_string(),
+    }
+}
+
+/// `CreateVolume` of `name` in `group`, pinned to the node; the volume id.
+async fn create(csi: &mut Csi, name: &str, group: &str) -> Result<String> {
+    let on_node = csi::Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), NODE.to_string())]),
+    };
+    let volume = csi
+        .create_volume(csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: SIZE as i64,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_mode: Some(AccessMode {
+                    mode: Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(AccessType::Mount(MountVolume {
+                    fs_type: "ext4".into(),
+                    ..Default::default()
+                })),
+            }],
+            parameters: HashMap::from([(
+                "carina.storage.io/disk-group-name".to_string(),
+                group.to_string(),
+            )]),
+            accessibility_requirements: Some(csi::TopologyRequirement {
+                requisite: vec![on_node.clone()],
+                preferred: vec![on_node],
+            }),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("CreateVolume {name}"))?
+        .into_inner()
+        .volume
+        .with_context(|| format!("CreateVolume {name}: no volume"))?;
+    Ok(volume.volume_id)
+}
+
+async fn delete(csi: &mut Csi, volume_id: String) -> Result<()> {
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .with_context(|| format!("DeleteVolume {volume_id}"))?;
+    Ok(())
+}
