@@ -435,12 +435,7 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
             .context("volume on its node")?;
         assert_eq!((made.size_bytes, made.device_group.as_str()), (size, GROUP));
         // The bridge records where the volume is (the HOST directory).
-        assert_eq!(
-            lv.annotations()
-                .get(carina_controlplane::crd::PATH_ANNOTATION),
-            Some(&made.host_path),
-            "path annotation"
-        );
+        assert_eq!(status.path.as_ref(), Some(&made.host_path), "status.path");
         assert!(
             get_lv(there.server(), name).await?.is_none(),
             "{name} also on the other node"

@@ -135,6 +135,7 @@ async fn logic_volume_round_trip(client: &Client) -> Result<()> {
         device_minor: Some(3),
         conditions: vec![ready(1, "Created")],
         observed_generation: Some(1),
+        path: Some("/dev/loop3".into()),
     };
     lvs.patch_status(
         "pvc-0001",

@@ -27,9 +27,7 @@ use carina_controlplane::crd::{
 };
 use carina_controlplane::direct::Strategy;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
-use carina_controlplane::kube::provisioner::{
-    KubeProvisioner, KubeProvisionerConfig, PATH_ANNOTATION,
-};
+use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::serve::{bind_unix, serve_controller};
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
@@ -204,15 +202,10 @@ async fn try_bridge_one(api: &Api<LogicVolume>, lv: &LogicVolume, record: &Recor
         return Ok(());
     }
     tokio::time::sleep(delay).await;
+    let mut new_status = new_status;
     if !made && !failed && new_status["code"] == 0 {
-        // The real bridge notes where the device is.
-        api.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                PATH_ANNOTATION: format!("/dev/carina/{name}")}}})),
-        )
-        .await?;
+        // The real bridge reports where the device is.
+        new_status["path"] = json!(format!("/dev/carina/{name}"));
     }
     api.patch_status(
         &name,

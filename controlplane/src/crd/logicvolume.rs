@@ -96,6 +96,10 @@ pub struct LogicVolumeStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Where the volume is on its node: the device of a block volume, the
+    /// directory of a HOST volume (the PV's `carina.storage.io/path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// `status.status` after a successful node operation.

@@ -36,9 +36,9 @@ pub const TRACEPARENT_ANNOTATION: &str = "carina.storage.io/traceparent";
 /// endpoint (`host:port`), overriding the Node's `InternalIP`.
 pub const NODE_ENDPOINT_ANNOTATION: &str = "carina.storage.io/node-endpoint";
 
-/// Annotation on a `LogicVolume`: where the volume is on its node (the
-/// device of a block volume, the directory of a HOST volume), written by
-/// the bridge; it becomes the volume context's `carina.storage.io/path`.
+/// Annotation on a `LogicVolume` naming where the volume is on its node,
+/// for tools that write objects themselves; the bridge reports the same in
+/// `status.path`. Either becomes the volume context's `carina.storage.io/path`.
 pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
 
 /// Prefix of the keys of `NodeStorageResource.status.capacity` and

@@ -245,7 +245,6 @@ impl Error {
     }
 }
 
-use crate::crd::PATH_ANNOTATION;
 pub use crate::crd::quantity::{QuantityError, bytes_quantity, quantity_bytes};
 
 /// Now, to the second (what the API stores).
@@ -362,26 +361,6 @@ impl Context {
         };
         if let Err(e) = self.recorder.publish(&event, &lv.object_ref(&())).await {
             tracing::warn!(volume.name = %lv.name_any(), error = %e, "publishing an Event failed");
-        }
-    }
-
-    /// Records where the volume is on its node (`carina.storage.io/path`,
-    /// Carina's PV attribute) as an annotation of the object.
-    async fn write_path(&self, name: &str, path: &str) -> Result<(), Error> {
-        let patch = serde_json::json!({
-            "metadata": {"annotations": {PATH_ANNOTATION: path}},
-        });
-        match self
-            .lvs
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(Error::Status {
-                name: name.to_string(),
-                source,
-            }),
         }
     }
 
@@ -639,17 +618,15 @@ async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
             lv.metadata.generation,
         )],
         observed_generation: lv.metadata.generation,
+        // One status write carries everything: a second request right
+        // after it would wait on a delayed ACK.
+        path: Some(if block {
+            volume.device_path.clone()
+        } else {
+            volume.host_path.clone()
+        })
+        .filter(|p| !p.is_empty()),
     };
-    // The path goes on the object before the status that tells the
-    // provisioner the volume is ready, so its volume context has it.
-    let path = if block {
-        &volume.device_path
-    } else {
-        &volume.host_path
-    };
-    if !path.is_empty() && lv.annotations().get(PATH_ANNOTATION) != Some(path) {
-        ctx.write_path(&name, path).await?;
-    }
     ctx.write_status(&name, &status).await?;
     let (reason, what) = match op {
         Op::Create => ("Created", "created"),

@@ -51,9 +51,8 @@
 //! **Context** of a volume: `carina.storage.io/node`, `/disk-group-name`,
 //! `/major` and `/minor` (block volumes), `/policy` (when the node's
 //! `NodeStorageResource` names the group's policy), `/path` (when the
-//! object carries [`PATH_ANNOTATION`], which the bridge writes before the
-//! status that marks the volume ready), and `csi.storage.k8s.io/fstype`
-//! from the request.
+//! status carries `path`, as the bridge writes it, or the object the
+//! [`PATH_ANNOTATION`]), and `csi.storage.k8s.io/fstype` from the request.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
@@ -729,8 +728,14 @@ fn provisioned(
     let node = lv.spec.node_name.clone();
     let status = lv.status.clone().unwrap_or_default();
     let mut ctx = BTreeMap::new();
-    if let Some(path) = lv.annotations().get(PATH_ANNOTATION) {
-        ctx.insert(context::PATH.to_string(), path.clone());
+    // The bridge reports the path in the status; an annotation is honoured
+    // for objects written by other tools.
+    if let Some(path) = status
+        .path
+        .clone()
+        .or_else(|| lv.annotations().get(PATH_ANNOTATION).cloned())
+    {
+        ctx.insert(context::PATH.to_string(), path);
     }
     ctx.insert(context::NODE.to_string(), node.clone());
     if let (Some(major), Some(minor)) = (status.device_major, status.device_minor)
