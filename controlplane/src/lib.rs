@@ -1,8 +1,13 @@
-//! Carina's replaceable control planes: the `LogicVolume` and
-//! `NodeStorageResource` CRDs, the Kubernetes provisioner and the
-//! CRD-to-gRPC bridge, the capacity publisher, configuration push, and the
-//! direct (static node list) provisioner. They arrive with the control-plane
-//! work; this crate is the place they will live.
+//! Carina's replaceable control planes, behind the CSI controller:
+//!
+//! - [`direct`]: a static node list reached over mTLS, for orchestrators
+//!   without Kubernetes.
+//! - [`kube`]: the Kubernetes one: `LogicVolume` objects written by the
+//!   provisioner and carried out by the bridge, capacity published into
+//!   `NodeStorageResource`s, configuration pushed to nodes, Lease leader
+//!   election.
+//! - [`crd`]: the CRD types (Carina-compatible) and their YAML.
+//! - [`serve`]: CSI Identity and Controller on a unix socket.
 
 pub mod crd;
 pub mod direct;
