@@ -141,6 +141,10 @@ impl ChildGuard {
         let Some(mut child) = self.child.take() else {
             return;
         };
+        // Already exited (and reaped): its pid may belong to someone else now.
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
         let pid = child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + grace;
