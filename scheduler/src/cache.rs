@@ -66,56 +66,20 @@ impl Cache {
     pub fn start(client: Client) -> Cache {
         let (changes, _) = watch::channel(0);
         let synced = Arc::new(AtomicUsize::new(0));
-        let mut tasks = Vec::new();
+        let mut r = Reflectors {
+            client,
+            changes: &changes,
+            synced: &synced,
+            tasks: Vec::new(),
+        };
         let all = watcher::Config::default();
-        let (claims, t) = reflect(
-            Api::all(client.clone()),
-            all.clone(),
-            clear_managed_fields,
-            &changes,
-            &synced,
-        );
-        tasks.extend(t);
-        let (volumes, t) = reflect(
-            Api::all(client.clone()),
-            all.clone(),
-            clear_managed_fields,
-            &changes,
-            &synced,
-        );
-        tasks.extend(t);
-        let (classes, t) = reflect(
-            Api::all(client.clone()),
-            all.clone(),
-            clear_managed_fields,
-            &changes,
-            &synced,
-        );
-        tasks.extend(t);
-        let (nodes, t) = reflect(
-            Api::all(client.clone()),
-            all.clone(),
-            clear_managed_fields,
-            &changes,
-            &synced,
-        );
-        tasks.extend(t);
-        let (lvs, t) = reflect(
-            Api::all(client.clone()),
-            all.clone(),
-            clear_managed_fields,
-            &changes,
-            &synced,
-        );
-        tasks.extend(t);
-        let (pods, t) = reflect(
-            Api::all(client),
-            all.fields(LIVE_PODS),
-            slim_pod,
-            &changes,
-            &synced,
-        );
-        tasks.extend(t);
+        let claims = r.start(all.clone(), clear_managed_fields);
+        let volumes = r.start(all.clone(), clear_managed_fields);
+        let classes = r.start(all.clone(), clear_managed_fields);
+        let nodes = r.start(all.clone(), clear_managed_fields);
+        let lvs = r.start(all.clone(), clear_managed_fields);
+        let pods = r.start(all.fields(LIVE_PODS), slim_pod);
+        let tasks = r.tasks;
         Cache {
             claims,
             volumes,
@@ -137,6 +101,33 @@ impl Cache {
                 return;
             }
         }
+    }
+}
+
+/// Starts reflectors that share one client, one change counter and one
+/// sync count, collecting their tasks.
+struct Reflectors<'a> {
+    client: Client,
+    changes: &'a watch::Sender<u64>,
+    synced: &'a Arc<AtomicUsize>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Reflectors<'_> {
+    fn start<K>(&mut self, config: watcher::Config, modify: fn(&mut K)) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        let (store, tasks) = reflect(
+            Api::all(self.client.clone()),
+            config,
+            modify,
+            self.changes,
+            self.synced,
+        );
+        self.tasks.extend(tasks);
+        store
     }
 }
 
