@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build demo demo-clean test test-unit test-engine test-grpc lint bench deps tools
+.PHONY: all build demo demo-clean test test-unit test-engine test-grpc test-repeat lint bench deps tools
 
 all: build
 
@@ -30,6 +30,12 @@ test-engine: deps
 	hack/test.sh engine
 test-grpc: deps
 	hack/test.sh grpc
+
+## test-repeat: run one tier N times in a row and count passes per test (make test-repeat N=20 TIER=kube)
+N ?= 20
+TIER ?= kube
+test-repeat: deps
+	hack/test-repeat.sh $(N) $(TIER)
 
 lint:
 	$(CARGO) fmt --all -- --check

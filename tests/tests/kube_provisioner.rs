@@ -100,8 +100,10 @@ impl Record {
 /// with that code; `silent-` is never answered; `slow-` waits for
 /// [`GO_ANNOTATION`]; `nogrow-` fails expansions; `many-` takes
 /// [`MANY_DELAY`]; anything else succeeds. Deleted objects lose the
-/// finalizer after the delay. Records the time of each status write
-/// (`status/<name>`, `grow/<name>`) and finalizer removal (`gone/<name>`).
+/// finalizer after the delay. Records the time each status write
+/// (`status/<name>`, `grow/<name>`) and finalizer removal (`gone/<name>`)
+/// is sent, just before sending it. Watch errors are retried with the
+/// same backoff as the real bridge's controller.
 async fn fake_bridge(client: Client, record: Record) {
     let api: Api<LogicVolume> = Api::all(client);
     let events = watcher(api.clone(), watcher::Config::default())
@@ -138,13 +140,16 @@ async fn try_bridge_one(api: &Api<LogicVolume>, lv: &LogicVolume, record: &Recor
             && record.claim(format!("deleting/{name}/{}", lv.uid().unwrap_or_default()))
         {
             tokio::time::sleep(delay).await;
+            // Marked before the write: the provisioner's watch can see the
+            // write, and CreateVolume return, before this task sees the
+            // PATCH's response.
+            record.mark(format!("gone/{name}"));
             api.patch(
                 &name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"metadata": {"finalizers": null}})),
             )
             .await?;
-            record.mark(format!("gone/{name}"));
         }
         return Ok(());
     }
@@ -207,15 +212,26 @@ async fn try_bridge_one(api: &Api<LogicVolume>, lv: &LogicVolume, record: &Recor
         // The real bridge reports where the device is.
         new_status["path"] = json!(format!("/dev/carina/{name}"));
     }
+    // Marked before the write, like the finalizer's removal.
+    let what = if made { "grow" } else { "status" };
+    record.mark(format!("{what}/{name}"));
     api.patch_status(
         &name,
         &PatchParams::default(),
         &Patch::Merge(json!({ "status": new_status })),
     )
     .await?;
-    let what = if made { "grow" } else { "status" };
-    record.mark(format!("{what}/{name}"));
     Ok(())
+}
+
+/// A spawned task that is stopped when this is dropped, so a test that
+/// fails stops its fake bridge before its cluster goes away.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Publishes a node's capacity: one LVM group `ssd` with `free` bytes
@@ -398,7 +414,8 @@ async fn kube_provisioner_over_a_real_apiserver() -> Result<()> {
     publish(&client, A, GIB).await?;
     publish(&client, B, 2 * GIB).await?;
     let record = Record::default();
-    let bridge = tokio::spawn(fake_bridge(client.clone(), record.clone()));
+    // Declared after the cluster, so it stops before the apiserver does.
+    let _bridge = AbortOnDrop(tokio::spawn(fake_bridge(client.clone(), record.clone())));
 
     let mut spread =
         Controller::start(client.clone(), Strategy::Spreadout, Duration::from_secs(20)).await?;
@@ -415,8 +432,6 @@ async fn kube_provisioner_over_a_real_apiserver() -> Result<()> {
     expand_waits_for_current_size(&mut spread.csi, &record).await?;
     lists_and_capacity(&mut spread.csi).await?;
     concurrent_creates(&spread.csi).await?;
-
-    bridge.abort();
     Ok(())
 }
 
