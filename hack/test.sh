@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test tier and prints how many tests ran in each.
-# Usage: hack/test.sh [tier...]   tiers: unit engine grpc csi sanity kube (default: all, in that order)
+# Usage: hack/test.sh [tier...]   tiers: the rows of tests/tiers.tsv (default: all, in that order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +8,7 @@ LOG_DIR=${CARINA_TEST_LOG_DIR:-target/test-logs}
 mkdir -p "$LOG_DIR"
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(unit engine grpc csi sanity kube)
+[ ${#tiers[@]} -gt 0 ] || mapfile -t tiers < <(awk -F'\t' '!/^#/ && NF { print $1 }' tests/tiers.tsv)
 
 # Integration test targets of a tier: tests/tests/<prefix>_*.rs
 targets() {
@@ -55,32 +55,40 @@ run_tier() {
   [ "$rc" -eq 0 ] || overall=1
 }
 
+# The tier table: what each tier builds first and how it runs.
+declare -A BINS TOOLS ARGS
+while IFS=$'\t' read -r name bins tools args; do
+  [[ -z $name || $name == \#* ]] && continue
+  BINS[$name]=$bins; TOOLS[$name]=$tools; ARGS[$name]=$args
+done < tests/tiers.tsv
+
 for tier in "${tiers[@]}"; do
-  case $tier in
-    unit)
-      run_tier unit cargo test --workspace --lib --bins ;;
-    engine|grpc|csi)
-      mapfile -t t < <(targets "$tier")
-      if [ ${#t[@]} -eq 0 ]; then echo "=== tier: $tier: no test targets"; continue; fi
-      run_tier "$tier" cargo test -p carina-tests "${t[@]}" ;;
-    sanity)
-      # csi-sanity against the real binaries: build them and the
-      # upstream suite (cached after the first build) first.
-      cargo build --workspace --bins || { tier_error sanity; continue; }
-      tests/tools/build.sh csi-sanity || { tier_error sanity; continue; }
-      CARINA_CSI_SANITY="$(tests/tools/build.sh --print-path csi-sanity)/csi-sanity" \
-        CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
-        run_tier sanity cargo test -p carina-tests --test sanity_csi -- --test-threads=1 --nocapture
-      grep -o 'csi-sanity [a-z-]*: ran.*' "$LOG_DIR/sanity.log" || true ;;
-    kube)
-      # etcd + kube-apiserver (cached after the first build).
-      tests/tools/build.sh etcd kube || { tier_error kube; continue; }
-      mapfile -t t < <(targets kube)
-      CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" \
-        run_tier kube cargo test -p carina-tests "${t[@]}" ;;
-    *)
-      echo "unknown tier: $tier" >&2; exit 2 ;;
-  esac
+  if [ -z "${ARGS[$tier]+x}" ]; then
+    echo "unknown tier: $tier (tiers: ${!ARGS[*]})" >&2; exit 2
+  fi
+  # Everything the tier runs is built here, so it passes on a machine
+  # where no earlier tier ran (the upstream tools are cached by version).
+  if [ "${BINS[$tier]}" = yes ]; then
+    cargo build --workspace --bins || { tier_error "$tier"; continue; }
+  fi
+  if [ "${TOOLS[$tier]}" != - ]; then
+    IFS=, read -r -a tools <<<"${TOOLS[$tier]}"
+    tests/tools/build.sh "${tools[@]}" || { tier_error "$tier"; continue; }
+  fi
+  # `@prefix` stands for every tests/tests/<prefix>_*.rs target.
+  args=()
+  for a in ${ARGS[$tier]}; do
+    if [[ $a == @* ]]; then
+      mapfile -t t < <(targets "${a#@}")
+      args+=("${t[@]}")
+    else
+      args+=("$a")
+    fi
+  done
+  CARINA_TEST_LOG_DIR="$(cd "$LOG_DIR" && pwd)" run_tier "$tier" cargo test "${args[@]}"
+  if [ "$tier" = sanity ]; then
+    grep -o 'csi-sanity [a-z-]*: ran.*' "$LOG_DIR/sanity.log" || true
+  fi
 done
 
 echo
