@@ -112,6 +112,10 @@ pub struct DeviceGroupCapacity {
     /// Disks backing the group (HOST: its root directory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<String>,
+    /// Set while an LVM or RAW group has no disk: its selector, patterns
+    /// and every disk the node saw with why it was not taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_disks: Option<String>,
 }
 
 /// An LVM volume group, in Carina's shape (sizes in bytes).

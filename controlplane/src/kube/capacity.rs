@@ -33,7 +33,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::bridge::{Backoff, condition, now};
+use super::bridge::{Backoff, condition, now, truncate};
 use super::endpoints::{EndpointError, NodeClients, NodeEndpoint, Nodes, node_endpoint, stopped};
 use crate::crd::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceStatus, VgGroup,
@@ -48,6 +48,11 @@ pub const READY: &str = "Ready";
 
 /// Condition: the node cannot be reached; the figures are the last known.
 pub const STALE: &str = "Stale";
+/// Condition type: a device group took no disk (its selector matched none
+/// the node could use).
+pub const NO_DISKS: &str = "NoDisks";
+/// The API server's limit on a condition's message.
+const CONDITION_MESSAGE_MAX: usize = 32 * 1024;
 
 const GIB: u64 = 1 << 30;
 
@@ -440,6 +445,7 @@ fn report_status(
             volume_count: g.volume_count,
             quota: quota_name(g.quota()),
             disks: g.disks.clone(),
+            no_disks: (!g.no_disks.is_empty()).then(|| g.no_disks.clone()),
         });
         match g.policy() {
             pb::Policy::Lvm => vg_groups.push(VgGroup {
@@ -485,9 +491,45 @@ fn report_status(
         conditions: vec![
             condition(previous, READY, true, "Reporting", &message, generation),
             condition(previous, STALE, false, "Reporting", &message, generation),
+            no_disks_condition(update, previous, generation),
         ],
         observed_generation: generation,
     }
+}
+
+/// `NoDisks`: True while an LVM or RAW group took no disk at the node's
+/// last scan, with the node's explanation of each (pure).
+fn no_disks_condition(
+    update: &pb::CapacityResponse,
+    previous: &[Condition],
+    generation: Option<i64>,
+) -> Condition {
+    let empty: Vec<&str> = update
+        .groups
+        .iter()
+        .filter(|g| !g.no_disks.is_empty())
+        .map(|g| g.no_disks.as_str())
+        .collect();
+    if empty.is_empty() {
+        let message = "every LVM and RAW group has disks";
+        return condition(
+            previous,
+            NO_DISKS,
+            false,
+            "GroupsHaveDisks",
+            message,
+            generation,
+        );
+    }
+    let message = truncate(&empty.join("; "), CONDITION_MESSAGE_MAX);
+    condition(
+        previous,
+        NO_DISKS,
+        true,
+        "SelectorMatchedNothing",
+        &message,
+        generation,
+    )
 }
 
 /// `base` with the conditions of an unreachable node (pure).
@@ -533,6 +575,7 @@ mod tests {
             volume_count: 2,
             quota: pb::QuotaMode::NotApplicable as i32,
             disks: vec!["/dev/loop3".into()],
+            no_disks: String::new(),
         }
     }
 
@@ -610,6 +653,41 @@ mod tests {
         );
         assert_eq!(marked.reason, "UNAVAILABLE");
         assert_eq!(marked.message, "connection refused");
-        assert_eq!(stale.conditions.len(), 2);
+        // NoDisks is the node's last word and stays.
+        assert_eq!(stale.conditions.len(), 3);
+        assert_eq!(cond(&stale, NO_DISKS).status, "False");
+    }
+
+    #[test]
+    fn a_group_without_disks_sets_no_disks() {
+        let mut empty = group("typo", pb::Policy::Lvm, 0, 0);
+        empty.disks.clear();
+        empty.no_disks = "group \"typo\" took no disk: patterns [^/dev/sdx$]".into();
+        let update = pb::CapacityResponse {
+            groups: vec![group("ssd", pb::Policy::Lvm, 10 * GIB, 5 * GIB), empty],
+            generation: 3,
+            ..pb::CapacityResponse::default()
+        };
+        let s = report_status(&update, &[], &[], Some(1));
+        let c = cond(&s, NO_DISKS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "SelectorMatchedNothing")
+        );
+        assert!(c.message.contains("^/dev/sdx$"), "{}", c.message);
+        assert_eq!(s.groups[0].no_disks, None);
+        assert!(
+            s.groups[1]
+                .no_disks
+                .as_deref()
+                .is_some_and(|m| m.contains("typo"))
+        );
+        // Disks found again: False.
+        let update = pb::CapacityResponse {
+            groups: vec![group("ssd", pb::Policy::Lvm, 10 * GIB, 5 * GIB)],
+            ..pb::CapacityResponse::default()
+        };
+        let s = report_status(&update, &[], &s.conditions, Some(2));
+        assert_eq!(cond(&s, NO_DISKS).status, "False");
     }
 }

@@ -450,6 +450,7 @@ whole    raw    RAW (whole disk)  1.5 GiB  /dev/sdc             8:32     /dev/sd
                     volume_count: 0,
                     quota: QuotaMode::NotApplicable as i32,
                     disks: vec!["/dev/loop4".into()],
+                    no_disks: String::new(),
                 },
                 GroupCapacity {
                     device_group: "host".into(),

@@ -72,7 +72,8 @@ pub enum Activation {
 pub struct GroupConfig {
     pub name: String,
     pub policy: Policy,
-    /// Patterns matched against the disk's kernel name (`sdb`, `loop3`).
+    /// Disk patterns, matched against a disk's path (`/dev/sdb`) and its
+    /// kernel name (`sdb`); empty for HOST groups.
     pub patterns: Vec<Regex>,
     pub node_label: Option<String>,
     pub reserve_bytes: u64,
@@ -83,9 +84,14 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
-    /// True if `disk_name` (kernel name, no `/dev/`) matches one pattern.
-    pub fn matches(&self, disk_name: &str) -> bool {
-        self.patterns.iter().any(|re| re.is_match(disk_name))
+    /// True if one pattern matches the disk's path (`/dev/sdb`, what
+    /// Carina matches) or its kernel name (`sdb`), so both spellings of an
+    /// anchored pattern select the disk.
+    pub fn matches(&self, disk_path: &std::path::Path, kernel_name: &str) -> bool {
+        let path = disk_path.to_string_lossy();
+        self.patterns
+            .iter()
+            .any(|re| re.is_match(&path) || re.is_match(kernel_name))
     }
 }
 
@@ -215,46 +221,18 @@ impl RawSelector {
             }
             None => return Err(Error::config(format!("{at}.policy"), "missing")),
         };
-        let mut patterns = Vec::with_capacity(self.re.len());
-        for (j, re) in self.re.iter().enumerate() {
-            if re.is_empty() {
-                return Err(Error::config(format!("{at}.re[{j}]"), "empty pattern"));
-            }
-            let compiled = Regex::new(re).map_err(|e| {
-                Error::config(format!("{at}.re[{j}]"), format!("invalid regex: {e}"))
-            })?;
-            patterns.push(compiled);
-        }
-        if policy != Policy::Host && patterns.is_empty() {
-            return Err(Error::config(
-                format!("{at}.re"),
-                format!("a {policy} group needs at least one disk pattern"),
-            ));
-        }
-        let root = match (policy, self.root) {
-            (Policy::Host, None) => {
-                return Err(Error::config(
-                    format!("{at}.root"),
-                    "a HOST group needs a root directory",
-                ));
-            }
-            (Policy::Host, Some(root)) => {
-                let path = PathBuf::from(&root);
-                if !path.is_absolute() {
+        let (patterns, root) = match policy {
+            // A HOST group names one directory; the rest name disks.
+            Policy::Host => (Vec::new(), Some(host_root(at, self.root, &self.re)?)),
+            _ => {
+                if self.root.is_some() {
                     return Err(Error::config(
                         format!("{at}.root"),
-                        format!("{root:?} is not an absolute path"),
+                        format!("only HOST groups take a root, not {policy}"),
                     ));
                 }
-                Some(path)
+                (compile_patterns(at, policy, &self.re)?, None)
             }
-            (_, Some(_)) => {
-                return Err(Error::config(
-                    format!("{at}.root"),
-                    format!("only HOST groups take a root, not {policy}"),
-                ));
-            }
-            (_, None) => None,
         };
         let activation = match self.activation.as_deref() {
             None | Some("auto") => Activation::Auto,
@@ -286,6 +264,67 @@ impl RawSelector {
     }
 }
 
+/// The disk patterns of an LVM or RAW group: at least one, each a valid
+/// regex.
+fn compile_patterns(at: &str, policy: Policy, re: &[String]) -> Result<Vec<Regex>> {
+    let mut patterns = Vec::with_capacity(re.len());
+    for (j, re) in re.iter().enumerate() {
+        if re.is_empty() {
+            return Err(Error::config(format!("{at}.re[{j}]"), "empty pattern"));
+        }
+        let compiled = Regex::new(re)
+            .map_err(|e| Error::config(format!("{at}.re[{j}]"), format!("invalid regex: {e}")))?;
+        patterns.push(compiled);
+    }
+    if patterns.is_empty() {
+        return Err(Error::config(
+            format!("{at}.re"),
+            format!("a {policy} group needs at least one disk pattern"),
+        ));
+    }
+    Ok(patterns)
+}
+
+/// The directory of a HOST group, in either spelling: ours, `"root":
+/// "/dir"`, or Carina's, one absolute path in `re` (`"re":
+/// ["/opt/carina-hostpath"]`). Both at once must agree.
+fn host_root(at: &str, root: Option<String>, re: &[String]) -> Result<PathBuf> {
+    let from_re = match re {
+        [] => None,
+        [dir] => Some(dir),
+        _ => {
+            return Err(Error::config(
+                format!("{at}.re"),
+                format!("a HOST group takes one directory, not {} entries", re.len()),
+            ));
+        }
+    };
+    let (field, dir) = match (&root, from_re) {
+        (Some(root), Some(dir)) if root != dir => {
+            return Err(Error::config(
+                format!("{at}.root"),
+                format!("{root:?} differs from the directory {dir:?} in re[0]; give one"),
+            ));
+        }
+        (Some(root), _) => (format!("{at}.root"), root),
+        (None, Some(dir)) => (format!("{at}.re[0]"), dir),
+        (None, None) => {
+            return Err(Error::config(
+                format!("{at}.re"),
+                "a HOST group needs its directory, as re: [\"/dir\"] or root: \"/dir\"",
+            ));
+        }
+    };
+    let path = PathBuf::from(dir);
+    if !path.is_absolute() {
+        return Err(Error::config(
+            field,
+            format!("{dir:?} is not an absolute path"),
+        ));
+    }
+    Ok(path)
+}
+
 /// Carina writes the interval as a string of seconds (`"300"`); numbers are
 /// accepted too. Zero disables the periodic rescan.
 fn parse_interval(value: &serde_json::Value) -> Result<Duration> {
@@ -304,6 +343,8 @@ fn parse_interval(value: &serde_json::Value) -> Result<Duration> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn err(text: &str) -> String {
@@ -328,8 +369,8 @@ mod tests {
         assert_eq!(cfg.groups.len(), 2);
         assert_eq!(cfg.groups[0].policy, Policy::Lvm);
         assert_eq!(cfg.groups[0].reserve_bytes, DEFAULT_RESERVE_BYTES);
-        assert!(cfg.groups[0].matches("loop22"));
-        assert!(!cfg.groups[0].matches("sda"));
+        assert!(cfg.groups[0].matches(Path::new("/dev/loop22"), "loop22"));
+        assert!(!cfg.groups[0].matches(Path::new("/dev/sda"), "sda"));
         assert_eq!(cfg.groups[1].policy, Policy::Raw);
         assert_eq!(cfg.scan_interval, Duration::from_secs(300));
         assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Spreadout);
@@ -337,6 +378,52 @@ mod tests {
             cfg.groups[0].node_label.as_deref(),
             Some("kubernetes.io/hostname")
         );
+    }
+
+    /// Carina's documented HOST group: the directory is the one entry of
+    /// `re`, and no disk is ever matched by it.
+    #[test]
+    fn carina_host_form() {
+        let cfg = Config::from_json(
+            r#"{"diskSelector": [
+                {"name": "carina-host", "re": ["/opt/carina-hostpath"], "policy": "HOST", "nodeLabel": "kubernetes.io/hostname"}
+              ]}"#,
+        )
+        .expect("Carina's HOST form loads");
+        let g = &cfg.groups[0];
+        assert_eq!(g.policy, Policy::Host);
+        assert_eq!(g.root.as_deref(), Some(Path::new("/opt/carina-hostpath")));
+        assert!(g.patterns.is_empty());
+        assert!(!g.matches(Path::new("/opt/carina-hostpath"), "carina-hostpath"));
+        // Both spellings at once, when they agree.
+        let cfg = Config::from_json(
+            r#"{"diskSelector": [{"name": "h", "re": ["/srv/h"], "root": "/srv/h", "policy": "host"}]}"#,
+        )
+        .expect("agreeing root and re");
+        assert_eq!(cfg.groups[0].root.as_deref(), Some(Path::new("/srv/h")));
+    }
+
+    /// A pattern selects a disk by its path (Carina's `lsblk --paths`
+    /// names) or by its kernel name.
+    #[test]
+    fn patterns_match_path_or_kernel_name() {
+        let cfg = Config::from_json(
+            r#"{"diskSelector": [
+                {"name": "by-path", "re": ["^/dev/sdb$"], "policy": "LVM"},
+                {"name": "by-name", "re": ["^sdc$"], "policy": "LVM"},
+                {"name": "loose", "re": ["loop2+"], "policy": "RAW"}
+              ]}"#,
+        )
+        .expect("valid");
+        let m = |g: usize, name: &str| cfg.groups[g].matches(&Path::new("/dev").join(name), name);
+        assert!(m(0, "sdb"));
+        assert!(!m(0, "sdbb"));
+        assert!(!m(0, "sdc"));
+        assert!(m(1, "sdc"));
+        assert!(!m(1, "sdcd"));
+        assert!(m(2, "loop2"));
+        assert!(m(2, "loop22"));
+        assert!(!m(2, "loop3"));
     }
 
     #[test]
@@ -387,7 +474,23 @@ mod tests {
             ),
             (
                 r#"{"diskSelector":[{"name":"a","policy":"HOST"}]}"#,
-                "diskSelector[0].root",
+                "diskSelector[0].re: a HOST group needs its directory",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["/a","/b"],"policy":"HOST"}]}"#,
+                "diskSelector[0].re: a HOST group takes one directory, not 2 entries",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["opt/carina"],"policy":"HOST"}]}"#,
+                "diskSelector[0].re[0]: \"opt/carina\" is not an absolute path",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["/a"],"root":"/b","policy":"HOST"}]}"#,
+                "diskSelector[0].root: \"/b\" differs from the directory \"/a\"",
+            ),
+            (
+                r#"{"diskSelector":[{"name":"a","re":["x"],"root":"/b","policy":"LVM"}]}"#,
+                "diskSelector[0].root: only HOST groups take a root",
             ),
             (
                 r#"{"diskSelector":[{"name":"a","policy":"HOST","root":"rel/dir"}]}"#,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::command::Cmd;
-use super::config::{Config, Policy};
+use super::config::{Config, GroupConfig, Policy};
 use super::error::{Error, Result};
 
 /// Prefix of every partition name we create.
@@ -231,13 +231,13 @@ pub async fn list_loops() -> Result<Vec<LosetupDevice>> {
 /// disks and filled `lvm_vg` for LVM physical volumes, and says which RAW
 /// disks already hold a partition of ours.
 ///
-/// A disk goes to the first group (in configuration order) whose pattern
-/// matches its kernel name, and only if it is usable for that policy:
-/// writable, not mounted or stacked on, large enough, not a loop device
-/// backed by another block device (our own LV exposures), and either blank
-/// or already ours (a PV of this group's VG, a GPT disk with our
-/// partitions). Disks that match no group are reported with no group and
-/// no reason, and are never touched.
+/// A disk goes to the first group (in configuration order) one of whose
+/// patterns matches its path (`/dev/sdb`) or kernel name (`sdb`), and only
+/// if it is usable for that policy: writable, not mounted or stacked on,
+/// large enough, not a loop device backed by another block device (our own
+/// LV exposures), and either blank or already ours (a PV of this group's
+/// VG, a GPT disk with our partitions). Disks that match no group are
+/// reported with no group and no reason, and are never touched.
 pub fn assign(
     config: &Config,
     disks: &[Disk],
@@ -245,12 +245,7 @@ pub fn assign(
 ) -> Vec<DiskStatus> {
     let mut out = Vec::with_capacity(disks.len());
     for disk in disks {
-        let matching: Vec<_> = config
-            .groups
-            .iter()
-            .filter(|g| g.policy != Policy::Host && g.matches(&disk.name))
-            .collect();
-        let Some(group) = matching.first() else {
+        let Some(group) = first_match(config, disk) else {
             out.push(DiskStatus {
                 disk: disk.clone(),
                 group: None,
@@ -272,6 +267,107 @@ pub fn assign(
         });
     }
     out
+}
+
+/// The group that has the first claim on `disk`: the first LVM or RAW
+/// group, in configuration order, with a pattern that matches it.
+fn first_match<'c>(config: &'c Config, disk: &Disk) -> Option<&'c GroupConfig> {
+    config
+        .groups
+        .iter()
+        .find(|g| g.policy != Policy::Host && g.matches(&disk.path, &disk.name))
+}
+
+/// Whether any LVM or RAW group's pattern matches `disk`.
+pub fn selected(config: &Config, disk: &Disk) -> bool {
+    first_match(config, disk).is_some()
+}
+
+/// An LVM or RAW group that took no disk at a scan, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EmptyGroup {
+    pub group: String,
+    /// Its `re` patterns as written.
+    pub patterns: Vec<String>,
+    /// Every disk the scan saw, with why this group did not take it.
+    pub candidates: Vec<Candidate>,
+}
+
+/// One disk seen by a scan, from the point of view of one group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    pub path: String,
+    pub size_bytes: u64,
+    /// `no pattern matches`, `claimed by group "x"`, or why the disk is
+    /// unusable (mounted, carries a filesystem, too small, read-only, ...).
+    pub why: String,
+}
+
+impl std::fmt::Display for EmptyGroup {
+    /// One line: the group, its patterns and each disk with its reason.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "group {:?} took no disk: patterns [{}] (matched against /dev/<name> and <name>)",
+            self.group,
+            self.patterns.join(", ")
+        )?;
+        if self.candidates.is_empty() {
+            return f.write_str("; the scan saw no disks");
+        }
+        f.write_str("; disks seen: ")?;
+        for (i, c) in self.candidates.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{} ({} bytes): {}", c.path, c.size_bytes, c.why)?;
+        }
+        Ok(())
+    }
+}
+
+/// The LVM and RAW groups of `config` that no disk of `statuses` went to
+/// (pure), each with every disk seen and why the group did not take it.
+pub fn empty_groups(config: &Config, statuses: &[DiskStatus]) -> Vec<EmptyGroup> {
+    config
+        .groups
+        .iter()
+        .filter(|g| g.policy != Policy::Host)
+        .filter(|g| !statuses.iter().any(|s| s.group.as_ref() == Some(&g.name)))
+        .map(|g| EmptyGroup {
+            group: g.name.clone(),
+            patterns: g
+                .patterns
+                .iter()
+                .map(|re| re.as_str().to_string())
+                .collect(),
+            candidates: statuses
+                .iter()
+                .map(|s| Candidate {
+                    path: s.disk.path.to_string_lossy().into_owned(),
+                    size_bytes: s.disk.size_bytes,
+                    why: why_not(config, g, s),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Why `group` did not take the disk of `status`.
+fn why_not(config: &Config, group: &GroupConfig, status: &DiskStatus) -> String {
+    let disk = &status.disk;
+    if !group.matches(&disk.path, &disk.name) {
+        return "no pattern matches".into();
+    }
+    match first_match(config, disk) {
+        Some(first) if first.name != group.name => {
+            format!("claimed by group {:?}", first.name)
+        }
+        _ if status.reason.is_empty() => "not taken".into(),
+        _ => status.reason.clone(),
+    }
 }
 
 fn unusable_reason(
@@ -475,5 +571,50 @@ mod tests {
         let groups = by_group(&s);
         assert_eq!(groups["vg1"].len(), 2);
         assert_eq!(groups["raw1"].len(), 1);
+    }
+
+    /// A group whose patterns match nothing is reported with every disk
+    /// seen and why it was not taken; one whose disk another group claimed
+    /// says which group.
+    #[test]
+    fn groups_without_disks_say_why() {
+        let cfg = config(
+            r#"{"diskSelector": [
+                {"name": "first", "re": ["^/dev/loop0$"], "policy": "LVM"},
+                {"name": "second", "re": ["^loop0$"], "policy": "RAW"},
+                {"name": "typo", "re": ["^/dev/sdx$"], "policy": "LVM"},
+                {"name": "fussy", "re": ["^loop1$"], "policy": "LVM"},
+                {"name": "h", "re": ["/srv/h"], "policy": "HOST"}
+            ]}"#,
+        );
+        let mut d = vec![disk("loop0"), disk("loop1")];
+        d[1].fstype = Some("ext4".into());
+        let s = assign(&cfg, &d, &[]);
+        assert_eq!(s[0].group.as_deref(), Some("first"));
+        let empty = empty_groups(&cfg, &s);
+        let names: Vec<_> = empty.iter().map(|e| e.group.as_str()).collect();
+        assert_eq!(
+            names,
+            ["second", "typo", "fussy"],
+            "HOST groups take no disks"
+        );
+        let whys = |i: usize| -> Vec<String> {
+            empty[i].candidates.iter().map(|c| c.why.clone()).collect()
+        };
+        assert_eq!(
+            whys(0),
+            ["claimed by group \"first\"", "no pattern matches"]
+        );
+        assert_eq!(whys(1), ["no pattern matches", "no pattern matches"]);
+        assert_eq!(whys(2), ["no pattern matches", "carries ext4"]);
+        let line = empty[1].to_string();
+        assert!(line.contains("group \"typo\" took no disk"), "{line}");
+        assert!(line.contains("^/dev/sdx$"), "{line}");
+        assert!(
+            line.contains("/dev/loop1 (1073741824 bytes): no pattern matches"),
+            "{line}"
+        );
+        let none = empty_groups(&cfg, &[]);
+        assert!(none[0].to_string().ends_with("the scan saw no disks"));
     }
 }

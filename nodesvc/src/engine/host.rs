@@ -296,6 +296,7 @@ impl Backend for HostGroup {
             volume_count: u32::try_from(markers.len()).unwrap_or(u32::MAX),
             quota: quota::mode(enforcement.as_ref()),
             disks: vec![self.store.root.to_string_lossy().into_owned()],
+            no_disks: None,
         })
     }
 

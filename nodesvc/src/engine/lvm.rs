@@ -938,6 +938,7 @@ impl Backend for LvmGroup {
                 .iter()
                 .map(|p| p.path.to_string_lossy().into_owned())
                 .collect(),
+            no_disks: None,
         })
     }
 

@@ -84,6 +84,8 @@ struct Inner {
     /// lookups do not ask every backend.
     index: StdMutex<HashMap<String, String>>,
     disks: StdMutex<Vec<DiskStatus>>,
+    /// LVM and RAW groups that took no disk at the last scan, by name.
+    empty: StdMutex<BTreeMap<String, disks::EmptyGroup>>,
 }
 
 #[derive(Debug)]
@@ -120,6 +122,7 @@ impl Engine {
                 capacity,
                 index: StdMutex::new(HashMap::new()),
                 disks: StdMutex::new(Vec::new()),
+                empty: StdMutex::new(BTreeMap::new()),
             }),
         };
         engine.rescan_with(ChangeReason::Start).await?;
@@ -289,7 +292,7 @@ impl Engine {
         let slots = self.slots(group).await?;
         let mut out = Vec::with_capacity(slots.len());
         for slot in slots {
-            out.push(slot.backend.capacity().await?);
+            out.push(self.with_no_disks(slot.backend.capacity().await?));
         }
         Ok(out)
     }
@@ -376,6 +379,7 @@ impl Engine {
         };
         let statuses = discover_and_assign(&config).await?;
         let assigned = disks::by_group(&statuses);
+        self.note_empty_groups(disks::empty_groups(&config, &statuses));
         *self.inner.disks.lock().unwrap_or_else(|p| p.into_inner()) = statuses;
         let mut index = HashMap::new();
         let mut first_error = None;
@@ -478,6 +482,35 @@ impl Engine {
     /// Publishes a new capacity snapshot. A group whose capacity cannot be
     /// read is left out (and logged) rather than failing the mutation that
     /// already happened.
+    /// Keeps the groups that took no disk, and warns once per change: a
+    /// selector that matches nothing otherwise shows only as a group with
+    /// no capacity.
+    fn note_empty_groups(&self, now: Vec<disks::EmptyGroup>) {
+        let now: BTreeMap<String, disks::EmptyGroup> =
+            now.into_iter().map(|e| (e.group.clone(), e)).collect();
+        let mut kept = self.inner.empty.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, empty) in &now {
+            if kept.get(name) != Some(empty) {
+                tracing::warn!(
+                    device.group = %name,
+                    selector.patterns = ?empty.patterns,
+                    "{empty}"
+                );
+            }
+        }
+        for name in kept.keys().filter(|n| !now.contains_key(*n)) {
+            tracing::info!(device.group = %name, "group took disks again");
+        }
+        *kept = now;
+    }
+
+    /// `c` with why its group has no disk, if it took none at the last scan.
+    fn with_no_disks(&self, mut c: GroupCapacity) -> GroupCapacity {
+        let empty = self.inner.empty.lock().unwrap_or_else(|p| p.into_inner());
+        c.no_disks = empty.get(&c.group).map(ToString::to_string);
+        c
+    }
+
     async fn notify(&self, reason: ChangeReason) {
         let slots: Vec<GroupSlot> = self
             .inner
@@ -491,7 +524,7 @@ impl Engine {
         let mut groups = Vec::with_capacity(slots.len());
         for slot in slots {
             match slot.backend.capacity().await {
-                Ok(c) => groups.push(c),
+                Ok(c) => groups.push(self.with_no_disks(c)),
                 Err(e) => {
                     tracing::warn!(device.group = %slot.backend.config().name, error = %e, "capacity unavailable")
                 }
@@ -531,12 +564,7 @@ fn build_groups(
 /// Discovery, probing of the disks some selector matches, and assignment.
 async fn discover_and_assign(config: &Config) -> Result<Vec<DiskStatus>> {
     let mut all = disks::discover().await?;
-    let matched = |d: &Disk| {
-        config
-            .groups
-            .iter()
-            .any(|g| g.policy != Policy::Host && g.matches(&d.name))
-    };
+    let matched = |d: &Disk| disks::selected(config, d);
     for disk in all.iter_mut().filter(|d| matched(d)) {
         disks::probe(disk).await?;
     }

@@ -1038,6 +1038,7 @@ impl Backend for RawGroup {
             volume_count: views.iter().map(|v| v.owned().count() as u32).sum(),
             quota: QuotaMode::NotApplicable,
             disks: views.iter().map(DiskView::path).collect(),
+            no_disks: None,
         })
     }
 

@@ -68,6 +68,9 @@ pub struct GroupCapacity {
     pub quota: QuotaMode,
     /// Disks (or, for HOST, the root directory) backing the group.
     pub disks: Vec<String>,
+    /// LVM and RAW groups that took no disk at the last scan: the selector,
+    /// its patterns and every disk seen with why it was not taken.
+    pub no_disks: Option<String>,
 }
 
 impl GroupCapacity {

@@ -71,6 +71,7 @@ pub fn group_capacity(c: &GroupCapacity) -> pb::GroupCapacity {
         volume_count: c.volume_count,
         quota: quota(c.quota).into(),
         disks: c.disks.clone(),
+        no_disks: c.no_disks.clone().unwrap_or_default(),
     }
 }
 

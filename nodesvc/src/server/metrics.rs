@@ -195,6 +195,7 @@ mod tests {
                 volume_count: 3,
                 quota: QuotaMode::AccountingOnly,
                 disks: vec![],
+                no_disks: None,
             }],
         };
         let text = m.render("node-a", &snap);
