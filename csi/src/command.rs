@@ -15,6 +15,9 @@ use tracing::Instrument;
 /// Default limit for one command run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Programs whose first argument names the operation.
+const SUBCOMMAND_TOOLS: &[&str] = &["lvm"];
+
 /// Errors from running an external command.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
@@ -120,6 +123,20 @@ impl Cmd {
         self.program.rsplit('/').next().unwrap_or(&self.program)
     }
 
+    /// The name of the command's span: the program, and for tools that
+    /// take a subcommand first (`lvm lvcreate ...`) the subcommand too
+    /// (`lvm.lvcreate`), so a trace shows which LVM operation took the
+    /// time.
+    pub fn span_name(&self) -> String {
+        let program = self.program();
+        match self.args.first().map(|a| a.to_string_lossy()) {
+            Some(sub) if SUBCOMMAND_TOOLS.contains(&program) && !sub.starts_with('-') => {
+                format!("{program}.{sub}")
+            }
+            _ => program.to_string(),
+        }
+    }
+
     /// The argv as one line, quoted where needed, for logs and errors.
     pub fn line(&self) -> String {
         let mut line = quote(&self.program);
@@ -134,9 +151,30 @@ impl Cmd {
     /// an error carrying the command line.
     pub async fn run(self) -> Result<Output, CommandError> {
         let line = self.line();
-        let span =
-            tracing::debug_span!("command", otel.name = %self.program(), command.line = %line);
-        self.run_inner(line).instrument(span).await
+        // An INFO span, so traces show where a request's time went at the
+        // default filter; it prints no log line of its own.
+        let span = tracing::info_span!(
+            "command",
+            otel.name = %self.span_name(),
+            command.line = %line,
+            process.exit_code = tracing::field::Empty,
+            command.duration_ms = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            error.message = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let result = self.run_inner(line).instrument(span.clone()).await;
+        span.record("command.duration_ms", started.elapsed().as_millis() as u64);
+        if let Err(e) = &result {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.message", e.to_string());
+            if let Some(code) = e.exit_code() {
+                span.record("process.exit_code", code);
+            }
+        } else {
+            span.record("process.exit_code", 0);
+        }
+        result
     }
 
     async fn run_inner(self, line: String) -> Result<Output, CommandError> {
@@ -228,6 +266,9 @@ mod tests {
             r#"/usr/sbin/lvm lvcreate -n 'a b' --config 'x{y=1}' 'it'\''s'"#
         );
         assert_eq!(cmd.program(), "lvm");
+        assert_eq!(cmd.span_name(), "lvm.lvcreate");
+        assert_eq!(Cmd::new("lvm").arg("--version").span_name(), "lvm");
+        assert_eq!(Cmd::new("sgdisk").arg("-n").span_name(), "sgdisk");
     }
 
     #[tokio::test]

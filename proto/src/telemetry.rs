@@ -4,6 +4,9 @@
 //!
 //! - Logs always go to stderr; `RUST_LOG` filters them (default `info`),
 //!   `CARINA_LOG_FORMAT=json` switches to JSON lines.
+//! - Exported spans have a filter of their own, `CARINA_TRACE_FILTER`
+//!   (default `info`), so the spans of every external command reach the
+//!   trace backend whatever the log shows.
 //! - Traces are exported when `OTEL_TRACES_EXPORTER=otlp`, or when it is
 //!   unset and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set. `OTEL_TRACES_EXPORTER=none`
@@ -24,6 +27,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -56,8 +60,13 @@ pub enum TelemetryError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TelemetryConfig {
     pub service_name: String,
-    /// An `EnvFilter` directive string.
+    /// An `EnvFilter` directive string for the log lines (`RUST_LOG`,
+    /// default `info`).
     pub log_filter: String,
+    /// An `EnvFilter` directive string for the exported spans
+    /// (`CARINA_TRACE_FILTER`, default `info`: every RPC, reconcile and
+    /// command span).
+    pub trace_filter: String,
     pub json_logs: bool,
     /// Where to export traces; `None` exports nothing.
     pub otlp_endpoint: Option<String>,
@@ -79,6 +88,7 @@ impl TelemetryConfig {
         TelemetryConfig {
             service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| service_name.to_string()),
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".to_string()),
+            trace_filter: var("CARINA_TRACE_FILTER").unwrap_or_else(|| "info".to_string()),
             json_logs: var("CARINA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json")),
             otlp_endpoint,
         }
@@ -126,41 +136,54 @@ pub fn init(service_name: &str) -> Result<TelemetryGuard, TelemetryError> {
 /// runtime when traces are exported (the exporter runs on it).
 pub fn init_with(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter =
-        EnvFilter::try_new(&config.log_filter).map_err(|source| TelemetryError::Filter {
-            filter: config.log_filter.clone(),
-            source,
-        })?;
     let provider = match &config.otlp_endpoint {
         Some(endpoint) => Some(tracer_provider(&config.service_name, endpoint)?),
         None => None,
     };
-    let otel = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(config.service_name.clone())));
-    // Colours only for a person at a terminal, not for log collectors.
-    let ansi = std::io::stderr().is_terminal();
-    let text = (!config.json_logs).then(|| {
-        tracing_subscriber::fmt::layer()
-            .with_ansi(ansi)
-            .with_writer(std::io::stderr)
-    });
-    let json = config.json_logs.then(|| {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-    });
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(text)
-        .with(json)
-        .with(otel)
-        .try_init()?;
+    subscriber(&config, provider.as_ref())?.try_init()?;
     if let (Some(p), Some(endpoint)) = (&provider, &config.otlp_endpoint) {
         opentelemetry::global::set_tracer_provider(p.clone());
         tracing::info!(otlp.endpoint = %endpoint, service.name = %config.service_name, "exporting traces");
     }
     Ok(TelemetryGuard { provider })
+}
+
+/// The subscriber [`init_with`] installs, with spans going to `provider`.
+/// Each output has its own filter: the log lines `log_filter`, the traces
+/// `trace_filter`, so a quiet log keeps complete traces (command spans are
+/// INFO spans and print no log line of their own).
+pub fn subscriber(
+    config: &TelemetryConfig,
+    provider: Option<&SdkTracerProvider>,
+) -> Result<impl tracing::Subscriber + Send + Sync + 'static, TelemetryError> {
+    let filter = |directives: &str| {
+        EnvFilter::try_new(directives).map_err(|source| TelemetryError::Filter {
+            filter: directives.to_string(),
+            source,
+        })
+    };
+    let log_filter = filter(&config.log_filter)?;
+    let trace_filter = filter(&config.trace_filter)?;
+    let otel = provider.map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer(config.service_name.clone()))
+            .with_filter(trace_filter)
+    });
+    let logs = if config.json_logs {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed()
+    } else {
+        // Colours only for a person at a terminal, not for log collectors.
+        tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .boxed()
+    };
+    Ok(tracing_subscriber::registry()
+        .with(logs.with_filter(log_filter))
+        .with(otel))
 }
 
 fn tracer_provider(

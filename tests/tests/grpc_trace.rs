@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
+use carina_proto::telemetry::{self, TelemetryConfig};
 use carina_proto::tls::connect;
 use carina_proto::trace::traced;
-use carina_tests::grpc::{TestNode, host_engine};
-use carina_tests::unique;
+use carina_tests::grpc::{TestNode, host_engine, start_engine};
+use carina_tests::{LoopDisk, VgGuard, have_root, unique};
 use opentelemetry::trace::{SpanKind, TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
@@ -72,4 +73,104 @@ async fn server_spans_continue_the_callers_trace() {
         .unwrap_or_else(|| panic!("no handler span in {names:?}"));
     assert_eq!(handler.span_context.trace_id(), trace_id);
     assert_eq!(handler.parent_span_id, server.span_context.span_id());
+}
+
+/// With the production subscriber and its default filters, a CreateLV's
+/// trace reaches the exporter down to the `lvcreate` it ran: the command
+/// span carries the command line, exit code and duration, and hangs below
+/// the RPC's span.
+#[tokio::test(flavor = "current_thread")]
+async fn a_create_lv_trace_contains_its_lvcreate_span() {
+    if !have_root("a_create_lv_trace_contains_its_lvcreate_span") {
+        return;
+    }
+    let spans = Collect::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    // What carina-node runs with when nothing is set but the exporter.
+    let config = TelemetryConfig::from_lookup("carina-node", |_| None);
+    assert_eq!(config.trace_filter, "info", "the default");
+    let subscriber = telemetry::subscriber(&config, Some(&provider)).expect("subscriber");
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let disk = LoopDisk::new(64 << 20).expect("loop disk");
+    let group = unique("vg");
+    let _vg = VgGuard::new(&group, &[&disk]);
+    let state = tempfile::tempdir().expect("tempdir");
+    let config_json = carina_tests::disk_group_config(&group, "LVM", &[&disk], 0);
+    let engine = start_engine(&config_json, state.path())
+        .await
+        .expect("engine");
+    let node = TestNode::start(engine, "node-a").await.expect("server");
+    let channel = connect(
+        &node.endpoint(),
+        &node.client_tls("controller").expect("tls"),
+    )
+    .await
+    .expect("connect");
+    let mut client = NodeStorageClient::new(traced(channel));
+    let caller = tracing::info_span!("caller");
+    let trace_id = caller.context().span().span_context().trace_id();
+    let name = unique("lv");
+    client
+        .create_lv(pb::CreateLvRequest {
+            name: name.clone(),
+            device_group: group.clone(),
+            size_bytes: 8 << 20,
+            exclusive: false,
+        })
+        .instrument(caller)
+        .await
+        .expect("CreateLV");
+    client
+        .delete_lv(pb::DeleteLvRequest {
+            name,
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteLV");
+    node.stop().await.expect("stop");
+    provider.force_flush().expect("flush");
+
+    let spans = spans.0.lock().expect("not poisoned").clone();
+    let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+    let in_trace: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| s.span_context.trace_id() == trace_id)
+        .collect();
+    let lvcreate = in_trace
+        .iter()
+        .find(|s| s.name == "lvm.lvcreate")
+        .unwrap_or_else(|| panic!("no lvcreate span in the CreateLV trace; spans: {names:?}"));
+    let attr = |key: &str| {
+        lvcreate
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    let line = attr("command.line").expect("command.line");
+    assert!(line.starts_with("lvm lvcreate "), "{line}");
+    assert_eq!(attr("process.exit_code").as_deref(), Some("0"));
+    assert!(attr("command.duration_ms").is_some(), "duration recorded");
+    // Its ancestors lead up to the caller's span, through the RPC.
+    let by_id = |id| in_trace.iter().find(|s| s.span_context.span_id() == id);
+    let mut chain = Vec::new();
+    let mut parent = by_id(lvcreate.parent_span_id);
+    while let Some(p) = parent {
+        chain.push(p.name.to_string());
+        parent = by_id(p.parent_span_id);
+    }
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("caller"),
+        "{chain:?}"
+    );
+    assert!(
+        chain
+            .iter()
+            .any(|n| n.contains("CreateLV") || n.contains("create")),
+        "{chain:?}"
+    );
 }
