@@ -29,6 +29,10 @@ for i in $(seq 1 "$n"); do
       FAILED) FAIL[$name]=$(( ${FAIL[$name]:-0} + 1 )) ;;
     esac
   done < <(sed -n 's/^test \([^ ]*\) \.\.\. \(ok\|FAILED\)$/\1 \2/p' "$run_dir/output.log")
+  if ! grep -q '^test .* \.\.\. ' "$run_dir/output.log"; then
+    echo "run $i/$n: the tier ran no test (build failure?); see $run_dir/output.log" >&2
+    exit 1
+  fi
   if [ "$rc" -ne 0 ]; then
     runs_failed=$((runs_failed + 1))
     echo "run $i/$n: FAILED (logs in $run_dir)"

@@ -256,6 +256,7 @@ async fn node_storage_resource_round_trip(client: &Client) -> Result<()> {
             volume_count: 1,
             quota: None,
             disks: vec!["/dev/loop3".into()],
+            no_disks: None,
         }],
         node_generation: Some(42),
         vg_groups: vec![VgGroup {
