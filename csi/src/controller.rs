@@ -157,6 +157,18 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
         None => Default::default(),
     };
     let mut parameters = Parameters::parse(&req.parameters)?;
+    for old in &parameters.deprecated {
+        let new = crate::params::ALIASES
+            .iter()
+            .find(|(o, _)| o == old)
+            .map_or("", |(_, n)| n);
+        tracing::warn!(
+            volume.name = %req.name,
+            parameter = %old,
+            replacement = %new,
+            "deprecated StorageClass parameter; use {new}"
+        );
+    }
     if let Some(source) = &req.volume_content_source {
         let what = match source.r#type {
             Some(csi::volume_content_source::Type::Snapshot(_)) => "snapshots",

@@ -14,6 +14,16 @@ pub const CACHE_GROUP: &str = "carina.storage.io/cache-disk-group-name";
 pub const CACHE_RATIO: &str = "carina.storage.io/cache-disk-ratio";
 pub const CACHE_POLICY: &str = "carina.storage.io/cache-policy";
 pub const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+/// Older name of [`DISK_GROUP`] that Carina's documentation still shows.
+pub const DISK_TYPE_ALIAS: &str = "carina.storage.io/disk-type";
+/// Older name of [`EXCLUSIVE`] that Carina's documentation still shows.
+pub const EXCLUSIVITY_ALIAS: &str = "carina.storage.io/exclusivity-disk";
+
+/// Deprecated keys and the keys that replace them.
+pub const ALIASES: &[(&str, &str)] = &[
+    (DISK_TYPE_ALIAS, DISK_GROUP),
+    (EXCLUSIVITY_ALIAS, EXCLUSIVE),
+];
 
 const CARINA_PREFIX: &str = "carina.storage.io/";
 
@@ -64,6 +74,9 @@ pub struct Parameters {
     pub bcache: Option<BcacheParams>,
     /// Keys we do not interpret (kept for the record).
     pub other: BTreeMap<String, String>,
+    /// Deprecated keys the request used (from [`ALIASES`]); the caller
+    /// logs a deprecation warning for each.
+    pub deprecated: Vec<&'static str>,
 }
 
 impl Parameters {
@@ -73,12 +86,31 @@ impl Parameters {
         let field = |k: &str| format!("parameters[{k:?}]");
         let mut keys: Vec<&String> = raw.keys().collect();
         keys.sort();
+        for (old, new) in ALIASES {
+            if let (Some(a), Some(b)) = (raw.get(*old), raw.get(*new))
+                && a != b
+            {
+                return Err(CsiError::invalid(
+                    field(old),
+                    format!("{a:?} contradicts {new} {b:?}; give only {new}"),
+                ));
+            }
+        }
         for key in keys {
             let value = raw[key].as_str();
-            match key.as_str() {
+            let written = key.as_str();
+            // A deprecated key is read as the key that replaced it.
+            let key = match ALIASES.iter().find(|(old, _)| old == key) {
+                Some((old, new)) => {
+                    p.deprecated.push(old);
+                    new
+                }
+                None => key.as_str(),
+            };
+            match key {
                 DISK_GROUP => {
                     if value.is_empty() {
-                        return Err(CsiError::invalid(field(key), "must not be empty"));
+                        return Err(CsiError::invalid(field(written), "must not be empty"));
                     }
                     p.group = Some(value.to_string());
                 }
@@ -88,7 +120,7 @@ impl Parameters {
                         "false" | "" => false,
                         other => {
                             return Err(CsiError::invalid(
-                                field(key),
+                                field(written),
                                 format!("{other:?} is not \"true\" or \"false\""),
                             ));
                         }
@@ -196,6 +228,34 @@ mod tests {
             Parameters::parse(&HashMap::new()).expect("empty"),
             Parameters::default()
         );
+    }
+
+    /// The older names Carina's documentation still shows mean the same,
+    /// and are reported as deprecated.
+    #[test]
+    fn deprecated_aliases() {
+        let p = Parameters::parse(&map(&[
+            (DISK_TYPE_ALIAS, "carina-raw-ssd"),
+            (EXCLUSIVITY_ALIAS, "true"),
+        ]))
+        .expect("valid");
+        assert_eq!(p.group.as_deref(), Some("carina-raw-ssd"));
+        assert!(p.exclusive);
+        assert_eq!(p.deprecated, [DISK_TYPE_ALIAS, EXCLUSIVITY_ALIAS]);
+        // Both spellings at once must agree.
+        let p = Parameters::parse(&map(&[(DISK_TYPE_ALIAS, "a"), (DISK_GROUP, "a")]))
+            .expect("agreeing");
+        assert_eq!(p.group.as_deref(), Some("a"));
+        let err = Parameters::parse(&map(&[(DISK_TYPE_ALIAS, "a"), (DISK_GROUP, "b")]))
+            .expect_err("contradicting")
+            .to_string();
+        assert!(err.contains("carina.storage.io/disk-type"), "{err}");
+        assert!(err.contains("contradicts"), "{err}");
+        // Bad values name the key the request used.
+        let err = Parameters::parse(&map(&[(EXCLUSIVITY_ALIAS, "yes")]))
+            .expect_err("not a bool")
+            .to_string();
+        assert!(err.contains("exclusivity-disk"), "{err}");
     }
 
     #[test]
