@@ -81,6 +81,9 @@ pub struct GroupConfig {
     pub activation: Activation,
     /// HOST groups: the directory that holds one directory per volume.
     pub root: Option<PathBuf>,
+    /// Only disks of this kind: `Some(true)` rotational, `Some(false)`
+    /// solid-state, `None` any (Carina v0.9's list form groups by kind).
+    pub rotational: Option<bool>,
 }
 
 impl GroupConfig {
@@ -93,6 +96,11 @@ impl GroupConfig {
             .iter()
             .any(|re| re.is_match(&path) || re.is_match(kernel_name))
     }
+
+    /// True if the group takes disks of this kind (see [`Self::rotational`]).
+    pub fn takes_kind(&self, rotational: bool) -> bool {
+        self.rotational.is_none_or(|r| r == rotational)
+    }
 }
 
 /// A validated node configuration.
@@ -104,6 +112,9 @@ pub struct Config {
     pub scheduler_strategy: SchedulerStrategy,
     /// The text it was parsed from, kept so it can be shown and pushed.
     pub source: String,
+    /// What was accepted but deserves a warning (older Carina spellings);
+    /// the caller logs them.
+    pub warnings: Vec<String>,
 }
 
 /// Node choice policy, read by the control plane.
@@ -118,8 +129,13 @@ pub enum SchedulerStrategy {
 impl Config {
     /// Parses and validates `config.json` text.
     pub fn from_json(text: &str) -> Result<Config> {
-        let raw: RawConfig =
+        let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| Error::config("config.json", e.to_string()))?;
+        if !value.is_object() {
+            return Err(Error::config("config.json", "expected a JSON object"));
+        }
+        let raw = RawConfig::deserialize(value)
+            .map_err(|e| Error::config("config.json", e.to_string()))?;
         raw.validate(text)
     }
 
@@ -135,6 +151,7 @@ impl Default for Config {
             scan_interval: DEFAULT_SCAN_INTERVAL,
             scheduler_strategy: SchedulerStrategy::default(),
             source: "{}".to_string(),
+            warnings: Vec::new(),
         }
     }
 }
@@ -142,8 +159,12 @@ impl Default for Config {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawConfig {
+    /// A list of selector objects, or Carina v0.9's list of patterns.
     #[serde(default)]
-    disk_selector: Vec<RawSelector>,
+    disk_selector: Option<serde_json::Value>,
+    /// Carina v0.9: how the list of patterns is grouped; only `type`.
+    #[serde(default)]
+    disk_group_policy: Option<String>,
     #[serde(default)]
     disk_scan_interval: Option<serde_json::Value>,
     #[serde(default)]
@@ -170,10 +191,19 @@ impl RawConfig {
             None => DEFAULT_SCAN_INTERVAL,
             Some(value) => parse_interval(value)?,
         };
+        let mut warnings = Vec::new();
         let scheduler_strategy = match self.scheduler_strategy.as_deref() {
             None | Some("") => SchedulerStrategy::default(),
             Some(s) if s.eq_ignore_ascii_case("spreadout") => SchedulerStrategy::Spreadout,
             Some(s) if s.eq_ignore_ascii_case("binpack") => SchedulerStrategy::Binpack,
+            // Carina's own documentation spells it so.
+            Some(s) if s.eq_ignore_ascii_case("spradout") => {
+                warnings.push(
+                    "schedulerStrategy: \"spradout\" is read as \"spreadout\"; write spreadout"
+                        .to_string(),
+                );
+                SchedulerStrategy::Spreadout
+            }
             Some(other) => {
                 return Err(Error::config(
                     "schedulerStrategy",
@@ -181,23 +211,47 @@ impl RawConfig {
                 ));
             }
         };
-        let mut seen = HashSet::new();
-        let mut groups = Vec::with_capacity(self.disk_selector.len());
-        for (i, sel) in self.disk_selector.into_iter().enumerate() {
-            let group = sel.validate(&format!("diskSelector[{i}]"))?;
-            if !seen.insert(group.name.clone()) {
+        let selectors = match self.disk_selector {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(items)) => items,
+            Some(other) => {
                 return Err(Error::config(
-                    format!("diskSelector[{i}].name"),
-                    format!("duplicate group name {:?}", group.name),
+                    "diskSelector",
+                    format!("expected a list, not {other}"),
                 ));
             }
-            groups.push(group);
-        }
+        };
+        let groups = if !selectors.is_empty() && selectors.iter().all(|v| v.is_string()) {
+            type_groups(&selectors, self.disk_group_policy.as_deref(), &mut warnings)?
+        } else {
+            if let Some(policy) = self.disk_group_policy.as_deref() {
+                warnings.push(format!(
+                    "diskGroupPolicy {policy:?} is ignored: the diskSelector entries name their groups"
+                ));
+            }
+            let mut seen = HashSet::new();
+            let mut groups = Vec::with_capacity(selectors.len());
+            for (i, value) in selectors.into_iter().enumerate() {
+                let at = format!("diskSelector[{i}]");
+                let sel = RawSelector::deserialize(value)
+                    .map_err(|e| Error::config(at.clone(), e.to_string()))?;
+                let group = sel.validate(&at)?;
+                if !seen.insert(group.name.clone()) {
+                    return Err(Error::config(
+                        format!("{at}.name"),
+                        format!("duplicate group name {:?}", group.name),
+                    ));
+                }
+                groups.push(group);
+            }
+            groups
+        };
         Ok(Config {
             groups,
             scan_interval,
             scheduler_strategy,
             source: text.to_string(),
+            warnings,
         })
     }
 }
@@ -260,8 +314,57 @@ impl RawSelector {
             min_disk_bytes: self.min_disk_bytes.unwrap_or(DEFAULT_MIN_DISK_BYTES),
             activation,
             root,
+            rotational: None,
         })
     }
+}
+
+/// Names of the groups Carina v0.9 made from a list of patterns.
+pub const V09_SSD_GROUP: &str = "carina-vg-ssd";
+pub const V09_HDD_GROUP: &str = "carina-vg-hdd";
+
+/// Carina v0.9's form, `"diskSelector": ["loop*", "vd*"]` with
+/// `"diskGroupPolicy": "type"`: the disks any pattern matches, grouped by
+/// kind into the LVM groups `carina-vg-ssd` and `carina-vg-hdd`.
+fn type_groups(
+    patterns: &[serde_json::Value],
+    policy: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<GroupConfig>> {
+    let mut compiled = Vec::with_capacity(patterns.len());
+    for (j, re) in patterns.iter().filter_map(|v| v.as_str()).enumerate() {
+        if re.is_empty() {
+            return Err(Error::config(format!("diskSelector[{j}]"), "empty pattern"));
+        }
+        compiled.push(Regex::new(re).map_err(|e| {
+            Error::config(format!("diskSelector[{j}]"), format!("invalid regex: {e}"))
+        })?);
+    }
+    match policy {
+        None | Some("type") => {}
+        Some(other) => warnings.push(format!(
+            "diskGroupPolicy {other:?}: disks are grouped by type, the only policy"
+        )),
+    }
+    warnings.push(format!(
+        "diskSelector is a list of patterns (Carina v0.9): read as the LVM groups \
+         {V09_SSD_GROUP} (solid-state disks) and {V09_HDD_GROUP} (rotational disks)"
+    ));
+    let group = |name: &str, rotational: bool| GroupConfig {
+        name: name.to_string(),
+        policy: Policy::Lvm,
+        patterns: compiled.clone(),
+        node_label: None,
+        reserve_bytes: DEFAULT_RESERVE_BYTES,
+        min_disk_bytes: DEFAULT_MIN_DISK_BYTES,
+        activation: Activation::Auto,
+        root: None,
+        rotational: Some(rotational),
+    };
+    Ok(vec![
+        group(V09_SSD_GROUP, false),
+        group(V09_HDD_GROUP, true),
+    ])
 }
 
 /// The disk patterns of an LVM or RAW group: at least one, each a valid
@@ -426,6 +529,45 @@ mod tests {
         assert!(!m(2, "loop3"));
     }
 
+    /// The forms Carina's documentation shows, each loading unchanged.
+    #[test]
+    fn carina_documented_forms() {
+        // v0.10+ objects, with the diskGroupPolicy line the docs keep.
+        let cfg = Config::from_json(
+            r#"{"diskSelector": [
+                  {"name": "carina-vg-ssd", "re": ["loop2+"], "policy": "LVM", "nodeLabel": "kubernetes.io/hostname"},
+                  {"name": "carina-raw-loop", "re": ["loop4", "loop5"], "policy": "RAW", "nodeLabel": "kubernetes.io/hostname"},
+                  {"name": "carina-host", "re": ["/opt/carina-hostpath"], "policy": "HOST", "nodeLabel": "kubernetes.io/hostname"}
+                ],
+                "diskScanInterval": "300", "diskGroupPolicy": "type", "schedulerStrategy": "binpack"}"#,
+        )
+        .expect("objects with diskGroupPolicy");
+        assert_eq!(cfg.groups.len(), 3);
+        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Binpack);
+        assert!(cfg.warnings.iter().any(|w| w.contains("diskGroupPolicy")));
+        // v0.9: a list of patterns grouped by disk type, and the
+        // documentation's spelling "spradout".
+        let cfg = Config::from_json(
+            r#"{"diskSelector": ["loop*", "vd*"], "diskScanInterval": "300",
+                "diskGroupPolicy": "type", "schedulerStrategy": "spradout"}"#,
+        )
+        .expect("v0.9 list form");
+        let names: Vec<_> = cfg.groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, [V09_SSD_GROUP, V09_HDD_GROUP]);
+        assert!(cfg.groups.iter().all(|g| g.policy == Policy::Lvm));
+        assert_eq!(cfg.groups[0].rotational, Some(false));
+        assert_eq!(cfg.groups[1].rotational, Some(true));
+        assert!(cfg.groups[0].matches(Path::new("/dev/vda"), "vda"));
+        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Spreadout);
+        assert_eq!(cfg.warnings.len(), 2, "{:?}", cfg.warnings);
+        // The scheduling-only form.
+        let cfg = Config::from_json(
+            r#"{"diskScanInterval": "300", "diskGroupPolicy": "type", "schedulerStrategy": "spreadout"}"#,
+        )
+        .expect("no selectors");
+        assert!(cfg.groups.is_empty());
+    }
+
     #[test]
     fn our_additions() {
         let cfg = Config::from_json(
@@ -506,7 +648,17 @@ mod tests {
             ),
             (r#"{"diskScanInterval":"soon"}"#, "diskScanInterval"),
             (r#"{"schedulerStrategy":"random"}"#, "schedulerStrategy"),
-            (r#"{"diskSelector": 3}"#, "config.json"),
+            (r#"{"diskSelector": 3}"#, "diskSelector: expected a list"),
+            (
+                r#"{"diskSelector": ["sd+", {"name": "a"}]}"#,
+                "diskSelector[0]",
+            ),
+            (
+                r#"{"diskSelector": ["("]}"#,
+                "diskSelector[0]: invalid regex",
+            ),
+            (r#"{"diskScanInterval": []}"#, "diskScanInterval"),
+            (r#"[]"#, "config.json"),
         ];
         for (text, want) in cases {
             let got = err(text);

@@ -24,6 +24,8 @@ pub struct Disk {
     pub path: PathBuf,
     pub size_bytes: u64,
     pub read_only: bool,
+    /// Spinning disk (lsblk's ROTA).
+    pub rotational: bool,
     /// `disk`, `loop`, ...
     pub kind: String,
     pub major: u32,
@@ -69,6 +71,9 @@ struct LsblkDevice {
     size: Option<u64>,
     #[serde(default)]
     ro: bool,
+    /// `true`/`false`, or `"1"`/`"0"` from older lsblk.
+    #[serde(default)]
+    rota: Option<serde_json::Value>,
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
@@ -97,7 +102,7 @@ pub struct LosetupDevice {
     pub back_file: Option<String>,
 }
 
-/// Parses `lsblk -J -b -o NAME,KNAME,PATH,SIZE,RO,TYPE,MOUNTPOINTS,MAJ:MIN`.
+/// Parses `lsblk -J -b -o NAME,KNAME,PATH,SIZE,RO,ROTA,TYPE,MOUNTPOINTS,MAJ:MIN`.
 pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
     let report: LsblkReport =
         serde_json::from_str(json).map_err(|e| Error::parse("lsblk output", e))?;
@@ -128,6 +133,8 @@ pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
             name: dev.name,
             size_bytes: dev.size.unwrap_or(0),
             read_only: dev.ro,
+            rotational: matches!(dev.rota, Some(serde_json::Value::Bool(true)))
+                || dev.rota.as_ref().and_then(|v| v.as_str()) == Some("1"),
             kind: dev.kind,
             major,
             minor,
@@ -180,7 +187,7 @@ pub async fn discover() -> Result<Vec<Disk>> {
             "-J",
             "-b",
             "-o",
-            "NAME,KNAME,PATH,SIZE,RO,TYPE,MOUNTPOINTS,MAJ:MIN",
+            "NAME,KNAME,PATH,SIZE,RO,ROTA,TYPE,MOUNTPOINTS,MAJ:MIN",
         ])
         .run()
         .await?;
@@ -272,10 +279,11 @@ pub fn assign(
 /// The group that has the first claim on `disk`: the first LVM or RAW
 /// group, in configuration order, with a pattern that matches it.
 fn first_match<'c>(config: &'c Config, disk: &Disk) -> Option<&'c GroupConfig> {
-    config
-        .groups
-        .iter()
-        .find(|g| g.policy != Policy::Host && g.matches(&disk.path, &disk.name))
+    config.groups.iter().find(|g| {
+        g.policy != Policy::Host
+            && g.matches(&disk.path, &disk.name)
+            && g.takes_kind(disk.rotational)
+    })
 }
 
 /// Whether any LVM or RAW group's pattern matches `disk`.
@@ -360,6 +368,14 @@ fn why_not(config: &Config, group: &GroupConfig, status: &DiskStatus) -> String 
     let disk = &status.disk;
     if !group.matches(&disk.path, &disk.name) {
         return "no pattern matches".into();
+    }
+    if !group.takes_kind(disk.rotational) {
+        let kind = if disk.rotational {
+            "rotational"
+        } else {
+            "solid-state"
+        };
+        return format!("a {kind} disk; the group takes the other kind");
     }
     match first_match(config, disk) {
         Some(first) if first.name != group.name => {
@@ -461,6 +477,7 @@ mod tests {
             path: PathBuf::from(format!("/dev/{name}")),
             size_bytes: 1 << 30,
             read_only: false,
+            rotational: false,
             kind: "loop".into(),
             major: 7,
             minor: 0,
@@ -616,5 +633,28 @@ mod tests {
         );
         let none = empty_groups(&cfg, &[]);
         assert!(none[0].to_string().ends_with("the scan saw no disks"));
+    }
+
+    /// Carina v0.9's list of patterns: one LVM group per disk kind.
+    #[test]
+    fn v09_type_groups_split_by_kind() {
+        let cfg = config(r#"{"diskSelector": ["loop+"], "diskGroupPolicy": "type"}"#);
+        let mut d = vec![disk("loop0"), disk("loop1"), disk("sda")];
+        d[1].rotational = true;
+        let s = assign(&cfg, &d, &[]);
+        let got: Vec<_> = s.iter().map(|s| s.group.as_deref()).collect();
+        assert_eq!(got, [Some("carina-vg-ssd"), Some("carina-vg-hdd"), None]);
+        let rotational: Vec<_> = parse_lsblk(
+            r#"{"blockdevices": [
+                {"name": "sda", "path": "/dev/sda", "size": 1, "rota": true, "type": "disk"},
+                {"name": "sdb", "path": "/dev/sdb", "size": 1, "rota": "0", "type": "disk"},
+                {"name": "sdc", "path": "/dev/sdc", "size": 1, "rota": "1", "type": "disk"}
+            ]}"#,
+        )
+        .expect("parses")
+        .iter()
+        .map(|d| d.rotational)
+        .collect();
+        assert_eq!(rotational, [true, false, true]);
     }
 }

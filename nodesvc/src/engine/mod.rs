@@ -57,6 +57,13 @@ impl Default for EngineOptions {
     }
 }
 
+/// What the configuration accepted with a warning (older Carina forms).
+fn log_config_warnings(config: &Config) {
+    for warning in &config.warnings {
+        tracing::warn!("config.json: {warning}");
+    }
+}
+
 /// True if the kernel offers device-mapper. `/dev/mapper/control` alone
 /// proves nothing (packages create the node on kernels without the
 /// driver); the driver registers itself in `/proc/misc`.
@@ -106,6 +113,7 @@ impl Engine {
     /// existing volumes (VG activation, loop mappings).
     #[instrument(skip_all, err)]
     pub async fn start(config: Config, options: EngineOptions) -> Result<Engine> {
+        log_config_warnings(&config);
         let device_mapper = options.device_mapper.unwrap_or_else(detect_device_mapper);
         let groups = build_groups(&config, &options, device_mapper)?;
         let (capacity, _) = watch::channel(CapacitySnapshot {
@@ -322,6 +330,7 @@ impl Engine {
     /// nothing), then every group is rebuilt and rescanned.
     #[instrument(skip_all, err)]
     pub async fn apply_config(&self, config: Config) -> Result<()> {
+        log_config_warnings(&config);
         let groups = build_groups(&config, &self.inner.options, self.inner.device_mapper)?;
         {
             let mut state = self.inner.state.write().await;

@@ -1059,6 +1059,7 @@ mod tests {
             path: PathBuf::from(format!("/dev/{name}")),
             size_bytes,
             read_only: false,
+            rotational: false,
             kind: "loop".into(),
             major: 7,
             minor: 0,
