@@ -79,7 +79,7 @@ stacked_on() {
 
 is_demo_node() { # is_demo_node PID: it is alive and it is our carina-node
   [ -n "$1" ] && kill -0 "$1" 2>/dev/null &&
-    tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q -- "carina-node.*--state-dir $WORK/node-state"
+    tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q -- "carina-node --config $WORK/config.json"
 }
 
 stop_node() {
@@ -178,7 +178,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 step "Work directory $WORK/"
-mkdir -p "$WORK/host" "$WORK/node-state"
+mkdir -p "$WORK/host"
 : >"$STATE"
 
 step "A sparse 2 GiB disk on a loop device"
@@ -243,7 +243,6 @@ node_args=(
   --tls-cert "$WORK/certs/node-$NODE.pem"
   --tls-key "$WORK/certs/node-$NODE-key.pem"
   --tls-ca "$WORK/certs/ca.pem"
-  --state-dir "$WORK/node-state"
   --shutdown-grace-secs 5
 )
 echo "\$ carina-node ${node_args[*]} &"

@@ -222,7 +222,6 @@ pub fn host_config(group: &str, root: &Path, reserve_bytes: u64) -> String {
 pub struct EngineDirs {
     pub root: PathBuf,
     _root: Option<tempfile::TempDir>,
-    _state: tempfile::TempDir,
 }
 
 /// An engine with one HOST group `group` (reserve 0) at `root`, or at a
@@ -235,25 +234,22 @@ pub async fn host_engine(group: &str, root: Option<&Path>) -> Result<(Engine, En
             (d.path().to_path_buf(), Some(d))
         }
     };
-    let state = tempfile::Builder::new().prefix("carina-state-").tempdir()?;
-    let engine = start_engine(&host_config(group, &root, 0), state.path()).await?;
+    let engine = start_engine(&host_config(group, &root, 0)).await?;
     Ok((
         engine,
         EngineDirs {
             root,
             _root: root_guard,
-            _state: state,
         },
     ))
 }
 
-/// An engine over `config_json` keeping its state in `state_dir`.
-pub async fn start_engine(config_json: &str, state_dir: &Path) -> Result<Engine> {
+/// An engine over `config_json`.
+pub async fn start_engine(config_json: &str) -> Result<Engine> {
     let config = Config::from_json(config_json)?;
     Ok(Engine::start(
         config,
         EngineOptions {
-            state_dir: state_dir.to_path_buf(),
             device_mapper: None,
         },
     )

@@ -44,7 +44,6 @@ struct Cluster {
     nodes: Vec<TestNode>,
     node_clients: Vec<NodeClient>,
     stop: Option<oneshot::Sender<()>>,
-    _state: Vec<tempfile::TempDir>,
     _disk: Option<LoopDisk>,
     _mounts: Vec<MountGuard>,
     _dirs: Vec<tempfile::TempDir>,
@@ -74,7 +73,6 @@ impl Cluster {
         let ca = DevCa::new("carina controller test CA", Validity::days(1))?;
         let mut dirs = Vec::new();
         let mut mounts = Vec::new();
-        let mut state = Vec::new();
         let mut roots = Vec::new();
         let mut nodes = Vec::new();
         let mut disk = None;
@@ -101,16 +99,12 @@ impl Cluster {
                 r#"{{"diskSelector":[{}],"diskScanInterval":"0"}}"#,
                 groups.join(",")
             );
-            let st = tempfile::Builder::new()
-                .prefix("carina-csi-state-")
-                .tempdir()?;
-            let engine = start_engine(&config, st.path()).await?;
+            let engine = start_engine(&config).await?;
             let server = server_cert(&ca, name, Validity::days(1))?;
             let same_ca = DevCa::from_pem(ca.cert_pem(), ca.key_pem())?;
             nodes.push(TestNode::start_with(engine, name, same_ca, &server).await?);
             roots.push(dir.path().to_path_buf());
             dirs.push(dir);
-            state.push(st);
         }
         let list = NodeList::new(
             nodes
@@ -146,7 +140,6 @@ impl Cluster {
             nodes,
             node_clients,
             stop: Some(stop),
-            _state: state,
             _disk: disk,
             _mounts: mounts,
             _dirs: dirs,

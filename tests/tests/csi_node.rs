@@ -131,7 +131,6 @@ struct Lvm {
     group: String,
     _vg: VgGuard,
     _disk: LoopDisk,
-    _state: tempfile::TempDir,
 }
 
 async fn lvm(test: &str, disk_bytes: u64) -> Option<Lvm> {
@@ -141,19 +140,14 @@ async fn lvm(test: &str, disk_bytes: u64) -> Option<Lvm> {
     let disk = LoopDisk::new(disk_bytes).expect("loop disk");
     let group = unique("vg");
     let vg = VgGuard::new(&group, &[&disk]);
-    let state = tempfile::tempdir().expect("state dir");
-    let engine = start_engine(
-        &carina_tests::disk_group_config(&group, "LVM", &[&disk], 0),
-        state.path(),
-    )
-    .await
-    .expect("engine");
+    let engine = start_engine(&carina_tests::disk_group_config(&group, "LVM", &[&disk], 0))
+        .await
+        .expect("engine");
     Some(Lvm {
         engine,
         group,
         _vg: vg,
         _disk: disk,
-        _state: state,
     })
 }
 
@@ -987,13 +981,9 @@ async fn raw_partition_is_formatted_when_blank() {
     }
     let disk = LoopDisk::new(128 * MIB).expect("loop disk");
     let group = unique("raw");
-    let state = tempfile::tempdir().expect("state dir");
-    let engine = start_engine(
-        &carina_tests::disk_group_config(&group, "RAW", &[&disk], 0),
-        state.path(),
-    )
-    .await
-    .expect("engine");
+    let engine = start_engine(&carina_tests::disk_group_config(&group, "RAW", &[&disk], 0))
+        .await
+        .expect("engine");
     let mut csi = CsiNode::start(engine.clone()).await;
     let work = WorkDir::new();
     let name = unique("pvc");

@@ -67,11 +67,9 @@ async fn bad_requests_are_typed_and_create_nothing() {
         raw_disk.pattern(),
         root.display()
     );
-    let state = tempfile::tempdir().expect("tempdir");
     let engine = Engine::start(
         Config::from_json(&config_text).expect("config"),
         EngineOptions {
-            state_dir: state.path().into(),
             device_mapper: None,
         },
     )

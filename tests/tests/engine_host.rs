@@ -95,7 +95,6 @@ struct Host {
     /// (group name, root) per configured group.
     groups: Vec<(String, PathBuf)>,
     config: String,
-    state: tempfile::TempDir,
     fs: Fs,
 }
 
@@ -126,13 +125,11 @@ impl Host {
             "diskScanInterval": "0",
         })
         .to_string();
-        let state = tempfile::tempdir().expect("tempdir");
-        let engine = start(&config, &state).await;
+        let engine = start(&config).await;
         Some(Host {
             engine,
             groups,
             config,
-            state,
             fs,
         })
     }
@@ -147,7 +144,7 @@ impl Host {
 
     /// Replaces the engine by a new one over the same configuration.
     async fn restart(&mut self) {
-        self.engine = start(&self.config, &self.state).await;
+        self.engine = start(&self.config).await;
     }
 
     fn req(&self, name: &str, size: u64) -> CreateRequest {
@@ -160,11 +157,10 @@ impl Host {
     }
 }
 
-async fn start(config: &str, state: &tempfile::TempDir) -> Engine {
+async fn start(config: &str) -> Engine {
     Engine::start(
         Config::from_json(config).expect("config"),
         EngineOptions {
-            state_dir: state.path().to_path_buf(),
             device_mapper: Some(false),
         },
     )

@@ -14,7 +14,6 @@ struct Fixture {
     group: String,
     _vg: VgGuard,
     disks: Vec<LoopDisk>,
-    _state: tempfile::TempDir,
 }
 
 fn config_json(group: &str, disks: &[LoopDisk], reserve: u64) -> String {
@@ -31,23 +30,20 @@ async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {
         .collect();
     let group = unique("vg");
     let vg = VgGuard::new(&group, &disks.iter().collect::<Vec<_>>());
-    let state = tempfile::tempdir().expect("tempdir");
-    let engine = start(&group, &disks, reserve, &state).await;
+    let engine = start(&group, &disks, reserve).await;
     Some(Fixture {
         engine,
         group,
         _vg: vg,
         disks,
-        _state: state,
     })
 }
 
-async fn start(group: &str, disks: &[LoopDisk], reserve: u64, state: &tempfile::TempDir) -> Engine {
+async fn start(group: &str, disks: &[LoopDisk], reserve: u64) -> Engine {
     let config = Config::from_json(&config_json(group, disks, reserve)).expect("config");
     Engine::start(
         config,
         EngineOptions {
-            state_dir: state.path().to_path_buf(),
             device_mapper: None,
         },
     )
@@ -329,7 +325,6 @@ async fn a_new_engine_finds_existing_volumes() {
         group,
         _vg,
         disks,
-        _state,
     } = f;
     drop(engine);
     // Simulate a reboot: the loop exposures are gone.
@@ -338,7 +333,7 @@ async fn a_new_engine_finds_existing_volumes() {
             run("losetup", &["-d", &stacked]).expect("detach");
         }
     }
-    let engine = start(&group, &disks, 0, &_state).await;
+    let engine = start(&group, &disks, 0).await;
     let vols = engine.list_volumes(None).await.expect("list");
     assert_eq!(vols.len(), 2);
     for (old, new) in [(&a, &vols[0]), (&b, &vols[1])] {

@@ -20,13 +20,12 @@ struct Fixture {
     group: String,
     disks: Vec<LoopDisk>,
     reserve: u64,
-    state: tempfile::TempDir,
 }
 
 impl Fixture {
     /// A second engine over the same disks, as after a restart.
     async fn restart(&self) -> Engine {
-        start(&self.group, &self.disks, self.reserve, &self.state).await
+        start(&self.group, &self.disks, self.reserve).await
     }
 
     fn req(&self, name: &str, size: u64) -> CreateRequest {
@@ -77,23 +76,20 @@ async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {
         .map(|s| LoopDisk::new(*s).expect("loop disk"))
         .collect();
     let group = unique("raw");
-    let state = tempfile::tempdir().expect("tempdir");
-    let engine = start(&group, &disks, reserve, &state).await;
+    let engine = start(&group, &disks, reserve).await;
     Some(Fixture {
         engine,
         group,
         disks,
         reserve,
-        state,
     })
 }
 
-async fn start(group: &str, disks: &[LoopDisk], reserve: u64, state: &tempfile::TempDir) -> Engine {
+async fn start(group: &str, disks: &[LoopDisk], reserve: u64) -> Engine {
     let config = Config::from_json(&config_json(group, disks, reserve)).expect("config");
     Engine::start(
         config,
         EngineOptions {
-            state_dir: state.path().to_path_buf(),
             device_mapper: Some(false),
         },
     )

@@ -73,8 +73,7 @@ async fn lvm_volume_over_grpc_and_aborted_concurrent_operation() {
     let disk = LoopDisk::new(256 * MIB).expect("loop disk");
     let group = unique("vg");
     let _vg = VgGuard::new(&group, &[&disk]);
-    let state = tempfile::tempdir().expect("tempdir");
-    let engine = start_engine(&config_json(&group, &disk), state.path())
+    let engine = start_engine(&config_json(&group, &disk))
         .await
         .expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");

@@ -97,11 +97,8 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
     let disk = LoopDisk::new(64 << 20).expect("loop disk");
     let group = unique("vg");
     let _vg = VgGuard::new(&group, &[&disk]);
-    let state = tempfile::tempdir().expect("tempdir");
     let config_json = carina_tests::disk_group_config(&group, "LVM", &[&disk], 0);
-    let engine = start_engine(&config_json, state.path())
-        .await
-        .expect("engine");
+    let engine = start_engine(&config_json).await.expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");
     let channel = connect(
         &node.endpoint(),

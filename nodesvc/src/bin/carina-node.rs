@@ -67,10 +67,6 @@ struct Args {
     #[arg(long, env = "CARINA_METRICS_LISTEN", default_value = "127.0.0.1:9180")]
     metrics_listen: SocketAddr,
 
-    /// Where the engine keeps node-local state.
-    #[arg(long, env = "CARINA_STATE_DIR", default_value = "/var/lib/carina")]
-    state_dir: PathBuf,
-
     /// Seconds in-flight calls may run on after SIGTERM.
     #[arg(long, env = "CARINA_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     shutdown_grace_secs: u64,
@@ -112,7 +108,6 @@ async fn run(args: Args) -> Result<()> {
     let engine = Engine::start(
         config.clone(),
         EngineOptions {
-            state_dir: args.state_dir.clone(),
             device_mapper: None,
         },
     )

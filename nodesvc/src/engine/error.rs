@@ -83,6 +83,15 @@ pub enum Error {
     /// Output of a command or a marker file could not be understood.
     #[error("cannot parse {what}: {reason}")]
     Parse { what: String, reason: String },
+
+    /// Work the engine ran on the blocking pool ended without a result
+    /// (it panicked, or the runtime is shutting down).
+    #[error("{what} did not finish: {source}")]
+    Task {
+        what: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 impl Error {
@@ -108,6 +117,13 @@ impl Error {
         Error::Io {
             action,
             path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn task(what: impl Into<String>, source: tokio::task::JoinError) -> Self {
+        Error::Task {
+            what: what.into(),
             source,
         }
     }

@@ -26,7 +26,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::EngineOptions;
 use super::backend::Backend;
 use super::config::{GroupConfig, Policy};
 use super::disks::Disk;
@@ -85,7 +84,7 @@ struct Store {
 impl HostGroup {
     /// A group over `config.root`, which is created on the first rescan if
     /// missing. A configuration without a root is `InvalidConfig`.
-    pub fn new(config: GroupConfig, _options: &EngineOptions) -> Result<HostGroup> {
+    pub fn new(config: GroupConfig) -> Result<HostGroup> {
         let root = config.root.clone().ok_or_else(|| {
             Error::config(
                 format!("diskSelector[{}].root", config.name),
@@ -120,7 +119,10 @@ impl HostGroup {
         match tokio::task::spawn_blocking(move || f(&store)).await {
             Ok(result) => result,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(Error::io("work on", &self.store.root, io::Error::other(e))),
+            Err(e) => Err(Error::task(
+                format!("work on {}", self.store.root.display()),
+                e,
+            )),
         }
     }
 
@@ -695,7 +697,7 @@ mod tests {
             root.to_str().expect("temp paths are UTF-8")
         );
         let config = Config::from_json(&text).expect("valid config");
-        HostGroup::new(config.groups[0].clone(), &EngineOptions::default()).expect("group")
+        HostGroup::new(config.groups[0].clone()).expect("group")
     }
 
     fn req(name: &str, size: u64) -> CreateRequest {
@@ -760,7 +762,7 @@ mod tests {
         let text = r#"{"diskSelector":[{"name":"dirs","policy":"HOST","root":"/x"}]}"#;
         let mut config = Config::from_json(text).expect("valid").groups[0].clone();
         config.root = None;
-        let err = HostGroup::new(config, &EngineOptions::default()).expect_err("no root");
+        let err = HostGroup::new(config).expect_err("no root");
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
     }
 

@@ -39,22 +39,10 @@ pub use error::{Error, Result};
 pub use volume::{CapacitySnapshot, ChangeReason, CreateRequest, GroupCapacity, QuotaMode, Volume};
 
 /// Settings of the engine that are not part of `config.json`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct EngineOptions {
-    /// Where the engine keeps its own state (HOST markers live with the
-    /// volumes; this is for anything node-local).
-    pub state_dir: PathBuf,
     /// Whether the kernel has device-mapper; `None` detects it.
     pub device_mapper: Option<bool>,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            state_dir: PathBuf::from("/var/lib/carina"),
-            device_mapper: None,
-        }
-    }
 }
 
 /// What the configuration accepted with a warning (older Carina forms).
@@ -82,7 +70,6 @@ pub struct Engine {
 
 #[derive(Debug)]
 struct Inner {
-    options: EngineOptions,
     device_mapper: bool,
     state: RwLock<State>,
     locks: locks::VolumeLocks,
@@ -115,7 +102,7 @@ impl Engine {
     pub async fn start(config: Config, options: EngineOptions) -> Result<Engine> {
         log_config_warnings(&config);
         let device_mapper = options.device_mapper.unwrap_or_else(detect_device_mapper);
-        let groups = build_groups(&config, &options, device_mapper)?;
+        let groups = build_groups(&config, device_mapper)?;
         let (capacity, _) = watch::channel(CapacitySnapshot {
             generation: 0,
             reason: ChangeReason::Start,
@@ -123,7 +110,6 @@ impl Engine {
         });
         let engine = Engine {
             inner: Arc::new(Inner {
-                options,
                 device_mapper,
                 state: RwLock::new(State { config, groups }),
                 locks: locks::VolumeLocks::default(),
@@ -140,10 +126,6 @@ impl Engine {
     /// Whether LVM volumes use device-mapper (otherwise loop exposure).
     pub fn device_mapper(&self) -> bool {
         self.inner.device_mapper
-    }
-
-    pub fn options(&self) -> &EngineOptions {
-        &self.inner.options
     }
 
     /// The configuration in force.
@@ -331,7 +313,7 @@ impl Engine {
     #[instrument(skip_all, err)]
     pub async fn apply_config(&self, config: Config) -> Result<()> {
         log_config_warnings(&config);
-        let groups = build_groups(&config, &self.inner.options, self.inner.device_mapper)?;
+        let groups = build_groups(&config, self.inner.device_mapper)?;
         {
             let mut state = self.inner.state.write().await;
             // Wait for in-flight mutations of the old groups to finish.
@@ -547,17 +529,13 @@ impl Engine {
     }
 }
 
-fn build_groups(
-    config: &Config,
-    options: &EngineOptions,
-    device_mapper: bool,
-) -> Result<BTreeMap<String, GroupSlot>> {
+fn build_groups(config: &Config, device_mapper: bool) -> Result<BTreeMap<String, GroupSlot>> {
     let mut groups = BTreeMap::new();
     for group in &config.groups {
         let backend: Arc<dyn Backend> = match group.policy {
             Policy::Lvm => Arc::new(lvm::LvmGroup::new(group.clone(), device_mapper)?),
             Policy::Raw => Arc::new(raw::RawGroup::new(group.clone())),
-            Policy::Host => Arc::new(host::HostGroup::new(group.clone(), options)?),
+            Policy::Host => Arc::new(host::HostGroup::new(group.clone())?),
         };
         groups.insert(
             group.name.clone(),

@@ -412,7 +412,7 @@ async fn read_record(path: &Path) -> Result<Vec<Option<Slot>>> {
         Ok(buf.chunks(SLOT_BYTES).map(decode_slot).collect())
     })
     .await
-    .map_err(|e| Error::parse("name record", e))?
+    .map_err(|e| Error::task("reading a name record", e))?
 }
 
 /// Writes slot `number` (or clears it) and flushes it to the disk.
@@ -438,7 +438,7 @@ async fn write_slot(path: &Path, number: u32, slot: Option<&Slot>) -> Result<()>
             .map_err(|e| Error::io("write the name record of", &path, e))
     })
     .await
-    .map_err(|e| Error::parse("name record", e))?
+    .map_err(|e| Error::task("writing a name record", e))?
 }
 
 /// The kernel name of partition `number` of `disk`, from sysfs (never

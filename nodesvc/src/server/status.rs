@@ -10,6 +10,8 @@
 //! | `Busy` | `ABORTED` |
 //! | `Command(TimedOut)` | `DEADLINE_EXCEEDED` |
 //! | `Command(Spawn | Failed)`, `Io`, `Parse` | `INTERNAL` |
+//! | `Task` cancelled (shutting down) | `UNAVAILABLE` |
+//! | `Task` panicked | `INTERNAL` |
 //!
 //! The message is the error's `Display`, which names the field, volume or
 //! group, and for commands the command line and its stderr.
@@ -34,6 +36,10 @@ pub fn code(e: &Error) -> Code {
         Error::Command(CommandError::Spawn { .. } | CommandError::Failed { .. })
         | Error::Io { .. }
         | Error::Parse { .. } => Code::Internal,
+        // Cancelled: the node is shutting down, a retry elsewhere or later
+        // works. A panic is a bug.
+        Error::Task { source, .. } if source.is_cancelled() => Code::Unavailable,
+        Error::Task { .. } => Code::Internal,
     }
 }
 
@@ -156,5 +162,26 @@ mod tests {
             assert_eq!(status.code(), want, "{}", status.message());
             assert!(status.message().contains(text), "{}", status.message());
         }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_did_not_finish_is_not_a_parse_error() {
+        let cancelled = tokio::spawn(std::future::pending::<()>());
+        cancelled.abort();
+        let e = cancelled.await.expect_err("aborted");
+        let status = Status::from(Error::Task {
+            what: "reading the name record of /dev/loop3".into(),
+            source: e,
+        });
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(
+            status.message().contains("did not finish"),
+            "{}",
+            status.message()
+        );
+        let panicked = tokio::spawn(async { panic!("boom") })
+            .await
+            .expect_err("panicked");
+        assert_eq!(code(&Error::task("x", panicked)), Code::Internal);
     }
 }

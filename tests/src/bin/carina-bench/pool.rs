@@ -9,12 +9,11 @@ use carina_node::engine::{Config, Engine, EngineOptions};
 use carina_tests::{LoopDisk, VgGuard, unique};
 
 /// Fields drop in order: the engine, the VG (and the loop devices stacked
-/// on it), the state directory, then the disk.
+/// on it), then the disk.
 pub struct LvmPool {
     pub engine: Engine,
     pub vg: String,
     _guard: VgGuard,
-    _state: tempfile::TempDir,
     pub disk: LoopDisk,
 }
 
@@ -24,12 +23,10 @@ impl LvmPool {
         let disk = LoopDisk::new(disk_bytes)?;
         let vg = unique(prefix);
         let guard = VgGuard::new(&vg, &[&disk]);
-        let state = tempfile::tempdir()?;
         let config = Config::from_json(&carina_tests::disk_group_config(&vg, "LVM", &[&disk], 0))?;
         let engine = Engine::start(
             config,
             EngineOptions {
-                state_dir: state.path().into(),
                 device_mapper: None,
             },
         )
@@ -38,7 +35,6 @@ impl LvmPool {
             engine,
             vg,
             _guard: guard,
-            _state: state,
             disk,
         })
     }
