@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build demo demo-clean test test-unit test-engine test-grpc test-repeat lint bench deps tools
+.PHONY: all build demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold lint bench deps tools
 
 all: build
 
@@ -30,6 +30,10 @@ test-engine: deps
 	hack/test.sh engine
 test-grpc: deps
 	hack/test.sh grpc
+
+## test-cold: every tier as on a fresh machine, with empty tool and build caches (prints its time)
+test-cold: deps
+	hack/test-cold.sh
 
 ## test-repeat: run one tier N times in a row and count passes per test (make test-repeat N=20 TIER=kube)
 N ?= 20
