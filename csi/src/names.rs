@@ -1,34 +1,66 @@
-//! From a CSI volume name (any string up to 128 bytes) to a node-local
-//! volume name: kept as it is when it is plainly safe for LVM, partition
-//! and directory names, otherwise `csi-` plus a hash of the name, so the
-//! same CSI name always maps to the same volume (idempotency).
+//! The one rule from a CSI volume name (any string up to 128 bytes) to the
+//! volume's name everywhere else: the node-local volume (LVM LV, partition,
+//! directory), the `LogicVolume` object in Kubernetes, the in-flight key of
+//! the controller and the volume id in direct mode.
+//!
+//! A name is kept as it is when it is plainly safe for all of them: at most
+//! 63 bytes of lower-case letters, digits, `-` and `.` (a DNS-1123
+//! subdomain, which LVM, GPT names and directories also accept), starting
+//! and ending with a letter or digit, no `..`, and none of the prefixes LVM
+//! reserves (`snapshot`, `pvmove`) or ours (`csi-`). Any other name becomes
+//! `csi-` plus 32 hex digits of its SHA-256, so the same CSI name always
+//! maps to the same volume (idempotency) and different names to different
+//! volumes.
 
 use sha2::{Digest, Sha256};
 
 /// Longest CSI name kept as it is.
 const MAX_KEPT: usize = 63;
+/// Prefix of hashed names.
+const HASHED_PREFIX: &str = "csi-";
+/// Hex digits of the hash in a hashed name.
+const HASH_HEX: usize = 32;
 
-/// The node-local volume name for a CSI volume name.
+/// The volume name for a CSI volume name.
 pub fn local_name(csi_name: &str) -> String {
     if is_plain(csi_name) {
         return csi_name.to_string();
     }
     let digest = Sha256::digest(csi_name.as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("csi-{hex}")
+    let hex: String = digest
+        .iter()
+        .take(HASH_HEX / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{HASHED_PREFIX}{hex}")
+}
+
+/// Whether `name` is a name [`local_name`] can return: anything else
+/// cannot name a volume we made, so a lookup can answer "not found"
+/// without asking anyone.
+pub fn is_local_name(name: &str) -> bool {
+    let hashed = name.strip_prefix(HASHED_PREFIX).is_some_and(|h| {
+        h.len() == HASH_HEX
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
+    hashed || is_plain(name)
 }
 
 fn is_plain(name: &str) -> bool {
-    let mut chars = name.chars();
-    let Some(first) = chars.next() else {
+    let bytes = name.as_bytes();
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
         return false;
     };
+    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
     name.len() <= MAX_KEPT
-        && first.is_ascii_alphanumeric()
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '+'))
+        && alnum(first)
+        && alnum(last)
+        && bytes.iter().all(|b| alnum(b) || matches!(b, b'-' | b'.'))
+        && !name.contains("..")
         && !name.starts_with("snapshot")
         && !name.starts_with("pvmove")
-        && !name.starts_with("csi-")
+        && !name.starts_with(HASHED_PREFIX)
 }
 
 #[cfg(test)]
@@ -37,11 +69,10 @@ mod tests {
 
     #[test]
     fn plain_names_are_kept() {
-        assert_eq!(
-            local_name("pvc-0a1b2c3d-4e5f-6789-abcd-ef0123456789"),
-            "pvc-0a1b2c3d-4e5f-6789-abcd-ef0123456789"
-        );
-        assert_eq!(local_name("data.1"), "data.1");
+        for plain in ["pvc-0a1b2c3d-4e5f-6789-abcd-ef0123456789", "data.1", "a"] {
+            assert_eq!(local_name(plain), plain);
+            assert!(is_local_name(plain));
+        }
     }
 
     #[test]
@@ -50,16 +81,34 @@ mod tests {
             "a b",
             "_x",
             "sanity name with spaces",
+            "sanity-controller-create-4D9A8C1E-29F1BAA6",
+            "Upper",
+            "a_b",
+            "a+b",
+            "-x",
+            "x-",
+            "a..b",
             "snapshot-1",
+            "pvmove0",
             "csi-abc",
+            "",
             &"x".repeat(64),
             "vol/1",
             "ü",
         ] {
             let n = local_name(odd);
             assert!(n.starts_with("csi-") && n.len() == 36, "{odd:?} -> {n}");
+            assert!(
+                n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{n}"
+            );
             assert_eq!(n, local_name(odd), "stable");
+            assert!(is_local_name(&n));
+            assert!(!is_local_name(odd), "{odd:?} is no volume name");
         }
         assert_ne!(local_name("a b"), local_name("a  b"));
+        assert_ne!(local_name("Upper"), local_name("upper"));
+        assert!(!is_local_name("csi-0123456789ABCDEF0123456789abcdef"));
     }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use carina_controlplane::crd::LogicVolume;
 use carina_controlplane::kube::bridge::quantity_bytes;
-use carina_controlplane::kube::naming::object_name;
+use carina_csi::names::local_name as object_name;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;

@@ -11,7 +11,7 @@
 //!
 //! Conventions every part relies on:
 //! - The `LogicVolume` object's name is the node-local volume name
-//!   ([`naming::object_name`] of the CSI name); the volume id is
+//!   ([`carina_csi::names::local_name`] of the CSI name); the volume id is
 //!   `carina_csi::volume_id::VolumeId { volume: <object name>, node }`.
 //! - `status.code` is the numeric gRPC code of the last node operation
 //!   (`tonic::Code as i32`; 0 = OK), `status.message` its message.
@@ -23,7 +23,6 @@ pub mod capacity;
 pub mod config_push;
 pub mod endpoints;
 pub mod leader;
-pub mod naming;
 pub mod provisioner;
 
 /// Annotation on a `LogicVolume` asking for a whole RAW disk.

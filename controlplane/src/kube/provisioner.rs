@@ -22,8 +22,9 @@
 //! then rounded to 1 MiB ([`FALLBACK_UNIT`]) and the node rounds further
 //! and checks the room itself.
 //!
-//! **Idempotency.** The object's name is [`naming::object_name`] of the CSI
-//! name. An existing object that fits the request (size within the range,
+//! **Idempotency.** The object's name is the volume's local name
+//! ([`carina_csi::names::local_name`] of the CSI name, the one rule every
+//! control plane and the node share). An existing object that fits the request (size within the range,
 //! the requested group, exclusivity, an accessible node) is returned once
 //! made, or waited for while in progress; one that does not fit is
 //! `ALREADY_EXISTS`. A create that failed for good (any code but
@@ -59,6 +60,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use carina_csi::names;
 use carina_csi::params::FsType;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
@@ -77,7 +79,7 @@ use kube::{Client, ResourceExt};
 use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{EXCLUSIVE_ANNOTATION, naming};
+use super::EXCLUSIVE_ANNOTATION;
 use crate::crd::quantity::quantity_bytes;
 use crate::crd::{
     DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, LogicVolumeStatus,
@@ -412,7 +414,7 @@ impl KubeProvisioner {
             Err(CsiError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e),
         };
-        if !is_object_name(&id.volume) {
+        if !names::is_local_name(&id.volume) {
             return Ok(None);
         }
         let lv = self
@@ -515,17 +517,6 @@ fn api_error(what: &str, e: kube::Error) -> CsiError {
         // Transport: the apiserver cannot be reached now.
         _ => CsiError::Unavailable(format!("{what}: {e}")),
     }
-}
-
-/// Whether `name` can be an object name we made (anything else cannot
-/// exist, and asking the apiserver for it would be an invalid request).
-fn is_object_name(name: &str) -> bool {
-    let hashed = name.strip_prefix("csi-").is_some_and(|h| {
-        h.len() == 32
-            && h.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    });
-    hashed || naming::object_name(name) == name
 }
 
 fn fs_type(req: &VolumeRequest) -> Option<FsType> {
@@ -806,7 +797,7 @@ fn new_object(name: &str, req: &VolumeRequest, target: &Target) -> LogicVolume {
 impl Provisioner for KubeProvisioner {
     #[tracing::instrument(name = "kube.create_volume", skip_all, err(level = "info"), fields(volume.name = %req.name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
-        let name = naming::object_name(&req.name);
+        let name = req.local_name.clone();
         let existing = self
             .lvs
             .get_opt(&name)
@@ -1347,12 +1338,5 @@ mod tests {
         assert_eq!(o.annotations()[EXCLUSIVE_ANNOTATION], "true");
         // No OpenTelemetry layer here: no trace to carry.
         assert!(!o.annotations().contains_key(TRACEPARENT_ANNOTATION));
-    }
-
-    #[test]
-    fn names_we_could_have_made() {
-        assert!(is_object_name("pvc-1"));
-        assert!(is_object_name(&naming::object_name("Odd Name")));
-        assert!(!is_object_name("Odd Name"));
     }
 }
