@@ -20,8 +20,8 @@
 //!   volume and volumes created meanwhile that sort later are seen. A token
 //!   this service did not issue is `ABORTED`, as the spec asks.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use carina_proto::csi;
 use carina_proto::csi::controller_server::{Controller, ControllerServer};
@@ -30,6 +30,7 @@ use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use tonic::{Code, Request, Response, Status};
 
+use crate::busy::{BusyNames, Held, busy_message};
 use crate::error::CsiError;
 use crate::names::local_name;
 use crate::params::{FsType, Parameters};
@@ -285,49 +286,12 @@ pub fn decode_token(token: &str) -> Result<String, CsiError> {
     String::from_utf8(bytes).map_err(|_| bad())
 }
 
-/// Volume names with an operation in progress.
-#[derive(Debug, Clone, Default)]
-struct InFlight(Arc<Mutex<HashSet<String>>>);
-
-impl InFlight {
-    /// Claims `volume`; `ABORTED` if an operation on it is running.
-    fn claim(&self, volume: &str) -> Result<Claim, CsiError> {
-        // A panic while holding this lock cannot leave the set half-changed
-        // (insert and remove are single calls), so a poisoned lock is fine.
-        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if !set.insert(volume.to_string()) {
-            return Err(CsiError::Aborted(format!(
-                "an operation on volume {volume:?} is already in progress"
-            )));
-        }
-        Ok(Claim {
-            set: self.0.clone(),
-            volume: volume.to_string(),
-        })
-    }
-}
-
-/// Releases its volume when dropped (also when the call is cancelled).
-struct Claim {
-    set: Arc<Mutex<HashSet<String>>>,
-    volume: String,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.set
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.volume);
-    }
-}
-
 /// The CSI Controller service. Cheap to clone; clones share the in-flight
 /// set.
 #[derive(Debug)]
 pub struct ControllerService<P> {
     provisioner: Arc<P>,
-    in_flight: InFlight,
+    in_flight: BusyNames,
 }
 
 impl<P> Clone for ControllerService<P> {
@@ -343,7 +307,7 @@ impl<P: Provisioner> ControllerService<P> {
     pub fn new(provisioner: Arc<P>) -> Self {
         ControllerService {
             provisioner,
-            in_flight: InFlight::default(),
+            in_flight: BusyNames::default(),
         }
     }
 
@@ -352,13 +316,20 @@ impl<P: Provisioner> ControllerService<P> {
         ControllerServer::new(self)
     }
 
+    /// Claims `volume` for one call; `ABORTED` if a call on it is running.
+    fn claim(&self, volume: &str) -> Result<Held, CsiError> {
+        self.in_flight
+            .try_hold(volume)
+            .ok_or_else(|| CsiError::Aborted(busy_message(volume)))
+    }
+
     #[tracing::instrument(name = "Controller/CreateVolume", skip_all, err(level = "info"), fields(volume.name = %req.name))]
     async fn create(
         &self,
         req: csi::CreateVolumeRequest,
     ) -> Result<csi::CreateVolumeResponse, CsiError> {
         let request = volume_request(&req)?;
-        let _claim = self.in_flight.claim(&request.local_name)?;
+        let _claim = self.claim(&request.local_name)?;
         let volume = self.provisioner.create_volume(&request).await?;
         tracing::info!(volume.id = %volume.volume_id, volume.size = volume.capacity_bytes, "volume ready");
         Ok(csi::CreateVolumeResponse {
@@ -378,7 +349,7 @@ impl<P: Provisioner> ControllerService<P> {
             Err(CsiError::NotFound(_)) => return Ok(csi::DeleteVolumeResponse {}),
             Err(e) => return Err(e),
         };
-        let _claim = self.in_flight.claim(&id.volume)?;
+        let _claim = self.claim(&id.volume)?;
         match self.provisioner.delete_volume(&req.volume_id).await {
             Err(e) if e.code() != Code::NotFound => Err(e),
             _ => Ok(csi::DeleteVolumeResponse {}),
@@ -410,7 +381,7 @@ impl<P: Provisioner> ControllerService<P> {
             .map(|c| check_capability("volume_capability", c))
             .transpose()?;
         let id = VolumeId::parse(&req.volume_id)?;
-        let _claim = self.in_flight.claim(&id.volume)?;
+        let _claim = self.claim(&id.volume)?;
         let size = self
             .provisioner
             .expand_volume(&req.volume_id, &range)

@@ -7,6 +7,7 @@
 //! live in [`types`]; [`error::CsiError`] is mapped to `tonic::Status` in
 //! one place.
 
+pub mod busy;
 pub mod command;
 pub mod controller;
 pub mod error;

@@ -26,11 +26,11 @@
 //! device) `FAILED_PRECONDITION`, command failures `INTERNAL` with the
 //! command line and stderr.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::Metadata;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use carina_proto::csi;
@@ -39,6 +39,7 @@ use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use tonic::{Code, Request, Response, Status};
 
+use crate::busy::{BusyNames, Held, busy_message};
 use crate::error::CsiError;
 use crate::format;
 use crate::mount::{self, MountEntry, MountTable};
@@ -51,7 +52,7 @@ use crate::{TOPOLOGY_KEY, context};
 #[derive(Debug)]
 pub struct NodeService<L> {
     volumes: Arc<L>,
-    busy: Arc<Mutex<HashSet<String>>>,
+    busy: BusyNames,
 }
 
 impl<L> Clone for NodeService<L> {
@@ -60,22 +61,6 @@ impl<L> Clone for NodeService<L> {
             volumes: self.volumes.clone(),
             busy: self.busy.clone(),
         }
-    }
-}
-
-/// Held while one call on a volume id runs.
-#[derive(Debug)]
-struct Busy {
-    set: Arc<Mutex<HashSet<String>>>,
-    id: String,
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.set
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
     }
 }
 
@@ -117,22 +102,15 @@ impl<L: LocalVolumes> NodeService<L> {
     pub fn from_arc(volumes: Arc<L>) -> Self {
         NodeService {
             volumes,
-            busy: Arc::new(Mutex::new(HashSet::new())),
+            busy: BusyNames::default(),
         }
     }
 
     /// Takes the volume id for one call, or `ABORTED` if a call holds it.
-    fn lock(&self, volume_id: &str) -> Result<Busy, CsiError> {
-        let mut set = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        if !set.insert(volume_id.to_string()) {
-            return Err(CsiError::Aborted(format!(
-                "an operation on volume {volume_id:?} is already in progress"
-            )));
-        }
-        Ok(Busy {
-            set: self.busy.clone(),
-            id: volume_id.to_string(),
-        })
+    fn lock(&self, volume_id: &str) -> Result<Held, CsiError> {
+        self.busy
+            .try_hold(volume_id)
+            .ok_or_else(|| CsiError::Aborted(busy_message(volume_id)))
     }
 
     /// The volume, or `NOT_FOUND` if it is not on this node.

@@ -1,45 +1,22 @@
-//! Per-volume operation locks: a second operation on a name that is busy
-//! fails at once with [`Error::Busy`] (ABORTED on the wire) instead of
-//! queueing behind the first.
+//! Per-volume operation locks: the workspace's one busy lock
+//! ([`carina_csi::busy`]), a refusal being [`Error::Busy`] (ABORTED on the
+//! wire) instead of queueing behind the first operation.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use carina_csi::busy::{BusyNames, Held};
 
 use super::error::{Error, Result};
 
 /// The set of volume names with an operation in progress.
 #[derive(Debug, Default, Clone)]
-pub struct VolumeLocks {
-    busy: Arc<Mutex<HashSet<String>>>,
-}
-
-/// Held while an operation on one volume runs; releases on drop.
-#[derive(Debug)]
-pub struct VolumeGuard {
-    busy: Arc<Mutex<HashSet<String>>>,
-    name: String,
-}
+pub struct VolumeLocks(BusyNames);
 
 impl VolumeLocks {
-    /// Takes the lock for `name`, or `Busy` if it is held.
-    pub fn try_lock(&self, name: &str) -> Result<VolumeGuard> {
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        if !busy.insert(name.to_string()) {
-            return Err(Error::Busy {
-                name: name.to_string(),
-            });
-        }
-        Ok(VolumeGuard {
-            busy: self.busy.clone(),
+    /// Takes the lock for `name`, or `Busy` if it is held; released when
+    /// the guard drops.
+    pub fn try_lock(&self, name: &str) -> Result<Held> {
+        self.0.try_hold(name).ok_or_else(|| Error::Busy {
             name: name.to_string(),
         })
-    }
-}
-
-impl Drop for VolumeGuard {
-    fn drop(&mut self) {
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        busy.remove(&self.name);
     }
 }
 
@@ -48,11 +25,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn second_lock_is_busy_until_release() {
+    fn a_busy_name_is_error_busy() {
         let locks = VolumeLocks::default();
         let g = locks.try_lock("a").expect("free");
         assert!(matches!(locks.try_lock("a"), Err(Error::Busy { .. })));
-        let _b = locks.try_lock("b").expect("other names are free");
         drop(g);
         locks.try_lock("a").expect("released on drop");
     }
