@@ -91,6 +91,72 @@ struct CsiNode {
 }
 
 impl CsiNode {
+    /// NodeStageVolume of `id` at `staging`.
+    async fn stage(
+        &mut self,
+        id: &str,
+        staging: &Path,
+        cap: csi::VolumeCapability,
+    ) -> Result<(), tonic::Status> {
+        self.node
+            .node_stage_volume(stage_req(id, staging, cap))
+            .await
+            .map(drop)
+    }
+
+    /// NodePublishVolume of `id` from `staging` at `target`.
+    async fn publish(
+        &mut self,
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: csi::VolumeCapability,
+        readonly: bool,
+    ) -> Result<(), tonic::Status> {
+        self.node
+            .node_publish_volume(publish_req(id, staging, target, cap, readonly))
+            .await
+            .map(drop)
+    }
+
+    /// NodeUnpublishVolume of `id` at `target`.
+    async fn unpublish(&mut self, id: &str, target: &Path) -> Result<(), tonic::Status> {
+        self.node
+            .node_unpublish_volume(unpublish_req(id, target))
+            .await
+            .map(drop)
+    }
+
+    /// NodeUnstageVolume of `id` at `staging`.
+    async fn unstage(&mut self, id: &str, staging: &Path) -> Result<(), tonic::Status> {
+        self.node
+            .node_unstage_volume(unstage_req(id, staging))
+            .await
+            .map(drop)
+    }
+
+    /// Stages `id` at `staging` and publishes it at `target`, read-write.
+    async fn stage_and_publish(
+        &mut self,
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: csi::VolumeCapability,
+    ) {
+        self.stage(id, staging, cap.clone()).await.expect("stage");
+        self.publish(id, staging, target, cap, false)
+            .await
+            .expect("publish");
+    }
+
+    /// Unpublishes `id` from each of `targets`, then unstages it.
+    async fn unpublish_and_unstage(&mut self, id: &str, staging: &Path, targets: &[&Path]) {
+        for target in targets {
+            self.unpublish(id, target).await.expect("unpublish");
+        }
+        self.unstage(id, staging).await.expect("unstage");
+    }
+
     async fn start(engine: Engine) -> CsiNode {
         let sock_dir = tempfile::Builder::new()
             .prefix("carina-csi-sock-")
@@ -309,33 +375,23 @@ async fn restage_keeps_data_and_calls_are_idempotent() {
 
     // The CO did not create the staging dir: the node does. Twice is OK.
     for _ in 0..2 {
-        csi.node
-            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
-            .await
-            .expect("stage");
+        csi.stage(&id, &staging, cap.clone()).await.expect("stage");
     }
     assert_eq!(blkid_type(&device).as_deref(), Some("ext4"), "default fs");
     for _ in 0..2 {
-        csi.node
-            .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        csi.publish(&id, &staging, &target, cap.clone(), false)
             .await
             .expect("publish");
     }
     // Same target, other readonly flag: incompatible.
     let err = csi
-        .node
-        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), true))
+        .publish(&id, &staging, &target, cap.clone(), true)
         .await
         .expect_err("incompatible");
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
     // Staged again as another fs type: incompatible.
     let err = csi
-        .node
-        .node_stage_volume(stage_req(
-            &id,
-            &staging,
-            mount_cap(Mode::SingleNodeWriter, "xfs"),
-        ))
+        .stage(&id, &staging, mount_cap(Mode::SingleNodeWriter, "xfs"))
         .await
         .expect_err("incompatible");
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
@@ -359,17 +415,11 @@ async fn restage_keeps_data_and_calls_are_idempotent() {
     );
 
     for _ in 0..2 {
-        csi.node
-            .node_unpublish_volume(unpublish_req(&id, &target))
-            .await
-            .expect("unpublish");
+        csi.unpublish(&id, &target).await.expect("unpublish");
     }
     assert!(!target.exists(), "the node removes the target it created");
     for _ in 0..2 {
-        csi.node
-            .node_unstage_volume(unstage_req(&id, &staging))
-            .await
-            .expect("unstage");
+        csi.unstage(&id, &staging).await.expect("unstage");
     }
     assert!(work.mounts().is_empty(), "{:?}", work.mounts());
     assert!(staging.is_dir(), "the staging dir is the CO's; it stays");
@@ -385,12 +435,7 @@ async fn restage_keeps_data_and_calls_are_idempotent() {
 
     // The ext4 is never reformatted as xfs.
     let err = csi
-        .node
-        .node_stage_volume(stage_req(
-            &id,
-            &staging,
-            mount_cap(Mode::SingleNodeWriter, "xfs"),
-        ))
+        .stage(&id, &staging, mount_cap(Mode::SingleNodeWriter, "xfs"))
         .await
         .expect_err("occupied");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -402,30 +447,17 @@ async fn restage_keeps_data_and_calls_are_idempotent() {
     assert!(work.mounts().is_empty());
 
     // Back again, with the type named this time: the data is still there.
-    csi.node
-        .node_stage_volume(stage_req(
-            &id,
-            &staging,
-            mount_cap(Mode::SingleNodeWriter, "ext4"),
-        ))
+    csi.stage(&id, &staging, mount_cap(Mode::SingleNodeWriter, "ext4"))
         .await
         .expect("restage");
-    csi.node
-        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+    csi.publish(&id, &staging, &target, cap.clone(), false)
         .await
         .expect("republish");
     assert_eq!(
         std::fs::read(target.join("data.txt")).expect("read back"),
         b"survives restaging"
     );
-    csi.node
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .expect("unpublish");
-    csi.node
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .expect("unstage");
+    csi.unpublish_and_unstage(&id, &staging, &[&target]).await;
     assert!(work.mounts().is_empty());
 }
 
@@ -439,13 +471,9 @@ async fn read_only_publish_refuses_writes() {
     let (id, _) = lvm.volume(32 * MIB).await;
     let staging = work.path("staging");
     let cap = mount_cap(Mode::SingleNodeWriter, "ext4");
-    csi.node
-        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
-        .await
-        .expect("stage");
+    csi.stage(&id, &staging, cap.clone()).await.expect("stage");
     let rw = work.path("rw");
-    csi.node
-        .node_publish_volume(publish_req(&id, &staging, &rw, cap.clone(), false))
+    csi.publish(&id, &staging, &rw, cap.clone(), false)
         .await
         .expect("publish rw");
     std::fs::write(rw.join("seen"), b"by both").expect("write rw");
@@ -453,14 +481,13 @@ async fn read_only_publish_refuses_writes() {
     // A single-writer mode may not join a volume published elsewhere.
     let lone = work.path("lone");
     let err = csi
-        .node
-        .node_publish_volume(publish_req(
+        .publish(
             &id,
             &staging,
             &lone,
             mount_cap(Mode::SingleNodeSingleWriter, "ext4"),
             false,
-        ))
+        )
         .await
         .expect_err("already published at rw");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -469,21 +496,19 @@ async fn read_only_publish_refuses_writes() {
 
     // readonly=true, and the read-only access mode: both refuse writes.
     let ro = work.path("ro");
-    csi.node
-        .node_publish_volume(publish_req(&id, &staging, &ro, cap.clone(), true))
+    csi.publish(&id, &staging, &ro, cap.clone(), true)
         .await
         .expect("publish ro");
     let ro_mode = work.path("ro-mode");
-    csi.node
-        .node_publish_volume(publish_req(
-            &id,
-            &staging,
-            &ro_mode,
-            mount_cap(Mode::SingleNodeReaderOnly, "ext4"),
-            false,
-        ))
-        .await
-        .expect("publish read-only mode");
+    csi.publish(
+        &id,
+        &staging,
+        &ro_mode,
+        mount_cap(Mode::SingleNodeReaderOnly, "ext4"),
+        false,
+    )
+    .await
+    .expect("publish read-only mode");
     for path in [&ro, &ro_mode] {
         assert_eq!(std::fs::read(path.join("seen")).expect("read"), b"by both");
         let err = std::fs::write(path.join("new"), b"x").expect_err("read-only");
@@ -496,15 +521,9 @@ async fn read_only_publish_refuses_writes() {
     std::fs::write(rw.join("still"), b"writable").expect("the rw publish stays writable");
 
     for t in [&rw, &ro, &ro_mode] {
-        csi.node
-            .node_unpublish_volume(unpublish_req(&id, t))
-            .await
-            .expect("unpublish");
+        csi.unpublish(&id, t).await.expect("unpublish");
     }
-    csi.node
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .expect("unstage");
+    csi.unstage(&id, &staging).await.expect("unstage");
     assert!(work.mounts().is_empty());
 }
 
@@ -519,13 +538,11 @@ async fn online_expansion_grows_xfs() {
     let staging = work.path("staging");
     let target = work.path("target");
     let cap = mount_cap(Mode::SingleNodeWriter, "xfs");
-    csi.node
-        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+    csi.stage(&id, &staging, cap.clone())
         .await
         .expect("stage xfs");
     assert_eq!(blkid_type(&device).as_deref(), Some("xfs"));
-    csi.node
-        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+    csi.publish(&id, &staging, &target, cap.clone(), false)
         .await
         .expect("publish");
     std::fs::write(target.join("before"), b"grown under me").expect("write");
@@ -587,14 +604,7 @@ async fn online_expansion_grows_xfs() {
         .await
         .expect("expand again");
 
-    csi.node
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .expect("unpublish");
-    csi.node
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .expect("unstage");
+    csi.unpublish_and_unstage(&id, &staging, &[&target]).await;
     assert!(work.mounts().is_empty());
 }
 
@@ -611,8 +621,7 @@ async fn block_access_publishes_the_device_node() {
     std::fs::create_dir(&pod).expect("pod dir");
     let target = pod.join("dev");
 
-    csi.node
-        .node_stage_volume(stage_req(&id, &staging, block_cap()))
+    csi.stage(&id, &staging, block_cap())
         .await
         .expect("stage block");
     assert!(
@@ -620,8 +629,7 @@ async fn block_access_publishes_the_device_node() {
         "block access mounts nothing at staging"
     );
     for _ in 0..2 {
-        csi.node
-            .node_publish_volume(publish_req(&id, &staging, &target, block_cap(), false))
+        csi.publish(&id, &staging, &target, block_cap(), false)
             .await
             .expect("publish block");
     }
@@ -664,15 +672,9 @@ async fn block_access_publishes_the_device_node() {
         .into_inner();
     assert_eq!(resp.capacity_bytes, 48 * MIB as i64);
 
-    csi.node
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .expect("unpublish");
+    csi.unpublish(&id, &target).await.expect("unpublish");
     assert!(!target.exists(), "the device file is removed");
-    csi.node
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .expect("unstage");
+    csi.unstage(&id, &staging).await.expect("unstage");
     assert!(work.mounts().is_empty());
 }
 
@@ -704,22 +706,15 @@ async fn host_directory_volume_is_bind_mounted() {
 
     // Block access of a directory is impossible.
     let err = csi
-        .node
-        .node_stage_volume(stage_req(&id, &staging, block_cap()))
+        .stage(&id, &staging, block_cap())
         .await
         .expect_err("directory as block");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(!staging.exists());
 
     for _ in 0..2 {
-        csi.node
-            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
-            .await
-            .expect("stage");
-        csi.node
-            .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
-            .await
-            .expect("publish");
+        csi.stage_and_publish(&id, &staging, &target, cap.clone())
+            .await;
     }
     std::fs::write(target.join("hello"), b"host").expect("write");
     assert_eq!(
@@ -735,14 +730,7 @@ async fn host_directory_volume_is_bind_mounted() {
     assert!(!stats.volume_condition.as_ref().expect("condition").abnormal);
     assert!(usage_of(&stats, csi::volume_usage::Unit::Bytes).0 > 0);
 
-    csi.node
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .expect("unpublish");
-    csi.node
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .expect("unstage");
+    csi.unpublish_and_unstage(&id, &staging, &[&target]).await;
     assert!(work.mounts().is_empty());
     assert_eq!(
         std::fs::read(dir.join("hello")).expect("data stays"),
@@ -922,18 +910,12 @@ async fn malformed_requests_get_the_spec_code_and_change_nothing() {
     let other_cases: Vec<(&str, Result<(), tonic::Status>, Code)> = vec![
         (
             "unpublish without target",
-            csi.node
-                .node_unpublish_volume(unpublish_req(&id, Path::new("")))
-                .await
-                .map(drop),
+            csi.unpublish(&id, Path::new("")).await.map(drop),
             Code::InvalidArgument,
         ),
         (
             "unstage without volume id",
-            csi.node
-                .node_unstage_volume(unstage_req("", &staging))
-                .await
-                .map(drop),
+            csi.unstage("", &staging).await.map(drop),
             Code::InvalidArgument,
         ),
         (
@@ -1003,23 +985,14 @@ async fn raw_partition_is_formatted_when_blank() {
     let staging = work.path("staging");
     let target = work.path("target");
     let cap = mount_cap(Mode::SingleNodeWriter, "");
-    csi.node
-        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+    csi.stage(&id, &staging, cap.clone())
         .await
         .expect("stage a blank partition");
     assert_eq!(blkid_type(&device).as_deref(), Some("ext4"));
-    csi.node
-        .node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+    csi.publish(&id, &staging, &target, cap, false)
         .await
         .expect("publish");
     std::fs::write(target.join("f"), b"raw").expect("write");
-    csi.node
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .expect("unpublish");
-    csi.node
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .expect("unstage");
+    csi.unpublish_and_unstage(&id, &staging, &[&target]).await;
     assert!(work.mounts().is_empty());
 }
