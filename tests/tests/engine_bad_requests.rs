@@ -1,7 +1,8 @@
 //! A table of bad requests against an engine with LVM, RAW and HOST groups:
 //! each returns its typed error, and none of them creates anything.
 
-use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions, Error};
+use carina_node::engine::{Config, CreateRequest, Error};
+use carina_tests::engine::engine_for;
 use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, run, unique};
 
 const MIB: u64 = 1 << 20;
@@ -67,14 +68,7 @@ async fn bad_requests_are_typed_and_create_nothing() {
         raw_disk.pattern(),
         root.display()
     );
-    let engine = Engine::start(
-        Config::from_json(&config_text).expect("config"),
-        EngineOptions {
-            device_mapper: None,
-        },
-    )
-    .await
-    .expect("engine");
+    let engine = engine_for(&config_text, None).await;
     // One real volume, so resize/idempotency rows have something to hit.
     engine
         .create_volume(CreateRequest {

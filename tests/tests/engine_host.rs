@@ -5,9 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use carina_node::engine::quota;
-use carina_node::engine::{
-    Config, CreateRequest, Engine, EngineOptions, Error, Policy, QuotaMode, Volume,
-};
+use carina_node::engine::{CreateRequest, Engine, Error, Policy, QuotaMode, Volume};
+use carina_tests::engine::engine_for;
 use carina_tests::{LoopDisk, MountGuard, have_root, in_ci, run, unique};
 
 const MIB: u64 = 1 << 20;
@@ -158,14 +157,7 @@ impl Host {
 }
 
 async fn start(config: &str) -> Engine {
-    Engine::start(
-        Config::from_json(config).expect("config"),
-        EngineOptions {
-            device_mapper: Some(false),
-        },
-    )
-    .await
-    .expect("engine starts")
+    engine_for(config, Some(false)).await
 }
 
 fn is_mount_point(path: &Path) -> bool {

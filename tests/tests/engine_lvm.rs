@@ -1,54 +1,14 @@
 //! Engine tests for LVM groups on real loop devices (loop activation when
 //! the kernel has no device-mapper).
 
-use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions, Error, Policy};
-use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, lvm, run, unique};
+use carina_node::engine::{CreateRequest, Error, Policy};
+use carina_tests::engine::{EngineFixture, engine_over};
+use carina_tests::{MountGuard, lvm, run};
 
 const MIB: u64 = 1 << 20;
 
-/// An engine over one LVM group on fresh loop disks. Fields drop in order:
-/// the engine, then the VG (and the loop devices stacked on its PVs), then
-/// the disks.
-struct Fixture {
-    engine: Engine,
-    group: String,
-    _vg: VgGuard,
-    disks: Vec<LoopDisk>,
-}
-
-fn config_json(group: &str, disks: &[LoopDisk], reserve: u64) -> String {
-    carina_tests::disk_group_config(group, "LVM", &disks.iter().collect::<Vec<_>>(), reserve)
-}
-
-async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {
-    if !have_root(test) {
-        return None;
-    }
-    let disks: Vec<LoopDisk> = sizes
-        .iter()
-        .map(|s| LoopDisk::new(*s).expect("loop disk"))
-        .collect();
-    let group = unique("vg");
-    let vg = VgGuard::new(&group, &disks.iter().collect::<Vec<_>>());
-    let engine = start(&group, &disks, reserve).await;
-    Some(Fixture {
-        engine,
-        group,
-        _vg: vg,
-        disks,
-    })
-}
-
-async fn start(group: &str, disks: &[LoopDisk], reserve: u64) -> Engine {
-    let config = Config::from_json(&config_json(group, disks, reserve)).expect("config");
-    Engine::start(
-        config,
-        EngineOptions {
-            device_mapper: None,
-        },
-    )
-    .await
-    .expect("engine starts")
+async fn lvm_fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<EngineFixture> {
+    EngineFixture::new(test, "LVM", sizes, reserve).await
 }
 
 fn req(name: &str, group: &str, size: u64) -> CreateRequest {
@@ -70,7 +30,7 @@ fn blockdev_size(dev: &std::path::Path) -> u64 {
 
 #[tokio::test]
 async fn lifecycle_create_get_list_grow_delete() {
-    let Some(f) = fixture("lifecycle", &[256 * MIB], 0).await else {
+    let Some(f) = lvm_fixture("lifecycle", &[256 * MIB], 0).await else {
         return;
     };
     let cap0 = f
@@ -171,7 +131,7 @@ async fn lifecycle_create_get_list_grow_delete() {
 
 #[tokio::test]
 async fn idempotent_and_conflicting_repeats() {
-    let Some(f) = fixture("repeats", &[128 * MIB], 0).await else {
+    let Some(f) = lvm_fixture("repeats", &[128 * MIB], 0).await else {
         return;
     };
     let a = f
@@ -204,7 +164,7 @@ async fn idempotent_and_conflicting_repeats() {
 #[tokio::test]
 async fn exhaustion_and_reserve() {
     // ~124 MiB of extents, 40 MiB reserve: 84 MiB allocatable.
-    let Some(f) = fixture("reserve", &[128 * MIB], 40 * MIB).await else {
+    let Some(f) = lvm_fixture("reserve", &[128 * MIB], 40 * MIB).await else {
         return;
     };
     let cap = f.engine.capacity(None).await.expect("capacity").remove(0);
@@ -247,7 +207,7 @@ async fn exhaustion_and_reserve() {
 
 #[tokio::test]
 async fn foreign_lvs_are_never_listed_or_deleted() {
-    let Some(f) = fixture("foreign", &[128 * MIB], 0).await else {
+    let Some(f) = lvm_fixture("foreign", &[128 * MIB], 0).await else {
         return;
     };
     f.engine
@@ -307,7 +267,7 @@ async fn foreign_lvs_are_never_listed_or_deleted() {
 
 #[tokio::test]
 async fn a_new_engine_finds_existing_volumes() {
-    let Some(f) = fixture("restart", &[128 * MIB, 64 * MIB], 0).await else {
+    let Some(f) = lvm_fixture("restart", &[128 * MIB, 64 * MIB], 0).await else {
         return;
     };
     let a = f
@@ -320,11 +280,12 @@ async fn a_new_engine_finds_existing_volumes() {
         .create_volume(req("keep-b", &f.group, 100 * MIB))
         .await
         .expect("b");
-    let Fixture {
+    let EngineFixture {
         engine,
         group,
-        _vg,
+        vg: _vg,
         disks,
+        ..
     } = f;
     drop(engine);
     // Simulate a reboot: the loop exposures are gone.
@@ -333,7 +294,7 @@ async fn a_new_engine_finds_existing_volumes() {
             run("losetup", &["-d", &stacked]).expect("detach");
         }
     }
-    let engine = start(&group, &disks, 0).await;
+    let engine = engine_over(&group, "LVM", &disks, 0).await;
     let vols = engine.list_volumes(None).await.expect("list");
     assert_eq!(vols.len(), 2);
     for (old, new) in [(&a, &vols[0]), (&b, &vols[1])] {
@@ -351,7 +312,7 @@ async fn a_new_engine_finds_existing_volumes() {
 }
 
 async fn data_path(fstype: &str, mkfs: &[&str]) {
-    let Some(f) = fixture(&format!("data-{fstype}"), &[400 * MIB], 0).await else {
+    let Some(f) = lvm_fixture(&format!("data-{fstype}"), &[400 * MIB], 0).await else {
         return;
     };
     let v = f
@@ -409,7 +370,7 @@ async fn data_path_xfs() {
 /// online resize needs CAP_SYS_RESOURCE, which containers often drop.
 #[tokio::test]
 async fn online_grow_of_a_mounted_volume() {
-    let Some(f) = fixture("online-grow", &[768 * MIB], 0).await else {
+    let Some(f) = lvm_fixture("online-grow", &[768 * MIB], 0).await else {
         return;
     };
     let v = f
@@ -458,7 +419,7 @@ async fn online_grow_of_a_mounted_volume() {
 
 #[tokio::test]
 async fn wiped_on_create() {
-    let Some(f) = fixture("wipe", &[128 * MIB], 0).await else {
+    let Some(f) = lvm_fixture("wipe", &[128 * MIB], 0).await else {
         return;
     };
     let v = f

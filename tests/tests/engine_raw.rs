@@ -8,93 +8,14 @@ use std::path::Path;
 
 use carina_node::engine::gpt::{self, Partition};
 use carina_node::engine::raw::partition_name;
-use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions, Error, Policy, Volume};
-use carina_tests::{LoopDisk, MountGuard, have_root, run, unique};
+use carina_node::engine::{Error, Policy, Volume};
+use carina_tests::engine::EngineFixture;
+use carina_tests::{LoopDisk, MountGuard, run};
 
 const MIB: u64 = 1 << 20;
 
-/// An engine over one RAW group on fresh loop disks. Fields drop in order:
-/// the engine first, then the disks.
-struct Fixture {
-    engine: Engine,
-    group: String,
-    disks: Vec<LoopDisk>,
-    reserve: u64,
-}
-
-impl Fixture {
-    /// A second engine over the same disks, as after a restart.
-    async fn restart(&self) -> Engine {
-        start(&self.group, &self.disks, self.reserve).await
-    }
-
-    fn req(&self, name: &str, size: u64) -> CreateRequest {
-        CreateRequest {
-            name: name.into(),
-            group: self.group.clone(),
-            size_bytes: size,
-            exclusive: false,
-        }
-    }
-
-    fn exclusive(&self, name: &str, size: u64) -> CreateRequest {
-        CreateRequest {
-            exclusive: true,
-            ..self.req(name, size)
-        }
-    }
-
-    async fn names(&self) -> Vec<String> {
-        self.engine
-            .list_volumes(Some(&self.group))
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|v| v.name)
-            .collect()
-    }
-
-    async fn allocatable(&self) -> u64 {
-        self.engine
-            .capacity(Some(&self.group))
-            .await
-            .expect("capacity")[0]
-            .allocatable_bytes
-    }
-}
-
-fn config_json(group: &str, disks: &[LoopDisk], reserve: u64) -> String {
-    carina_tests::disk_group_config(group, "RAW", &disks.iter().collect::<Vec<_>>(), reserve)
-}
-
-async fn fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<Fixture> {
-    if !have_root(test) {
-        return None;
-    }
-    let disks: Vec<LoopDisk> = sizes
-        .iter()
-        .map(|s| LoopDisk::new(*s).expect("loop disk"))
-        .collect();
-    let group = unique("raw");
-    let engine = start(&group, &disks, reserve).await;
-    Some(Fixture {
-        engine,
-        group,
-        disks,
-        reserve,
-    })
-}
-
-async fn start(group: &str, disks: &[LoopDisk], reserve: u64) -> Engine {
-    let config = Config::from_json(&config_json(group, disks, reserve)).expect("config");
-    Engine::start(
-        config,
-        EngineOptions {
-            device_mapper: Some(false),
-        },
-    )
-    .await
-    .expect("engine starts")
+async fn raw_fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<EngineFixture> {
+    EngineFixture::new(test, "RAW", sizes, reserve).await
 }
 
 fn blockdev_size(dev: &Path) -> u64 {
@@ -186,7 +107,7 @@ fn assert_same_list(got: &[Volume], want: &[Volume]) {
 
 #[tokio::test]
 async fn create_get_list_grow_delete() {
-    let Some(f) = fixture("create_get_list_grow_delete", &[64 * MIB], 0).await else {
+    let Some(f) = raw_fixture("create_get_list_grow_delete", &[64 * MIB], 0).await else {
         return;
     };
     let total = f.allocatable().await;
@@ -294,7 +215,7 @@ async fn create_get_list_grow_delete() {
 
 #[tokio::test]
 async fn exhaustion_and_reserve() {
-    let Some(f) = fixture("exhaustion_and_reserve", &[64 * MIB], 20 * MIB).await else {
+    let Some(f) = raw_fixture("exhaustion_and_reserve", &[64 * MIB], 20 * MIB).await else {
         return;
     };
     let cap = &f.engine.capacity(Some(&f.group)).await.expect("capacity")[0];
@@ -358,7 +279,7 @@ async fn exhaustion_and_reserve() {
 
 #[tokio::test]
 async fn foreign_partitions_are_never_touched() {
-    let Some(f) = fixture("foreign_partitions_are_never_touched", &[64 * MIB], 0).await else {
+    let Some(f) = raw_fixture("foreign_partitions_are_never_touched", &[64 * MIB], 0).await else {
         return;
     };
     let disk = f.disks[0].dev();
@@ -464,7 +385,8 @@ async fn foreign_partitions_are_never_touched() {
 
 #[tokio::test]
 async fn exclusive_whole_disk_volumes() {
-    let Some(f) = fixture("exclusive_whole_disk_volumes", &[64 * MIB, 96 * MIB], 0).await else {
+    let Some(f) = raw_fixture("exclusive_whole_disk_volumes", &[64 * MIB, 96 * MIB], 0).await
+    else {
         return;
     };
     let shared = f
@@ -550,7 +472,7 @@ async fn exclusive_whole_disk_volumes() {
 
 #[tokio::test]
 async fn exclusive_volumes_ignore_the_reserve() {
-    let Some(f) = fixture("exclusive_volumes_ignore_the_reserve", &[64 * MIB], 1 << 30).await
+    let Some(f) = raw_fixture("exclusive_volumes_ignore_the_reserve", &[64 * MIB], 1 << 30).await
     else {
         return;
     };
@@ -571,7 +493,7 @@ async fn exclusive_volumes_ignore_the_reserve() {
 
 #[tokio::test]
 async fn long_names_and_restart() {
-    let Some(f) = fixture("long_names_and_restart", &[64 * MIB, 64 * MIB], 0).await else {
+    let Some(f) = raw_fixture("long_names_and_restart", &[64 * MIB, 64 * MIB], 0).await else {
         return;
     };
     let long_a = format!("pvc-{}-a", "0123456789abcdef".repeat(4));
@@ -671,7 +593,7 @@ fn round_trip(dev: &Path, fstype: &str, dir: &Path, text: &str) {
 
 #[tokio::test]
 async fn data_path_ext4_and_xfs() {
-    let Some(f) = fixture("data_path_ext4_and_xfs", &[512 * MIB], 0).await else {
+    let Some(f) = raw_fixture("data_path_ext4_and_xfs", &[512 * MIB], 0).await else {
         return;
     };
     let x = f
@@ -738,7 +660,7 @@ fn fs_type(dev: &Path) -> Option<String> {
 
 #[tokio::test]
 async fn new_partitions_start_blank() {
-    let Some(f) = fixture("new_partitions_start_blank", &[64 * MIB], 0).await else {
+    let Some(f) = raw_fixture("new_partitions_start_blank", &[64 * MIB], 0).await else {
         return;
     };
     // An old filesystem 1 MiB into the disk, where the first partition will

@@ -1,0 +1,124 @@
+//! The one engine fixture of the engine tests: an engine over one device
+//! group of a given policy on fresh loop disks (LVM, RAW), with the group's
+//! patterns matching exactly those disks, so tests in parallel never see
+//! each other's disks.
+//!
+//! ```ignore
+//! let Some(f) = EngineFixture::new("lifecycle", "LVM", &[256 * MIB], 0).await else { return };
+//! let v = f.engine.create_volume(f.req("vol-a", 10 * MIB)).await?;
+//! ```
+//!
+//! Fields drop in order: the engine, then the LVM volume group (and the
+//! loop devices stacked on its PVs), then the disks. HOST groups live on a
+//! file system, not on disks: their tests build their configuration and
+//! call [`engine_for`].
+
+use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
+
+use crate::{LoopDisk, VgGuard, disk_group_config, have_root, unique};
+
+/// An engine over one LVM or RAW group on its own loop disks.
+#[derive(Debug)]
+pub struct EngineFixture {
+    pub engine: Engine,
+    pub group: String,
+    /// `LVM` or `RAW`.
+    pub policy: &'static str,
+    /// The LVM volume group's guard (removes it on drop).
+    pub vg: Option<VgGuard>,
+    pub disks: Vec<LoopDisk>,
+    reserve: u64,
+}
+
+impl EngineFixture {
+    /// An engine over a `policy` group on disks of `sizes` bytes, keeping
+    /// `reserve` bytes free; `None` (the test skips) without root outside
+    /// CI.
+    pub async fn new(
+        test: &str,
+        policy: &'static str,
+        sizes: &[u64],
+        reserve: u64,
+    ) -> Option<EngineFixture> {
+        if !have_root(test) {
+            return None;
+        }
+        let disks: Vec<LoopDisk> = sizes
+            .iter()
+            .map(|s| LoopDisk::new(*s).expect("loop disk"))
+            .collect();
+        let group = unique(&policy.to_lowercase());
+        let vg = (policy == "LVM").then(|| VgGuard::new(&group, &disks.iter().collect::<Vec<_>>()));
+        let engine = engine_over(&group, policy, &disks, reserve).await;
+        Some(EngineFixture {
+            engine,
+            group,
+            policy,
+            vg,
+            disks,
+            reserve,
+        })
+    }
+
+    /// A second engine over the same disks and configuration, as after a
+    /// restart of the node.
+    pub async fn restart(&self) -> Engine {
+        engine_over(&self.group, self.policy, &self.disks, self.reserve).await
+    }
+
+    /// A create request for this group.
+    pub fn req(&self, name: &str, size: u64) -> CreateRequest {
+        CreateRequest {
+            name: name.into(),
+            group: self.group.clone(),
+            size_bytes: size,
+            exclusive: false,
+        }
+    }
+
+    /// A whole-disk (exclusive) create request for this group.
+    pub fn exclusive(&self, name: &str, size: u64) -> CreateRequest {
+        CreateRequest {
+            exclusive: true,
+            ..self.req(name, size)
+        }
+    }
+
+    /// The names of the group's volumes, sorted.
+    pub async fn names(&self) -> Vec<String> {
+        self.engine
+            .list_volumes(Some(&self.group))
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name)
+            .collect()
+    }
+
+    /// The group's allocatable bytes now.
+    pub async fn allocatable(&self) -> u64 {
+        self.engine
+            .capacity(Some(&self.group))
+            .await
+            .expect("capacity")[0]
+            .allocatable_bytes
+    }
+}
+
+/// An engine over one `policy` group named `group` on `disks`. LVM detects
+/// device-mapper (loop activation without it); RAW does not need it.
+pub async fn engine_over(group: &str, policy: &str, disks: &[LoopDisk], reserve: u64) -> Engine {
+    let config = disk_group_config(group, policy, &disks.iter().collect::<Vec<_>>(), reserve);
+    let device_mapper = (policy != "LVM").then_some(false);
+    engine_for(&config, device_mapper).await
+}
+
+/// An engine over `config_json`; `device_mapper` `None` detects it.
+pub async fn engine_for(config_json: &str, device_mapper: Option<bool>) -> Engine {
+    Engine::start(
+        Config::from_json(config_json).expect("config"),
+        EngineOptions { device_mapper },
+    )
+    .await
+    .expect("engine starts")
+}
