@@ -29,7 +29,7 @@ use carina_controlplane::crd::{
     NodeStorageResource, TRACEPARENT_ANNOTATION, capacity_key,
 };
 use carina_controlplane::kube::bridge::{self, Backoff, BridgeConfig};
-use carina_controlplane::kube::capacity::{READY, STALE};
+use carina_controlplane::kube::capacity::{NO_DISKS, READY, STALE};
 use carina_controlplane::kube::config_push::{CONFIG_KEY, CONFIG_MAP_NAME};
 use carina_csi::volume_id::VolumeId;
 use carina_node::engine::{Config, Engine};
@@ -65,6 +65,9 @@ const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-
 const LABEL_A: &str = "test.carina.storage.io/a";
 const LABEL_B: &str = "test.carina.storage.io/b";
 const LABEL_FAST: &str = "test.carina.storage.io/fast";
+/// A group on node-a whose selector matches no disk.
+const NO_DISK_GROUP: &str = "nodisk";
+const NO_DISK_PATTERN: &str = "^/dev/carina-test-no-such-disk$";
 
 /// Keeps every finished span in memory.
 #[derive(Debug, Clone, Default)]
@@ -269,13 +272,15 @@ async fn group_names(engine: &Engine) -> Vec<String> {
 }
 
 /// The ConfigMap text: `g` per node (each at its own root, selected by
-/// its own label) and `fast` for the nodes labelled fast.
+/// its own label), `fast` for the nodes labelled fast, and on node-a an
+/// LVM group `nodisk` whose pattern matches no disk.
 fn config_json(root_a: &Path, root_b: &Path, root_fast: &Path) -> String {
     json!({
         "diskSelector": [
             {"name": GROUP, "policy": "HOST", "root": root_a, "reserveBytes": 0, "nodeLabel": LABEL_A},
             {"name": GROUP, "policy": "HOST", "root": root_b, "reserveBytes": 0, "nodeLabel": LABEL_B},
             {"name": "fast", "policy": "HOST", "root": root_fast, "reserveBytes": 0, "nodeLabel": LABEL_FAST},
+            {"name": NO_DISK_GROUP, "policy": "LVM", "re": [NO_DISK_PATTERN], "nodeLabel": LABEL_A},
         ],
         "diskScanInterval": "0",
     })
@@ -644,10 +649,33 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
         ..ConfigMap::default()
     };
     configmaps.create(&PostParams::default(), &cm).await?;
-    wait_for(&nsrs, A, "group fast", |n| {
-        nsr_groups(n) == [GROUP, "fast"] || nsr_groups(n) == ["fast", GROUP]
+    let nsr_a = wait_for(&nsrs, A, "groups fast and nodisk", |n| {
+        let mut groups = nsr_groups(n);
+        groups.sort();
+        groups == ["fast", GROUP, NO_DISK_GROUP]
     })
     .await?;
+    // The group that took no disk is visible from Kubernetes, with why.
+    assert_eq!(nsr_condition(&nsr_a, NO_DISKS), Some("True"));
+    let why = condition(
+        &nsr_a.status.as_ref().context("status")?.conditions,
+        NO_DISKS,
+    )
+    .context("NoDisks")?;
+    assert!(why.message.contains(NO_DISK_GROUP), "{why:?}");
+    assert!(why.message.contains(NO_DISK_PATTERN), "{why:?}");
+    let group = nsr_a
+        .status
+        .iter()
+        .flat_map(|s| &s.groups)
+        .find(|g| g.name == NO_DISK_GROUP)
+        .context("the nodisk group")?;
+    assert!(
+        group
+            .no_disks
+            .as_deref()
+            .is_some_and(|m| m.contains(NO_DISK_PATTERN))
+    );
     // node-b was sent its own configuration too (it rescans on it).
     wait_for(&nsrs, B, "a configuration rescan", |n| {
         n.status.as_ref().and_then(|s| s.node_generation) > before_b
@@ -655,12 +683,14 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
     .await?;
     let mut a_groups = group_names(&storage[0].engine).await;
     a_groups.sort();
-    assert_eq!(a_groups, ["fast", GROUP]);
+    assert_eq!(a_groups, ["fast", GROUP, NO_DISK_GROUP]);
     assert_eq!(group_names(&storage[1].engine).await, [GROUP]);
     let b_config = storage[1].engine.config().await;
     assert!(b_config.source.contains(LABEL_B), "{}", b_config.source);
     assert!(!b_config.source.contains(LABEL_FAST), "{}", b_config.source);
-    assert_eq!(nsr_groups(&nsrs.get(B).await?), [GROUP]);
+    let nsr_b = nsrs.get(B).await?;
+    assert_eq!(nsr_groups(&nsr_b), [GROUP]);
+    assert_eq!(nsr_condition(&nsr_b, NO_DISKS), Some("False"));
     // The volumes stayed.
     assert!(get_lv(storage[0].server(), "vol-a").await?.is_some());
 
