@@ -187,9 +187,24 @@ impl LeaderElector {
                 }
                 None => self.config.renew_deadline,
             };
-            let attempt = tokio::select! {
-                _ = &mut shutdown => break,
-                r = self.with_timeout("renew", budget, self.try_acquire_or_renew(&mut observed)) => r,
+            // A shutdown does not cancel an attempt under way: its write may
+            // already have reached the apiserver, and a replica that gave up
+            // on the answer would hold the lease without knowing, so no one
+            // releases it and the standby waits for it to expire. The
+            // attempt is bounded by `budget`; it finishes, then the lease is
+            // released if it was won.
+            let mut stopping = false;
+            let attempt = {
+                let call =
+                    self.with_timeout("renew", budget, self.try_acquire_or_renew(&mut observed));
+                let mut call = pin!(call);
+                tokio::select! {
+                    r = &mut call => r,
+                    _ = &mut shutdown => {
+                        stopping = true;
+                        call.await
+                    }
+                }
             };
             match attempt {
                 Ok(true) => {
@@ -215,6 +230,9 @@ impl LeaderElector {
                         tracing::warn!(error = %e, "lease attempt failed; retrying");
                     }
                 }
+            }
+            if stopping {
+                break;
             }
         }
         let was_leader = leading.send_replace(false);
