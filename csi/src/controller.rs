@@ -26,14 +26,13 @@ use std::sync::Arc;
 use carina_proto::csi;
 use carina_proto::csi::controller_server::{Controller, ControllerServer};
 use carina_proto::csi::controller_service_capability::rpc::Type as Capability;
-use carina_proto::csi::volume_capability::AccessType;
-use carina_proto::csi::volume_capability::access_mode::Mode;
 use tonic::{Code, Request, Response, Status};
 
 use crate::busy::{BusyNames, Held, busy_message};
+use crate::capability::{self, Access};
 use crate::error::CsiError;
 use crate::names::local_name;
-use crate::params::{FsType, Parameters};
+use crate::params::Parameters;
 use crate::sizes;
 use crate::types::{Accessibility, ProvisionedVolume, Provisioner, Topology, VolumeRequest};
 use crate::volume_id::VolumeId;
@@ -53,106 +52,13 @@ pub const CAPABILITIES: [Capability; 5] = [
 /// Prefix of the `ListVolumes` tokens this service issues.
 const TOKEN_PREFIX: &str = "after.";
 
-/// How a volume is used, from validated capabilities.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// A raw block device.
-    Block,
-    /// A mounted file system; `None` is the node's default.
-    Mount { fs_type: Option<FsType> },
-}
-
-/// Validates one capability (`field` is its path in the request): a
-/// single-node access mode, and block or a mount with a file system the
-/// node can make.
-pub fn check_capability(field: &str, cap: &csi::VolumeCapability) -> Result<Access, CsiError> {
-    let mode_field = format!("{field}.access_mode");
-    let mode = cap
-        .access_mode
-        .as_ref()
-        .ok_or_else(|| CsiError::invalid(&mode_field, "is required"))?
-        .mode;
-    match Mode::try_from(mode) {
-        Ok(
-            Mode::SingleNodeWriter
-            | Mode::SingleNodeReaderOnly
-            | Mode::SingleNodeSingleWriter
-            | Mode::SingleNodeMultiWriter,
-        ) => {}
-        Ok(Mode::Unknown) => return Err(CsiError::invalid(mode_field + ".mode", "is required")),
-        Ok(multi) => {
-            return Err(CsiError::invalid(
-                mode_field + ".mode",
-                format!(
-                    "{} is not supported: a Carina volume lives on one node",
-                    multi.as_str_name()
-                ),
-            ));
-        }
-        Err(_) => {
-            return Err(CsiError::invalid(
-                mode_field + ".mode",
-                format!("unknown access mode {mode}"),
-            ));
-        }
-    }
-    match &cap.access_type {
-        None => Err(CsiError::invalid(
-            format!("{field}.access_type"),
-            "block or mount is required",
-        )),
-        Some(AccessType::Block(_)) => Ok(Access::Block),
-        Some(AccessType::Mount(m)) if m.fs_type.is_empty() => Ok(Access::Mount { fs_type: None }),
-        Some(AccessType::Mount(m)) => Ok(Access::Mount {
-            fs_type: Some(FsType::parse(
-                &format!("{field}.mount.fs_type"),
-                &m.fs_type,
-            )?),
-        }),
-    }
-}
-
-/// Validates the capabilities of one volume: at least one, all supported,
-/// all block or all mount, and no two file systems.
-pub fn check_capabilities(field: &str, caps: &[csi::VolumeCapability]) -> Result<Access, CsiError> {
-    let mut access: Option<Access> = None;
-    for (i, cap) in caps.iter().enumerate() {
-        let this_field = format!("{field}[{i}]");
-        let this = check_capability(&this_field, cap)?;
-        access = Some(match (access, this) {
-            (None, a) => a,
-            (Some(Access::Block), Access::Block) => Access::Block,
-            (Some(Access::Mount { fs_type: a }), Access::Mount { fs_type: b }) => match (a, b) {
-                (Some(a), Some(b)) if a != b => {
-                    return Err(CsiError::invalid(
-                        this_field + ".mount.fs_type",
-                        format!(
-                            "{} conflicts with {} of an earlier capability",
-                            b.as_str(),
-                            a.as_str()
-                        ),
-                    ));
-                }
-                (a, b) => Access::Mount { fs_type: a.or(b) },
-            },
-            _ => {
-                return Err(CsiError::invalid(
-                    this_field + ".access_type",
-                    "a volume is either block or mount, not both",
-                ));
-            }
-        });
-    }
-    access.ok_or_else(|| CsiError::invalid(field, "at least one capability is required"))
-}
-
 /// Validates a CreateVolume request into a [`VolumeRequest`]. Nothing is
 /// created for a request that fails here.
 pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, CsiError> {
     if req.name.is_empty() {
         return Err(CsiError::invalid("name", "is required"));
     }
-    let access = check_capabilities("volume_capabilities", &req.volume_capabilities)?;
+    let access = capability::check_all("volume_capabilities", &req.volume_capabilities)?;
     let capacity = match &req.capacity_range {
         Some(r) => sizes::range(r.required_bytes, r.limit_bytes)?,
         None => Default::default(),
@@ -378,7 +284,7 @@ impl<P: Provisioner> ControllerService<P> {
         let access = req
             .volume_capability
             .as_ref()
-            .map(|c| check_capability("volume_capability", c))
+            .map(|c| capability::check("volume_capability", c).map(|c| c.access))
             .transpose()?;
         let id = VolumeId::parse(&req.volume_id)?;
         let _claim = self.claim(&id.volume)?;
@@ -484,7 +390,7 @@ impl<P: Provisioner> ControllerService<P> {
             .volume_capabilities
             .iter()
             .enumerate()
-            .all(|(i, c)| check_capability(&format!("volume_capabilities[{i}]"), c).is_ok())
+            .all(|(i, c)| capability::check(&format!("volume_capabilities[{i}]"), c).is_ok())
             && parameters.bcache.is_none();
         if !possible {
             // No volume with these capabilities or parameters can be made.
@@ -516,7 +422,7 @@ fn unsupported(
     req: &csi::ValidateVolumeCapabilitiesRequest,
     volume: &ProvisionedVolume,
 ) -> Option<String> {
-    let access = match check_capabilities("volume_capabilities", &req.volume_capabilities) {
+    let access = match capability::check_all("volume_capabilities", &req.volume_capabilities) {
         Ok(a) => a,
         Err(e) => return Some(e.to_string()),
     };
@@ -681,7 +587,11 @@ mod tests {
     use std::sync::Mutex as StdMutex;
 
     use async_trait::async_trait;
+    use carina_proto::csi::volume_capability::AccessType;
+    use carina_proto::csi::volume_capability::access_mode::Mode;
     use tokio::sync::Notify;
+
+    use crate::params::FsType;
 
     use super::*;
     use crate::types::{CapacityInfo, CapacityRange};
@@ -800,53 +710,6 @@ mod tests {
             }),
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn capabilities_single_node_only() {
-        for mode in [
-            Mode::SingleNodeWriter,
-            Mode::SingleNodeReaderOnly,
-            Mode::SingleNodeSingleWriter,
-            Mode::SingleNodeMultiWriter,
-        ] {
-            assert_eq!(
-                check_capability("c", &cap(mode, block())).expect("supported"),
-                Access::Block
-            );
-        }
-        for mode in [
-            Mode::MultiNodeReaderOnly,
-            Mode::MultiNodeSingleWriter,
-            Mode::MultiNodeMultiWriter,
-            Mode::Unknown,
-        ] {
-            let e = check_capability("c", &cap(mode, block())).expect_err("unsupported");
-            assert!(e.to_string().starts_with("c.access_mode.mode:"), "{e}");
-        }
-        assert_eq!(
-            check_capability("c", &cap(Mode::SingleNodeWriter, mount("xfs"))).expect("xfs"),
-            Access::Mount {
-                fs_type: Some(FsType::Xfs)
-            }
-        );
-        let e =
-            check_capability("c", &cap(Mode::SingleNodeWriter, mount("btrfs"))).expect_err("btrfs");
-        assert!(e.to_string().starts_with("c.mount.fs_type:"), "{e}");
-        let mut no_type = cap(Mode::SingleNodeWriter, block());
-        no_type.access_type = None;
-        assert!(check_capability("c", &no_type).is_err());
-        let both = [
-            cap(Mode::SingleNodeWriter, block()),
-            cap(Mode::SingleNodeWriter, mount("")),
-        ];
-        assert!(check_capabilities("v", &both).is_err());
-        let clash = [
-            cap(Mode::SingleNodeWriter, mount("ext4")),
-            cap(Mode::SingleNodeWriter, mount("xfs")),
-        ];
-        assert!(check_capabilities("v", &clash).is_err());
-        assert!(check_capabilities("v", &[]).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! one place.
 
 pub mod busy;
+pub mod capability;
 pub mod command;
 pub mod controller;
 pub mod error;

@@ -35,7 +35,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use carina_proto::csi;
 use carina_proto::csi::node_service_capability::rpc::Type as RpcType;
-use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use tonic::{Code, Request, Response, Status};
 
@@ -639,70 +638,22 @@ fn absolute(field: &str, value: &str) -> Result<PathBuf, CsiError> {
     Ok(path)
 }
 
-/// Validates a volume capability: an access type, a single-node access
-/// mode (Carina volumes live on one node), a filesystem Carina can make.
+/// Validates a volume capability with the one rule the controller uses too
+/// ([`crate::capability::check`]), into the node's view of it.
 fn capability(field: &str, cap: Option<&csi::VolumeCapability>) -> Result<Capability, CsiError> {
-    let cap = cap.ok_or_else(|| CsiError::invalid(field, "must be set"))?;
-    let mode_field = format!("{field}.access_mode.mode");
-    let raw_mode = cap
-        .access_mode
-        .as_ref()
-        .ok_or_else(|| CsiError::invalid(format!("{field}.access_mode"), "must be set"))?
-        .mode;
-    let mode = Mode::try_from(raw_mode)
-        .map_err(|_| CsiError::invalid(&mode_field, format!("{raw_mode} is not an access mode")))?;
-    match mode {
-        Mode::SingleNodeWriter
-        | Mode::SingleNodeReaderOnly
-        | Mode::SingleNodeSingleWriter
-        | Mode::SingleNodeMultiWriter => {}
-        Mode::Unknown => return Err(CsiError::invalid(&mode_field, "must be set")),
-        Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => {
-            return Err(CsiError::invalid(
-                &mode_field,
-                format!(
-                    "{} is a multi-node mode; Carina volumes live on one node",
-                    mode.as_str_name()
-                ),
-            ));
-        }
-    }
-    let access = match &cap.access_type {
-        None => {
-            return Err(CsiError::invalid(
-                format!("{field}.access_type"),
-                "must be block or mount",
-            ));
-        }
-        Some(AccessType::Block(_)) => Access::Block,
-        Some(AccessType::Mount(m)) => {
-            if !m.volume_mount_group.is_empty() {
-                return Err(CsiError::invalid(
-                    format!("{field}.mount.volume_mount_group"),
-                    "is not supported (the node has no VOLUME_MOUNT_GROUP capability)",
-                ));
-            }
-            let fs_type = if m.fs_type.is_empty() {
-                None
-            } else {
-                Some(FsType::parse(
-                    &format!("{field}.mount.fs_type"),
-                    &m.fs_type,
-                )?)
-            };
-            if let Some(i) = m.mount_flags.iter().position(|f| f.is_empty()) {
-                return Err(CsiError::invalid(
-                    format!("{field}.mount.mount_flags[{i}]"),
-                    "must not be empty",
-                ));
-            }
-            Access::Mount {
-                fs_type,
-                flags: m.mount_flags.clone(),
-            }
-        }
+    let cap = cap.ok_or_else(|| CsiError::invalid(field, "is required"))?;
+    let checked = crate::capability::check(field, cap)?;
+    let access = match checked.access {
+        crate::capability::Access::Block => Access::Block,
+        crate::capability::Access::Mount { fs_type } => Access::Mount {
+            fs_type,
+            flags: checked.mount_flags,
+        },
     };
-    Ok(Capability { access, mode })
+    Ok(Capability {
+        access,
+        mode: checked.mode,
+    })
 }
 
 /// The filesystem asked for: the capability's, else the volume context's
@@ -960,7 +911,7 @@ async fn remove_target(target: &Path) -> Result<(), CsiError> {
 mod tests {
     use super::*;
     use csi::node_server::Node;
-    use csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
+    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::sync::Notify;
 
