@@ -22,7 +22,7 @@ trap cleanup EXIT
 
 echo "test-cold: empty caches in $cold"
 start=$(date +%s)
-CARINA_TOOLS_CACHE="$cold/tools" CARGO_TARGET_DIR="$cold/target" \
+CARINA_TOOLS_CACHE="$cold/tools" CARGO_TARGET_DIR="$cold/target" CARGO_INCREMENTAL=0 \
   CARINA_TEST_LOG_DIR="${CARINA_TEST_LOG_DIR:-target/test-logs}/cold" \
   hack/test.sh "$@"
 rc=$?
