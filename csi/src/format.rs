@@ -11,7 +11,8 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::command::{Cmd, CommandError};
+use carina_sys::command::{Cmd, CommandError};
+
 use crate::error::CsiError;
 use crate::mount::command_error;
 use crate::params::FsType;

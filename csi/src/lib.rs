@@ -7,7 +7,6 @@
 //! live in [`types`]; [`error::CsiError`] is mapped to `tonic::Status` in
 //! one place.
 
-pub mod command;
 pub mod controller;
 pub mod error;
 pub mod format;

@@ -11,7 +11,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use crate::command::{Cmd, CommandError};
+use carina_sys::command::{Cmd, CommandError};
+
 use crate::error::CsiError;
 
 /// Where the kernel lists this process's mounts.

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use carina_sys::command::Cmd;
 use serde::{Deserialize, Serialize};
 
-use super::command::Cmd;
 use super::config::{Config, GroupConfig, Policy};
 use super::error::{Error, Result};
 

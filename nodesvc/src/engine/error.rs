@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::command::CommandError;
+use carina_sys::command::CommandError;
 
 /// Errors returned by the storage engine.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::command::Cmd;
+use carina_sys::command::Cmd;
+
 use super::disks::LosetupDevice;
 use super::error::{Error, Result};
 

@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use carina_sys::command::{Cmd, CommandError};
 use serde::Deserialize;
 
 use super::backend::Backend;
-use super::command::{Cmd, CommandError};
 use super::config::{Activation, GroupConfig, Policy};
 use super::devnum;
 use super::disks::Disk;

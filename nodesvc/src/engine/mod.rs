@@ -8,7 +8,6 @@
 //! and publishes a [`CapacitySnapshot`] after every change.
 
 pub mod backend;
-pub mod command;
 pub mod config;
 pub mod devnum;
 pub mod disks;
