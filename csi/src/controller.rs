@@ -28,11 +28,12 @@ use carina_proto::csi::controller_server::{Controller, ControllerServer};
 use carina_proto::csi::controller_service_capability::rpc::Type as Capability;
 use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_sys::format::FsType;
 use tonic::{Code, Request, Response, Status};
 
 use crate::error::CsiError;
 use crate::names::local_name;
-use crate::params::{FsType, Parameters};
+use crate::params::{Parameters, parse_fs_type};
 use crate::sizes;
 use crate::types::{Accessibility, ProvisionedVolume, Provisioner, Topology, VolumeRequest};
 use crate::volume_id::VolumeId;
@@ -103,7 +104,7 @@ pub fn check_capability(field: &str, cap: &csi::VolumeCapability) -> Result<Acce
         Some(AccessType::Block(_)) => Ok(Access::Block),
         Some(AccessType::Mount(m)) if m.fs_type.is_empty() => Ok(Access::Mount { fs_type: None }),
         Some(AccessType::Mount(m)) => Ok(Access::Mount {
-            fs_type: Some(FsType::parse(
+            fs_type: Some(parse_fs_type(
                 &format!("{field}.mount.fs_type"),
                 &m.fs_type,
             )?),

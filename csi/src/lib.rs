@@ -9,9 +9,7 @@
 
 pub mod controller;
 pub mod error;
-pub mod format;
 pub mod identity;
-pub mod mount;
 pub mod names;
 pub mod node;
 pub mod params;
