@@ -8,12 +8,18 @@
 //! - [`format`]: what a block device holds (`blkid -p`), a filesystem made
 //!   on a blank device only, grown online, and a device's size.
 //! - [`statvfs`]: block and inode usage of a mounted filesystem.
+//! - [`loopdev`]: loop devices attached at an offset and size, listed,
+//!   grown in place and detached (the ioctls are the workspace's only
+//!   `unsafe` code, allowed at each call site).
+//! - [`blockdev`]: whether a block device is mounted or held open.
 //!
 //! Callers give these modules plain values (paths, sizes, options) and get
 //! plain values back; what a result means for a CSI request or a device
 //! group is decided in `carina-csi` and `carina-node`.
 
+pub mod blockdev;
 pub mod command;
 pub mod format;
+pub mod loopdev;
 pub mod mount;
 pub mod statvfs;

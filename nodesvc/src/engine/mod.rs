@@ -15,7 +15,6 @@ pub mod error;
 pub mod gpt;
 pub mod host;
 pub mod locks;
-pub mod loopdev;
 pub mod lvm;
 pub mod names;
 pub mod quota;
