@@ -11,7 +11,7 @@ use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 
 use crate::error::CsiError;
-use crate::params::FsType;
+use crate::params::{FsType, parse_fs_type};
 
 /// How a volume is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub fn check(field: &str, cap: &csi::VolumeCapability) -> Result<Capability, Csi
             let fs_type = if m.fs_type.is_empty() {
                 None
             } else {
-                Some(FsType::parse(
+                Some(parse_fs_type(
                     &format!("{field}.mount.fs_type"),
                     &m.fs_type,
                 )?)

@@ -1,5 +1,10 @@
-//! The CSI layer's errors and the one place they become gRPC status codes.
+//! The CSI layer's errors and the one place they become gRPC status codes,
+//! including the errors of the host primitives the node service runs
+//! (commands, mounts, formatting).
 
+use carina_sys::command::CommandError;
+use carina_sys::format::FormatError;
+use carina_sys::mount::MountError;
 use tonic::{Code, Status};
 
 /// Errors of the CSI services and of the traits behind them.
@@ -78,6 +83,42 @@ impl From<CsiError> for Status {
     }
 }
 
+/// A command failure as the CSI layer answers it: a timeout is
+/// `DEADLINE_EXCEEDED`, anything else `INTERNAL` (the message keeps the
+/// command line and stderr).
+fn command_error(e: CommandError) -> CsiError {
+    match e {
+        CommandError::TimedOut { .. } => CsiError::DeadlineExceeded(e.to_string()),
+        CommandError::Spawn { .. } | CommandError::Failed { .. } => {
+            CsiError::Internal(e.to_string())
+        }
+    }
+}
+
+impl From<MountError> for CsiError {
+    fn from(e: MountError) -> CsiError {
+        match e {
+            MountError::Command(c) => command_error(c),
+            other => CsiError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// A device that holds something else, or is too small for the filesystem,
+/// is `FAILED_PRECONDITION`: the request cannot succeed until someone
+/// changes the device.
+impl From<FormatError> for CsiError {
+    fn from(e: FormatError) -> CsiError {
+        match e {
+            FormatError::Command(c) => command_error(c),
+            FormatError::Occupied { .. } | FormatError::TooSmall { .. } => {
+                CsiError::FailedPrecondition(e.to_string())
+            }
+            FormatError::Io { .. } => CsiError::Internal(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +131,18 @@ mod tests {
         let s: Status = CsiError::node("node-a", Status::resource_exhausted("full")).into();
         assert_eq!(s.code(), Code::ResourceExhausted);
         assert_eq!(s.message(), "node-a: full");
+    }
+
+    #[test]
+    fn occupied_is_failed_precondition_naming_both() {
+        let e: CsiError = FormatError::Occupied {
+            device: "/dev/loop3".into(),
+            found: "xfs".into(),
+            wanted: "ext4".into(),
+        }
+        .into();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        let text = e.to_string();
+        assert!(text.contains("xfs") && text.contains("ext4"), "{text}");
     }
 }

@@ -9,12 +9,9 @@
 
 pub mod busy;
 pub mod capability;
-pub mod command;
 pub mod controller;
 pub mod error;
-pub mod format;
 pub mod identity;
-pub mod mount;
 pub mod names;
 pub mod node;
 pub mod params;

@@ -36,13 +36,14 @@ use async_trait::async_trait;
 use carina_proto::csi;
 use carina_proto::csi::node_service_capability::rpc::Type as RpcType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_sys::format::{self, FsType};
+use carina_sys::mount::{self, MountEntry, MountTable};
+use carina_sys::statvfs;
 use tonic::{Code, Request, Response, Status};
 
 use crate::busy::{BusyNames, Held, busy_message};
 use crate::error::CsiError;
-use crate::format;
-use crate::mount::{self, MountEntry, MountTable};
-use crate::params::FsType;
+use crate::params::parse_fs_type;
 use crate::types::{LocalKind, LocalVolume, LocalVolumes};
 use crate::{TOPOLOGY_KEY, context};
 
@@ -456,15 +457,12 @@ impl<L: LocalVolumes> NodeService<L> {
         if cap.is_some_and(|c| c.access == Access::Block) || meta.file_type().is_block_device() {
             return Ok(expanded(size));
         }
-        let fs = match entry.fs_type.as_str() {
-            "ext4" => FsType::Ext4,
-            "xfs" => FsType::Xfs,
-            other => {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "{} holds {other}, which Carina cannot grow",
-                    path.display()
-                )));
-            }
+        let Some(fs) = FsType::from_name(&entry.fs_type) else {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{} holds {}, which Carina cannot grow",
+                path.display(),
+                entry.fs_type
+            )));
         };
         format::grow_filesystem(fs, device, &path).await?;
         Ok(expanded(size))
@@ -668,7 +666,7 @@ fn requested_fs(
             fs_type: Some(fs), ..
         } => Ok(Some(*fs)),
         Access::Mount { fs_type: None, .. } => match volume_context.get(context::FS_TYPE) {
-            Some(v) if !v.is_empty() => Ok(Some(FsType::parse(
+            Some(v) if !v.is_empty() => Ok(Some(parse_fs_type(
                 &format!("volume_context[{:?}]", context::FS_TYPE),
                 v,
             )?)),
@@ -805,7 +803,7 @@ fn usage(unit: csi::volume_usage::Unit, total: u64, available: u64, used: u64) -
 /// Bytes and inodes of the filesystem at `path` (statvfs).
 async fn filesystem_usage(path: &Path) -> Result<Vec<csi::VolumeUsage>, CsiError> {
     let p = path.to_path_buf();
-    let st = tokio::task::spawn_blocking(move || rustix::fs::statvfs(&p))
+    let st = tokio::task::spawn_blocking(move || statvfs::statvfs(&p))
         .await
         .map_err(|e| CsiError::Internal(format!("statvfs {}: {e}", path.display())))?
         .map_err(|e| CsiError::Internal(format!("statvfs {}: {e}", path.display())))?;

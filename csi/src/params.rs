@@ -7,6 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::error::CsiError;
 
+/// The type of [`Parameters::fs_type`], re-exported on purpose: the control
+/// planes read it and depend on the CSI crate, not on host IO.
+pub use carina_sys::format::FsType;
+
 pub const DISK_GROUP: &str = "carina.storage.io/disk-group-name";
 pub const EXCLUSIVE: &str = "carina.storage.io/exclusively-raw-disk";
 pub const BACKEND_GROUP: &str = "carina.storage.io/backend-disk-group-name";
@@ -27,32 +31,14 @@ pub const ALIASES: &[(&str, &str)] = &[
 
 const CARINA_PREFIX: &str = "carina.storage.io/";
 
-/// A filesystem the node can make.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsType {
-    Ext4,
-    Xfs,
-}
-
-impl FsType {
-    /// Parses a filesystem name; `field` is named in the error.
-    pub fn parse(field: &str, value: &str) -> Result<FsType, CsiError> {
-        match value {
-            "ext4" => Ok(FsType::Ext4),
-            "xfs" => Ok(FsType::Xfs),
-            other => Err(CsiError::invalid(
-                field,
-                format!("unsupported filesystem {other:?} (ext4 or xfs)"),
-            )),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FsType::Ext4 => "ext4",
-            FsType::Xfs => "xfs",
-        }
-    }
+/// Parses a filesystem name from a request; `field` is named in the error.
+pub fn parse_fs_type(field: &str, value: &str) -> Result<FsType, CsiError> {
+    FsType::from_name(value).ok_or_else(|| {
+        CsiError::invalid(
+            field,
+            format!("unsupported filesystem {value:?} (ext4 or xfs)"),
+        )
+    })
 }
 
 /// bcache tiering parameters (the engine support is a later piece of work).
@@ -126,7 +112,7 @@ impl Parameters {
                         }
                     }
                 }
-                FS_TYPE => p.fs_type = Some(FsType::parse(&field(key), value)?),
+                FS_TYPE => p.fs_type = Some(parse_fs_type(&field(key), value)?),
                 BACKEND_GROUP | CACHE_GROUP | CACHE_RATIO | CACHE_POLICY => {}
                 k if k.starts_with(CARINA_PREFIX) => {
                     return Err(CsiError::invalid(field(k), "unknown Carina parameter"));

@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use carina_sys::command::Cmd;
+use carina_sys::loopdev::{self, LosetupDevice};
 use serde::{Deserialize, Serialize};
 
-use super::command::Cmd;
 use super::config::{Config, GroupConfig, Policy};
 use super::error::{Error, Result};
 
@@ -84,24 +85,6 @@ struct LsblkDevice {
     children: Vec<LsblkDevice>,
 }
 
-#[derive(Debug, Deserialize)]
-struct LosetupReport {
-    #[serde(default)]
-    loopdevices: Vec<LosetupDevice>,
-}
-
-/// One attached loop device.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct LosetupDevice {
-    pub name: String,
-    #[serde(default)]
-    pub sizelimit: u64,
-    #[serde(default)]
-    pub offset: u64,
-    #[serde(rename = "back-file")]
-    pub back_file: Option<String>,
-}
-
 /// Parses `lsblk -J -b -o NAME,KNAME,PATH,SIZE,RO,ROTA,TYPE,MOUNTPOINTS,MAJ:MIN`.
 pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
     let report: LsblkReport =
@@ -148,16 +131,6 @@ pub fn parse_lsblk(json: &str) -> Result<Vec<Disk>> {
         });
     }
     Ok(disks)
-}
-
-/// Parses `losetup -J -l`.
-pub fn parse_losetup(json: &str) -> Result<Vec<LosetupDevice>> {
-    if json.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    let report: LosetupReport =
-        serde_json::from_str(json).map_err(|e| Error::parse("losetup output", e))?;
-    Ok(report.loopdevices)
 }
 
 /// Parses `blkid -p -o export` into (TYPE, PTTYPE).
@@ -231,7 +204,7 @@ pub async fn probe(disk: &mut Disk) -> Result<()> {
 /// Every attached loop device.
 pub async fn list_loops() -> Result<Vec<LosetupDevice>> {
     let out = Cmd::new("losetup").args(["-J", "-l"]).run().await?;
-    parse_losetup(&out.stdout)
+    Ok(loopdev::parse_losetup(&out.stdout)?)
 }
 
 /// Decides which group may take each disk. Pure: the caller has probed the
@@ -503,19 +476,12 @@ mod tests {
     }
 
     #[test]
-    fn parses_blkid_and_losetup() {
+    fn parses_blkid_and_maj_min() {
         let (fs, pt) =
             parse_blkid_export("DEVNAME=/dev/loop0\nUUID=x\nTYPE=ext4\nUSAGE=filesystem\n");
         assert_eq!((fs.as_deref(), pt), (Some("ext4"), None));
         let (fs, pt) = parse_blkid_export("DEVNAME=/dev/loop1\nPTUUID=y\nPTTYPE=gpt\n");
         assert_eq!((fs, pt.as_deref()), (None, Some("gpt")));
-        let loops = parse_losetup(
-            r#"{"loopdevices": [{"name": "/dev/loop1", "sizelimit": 0, "offset": 0, "autoclear": false,
-                "ro": false, "back-file": "/tmp/t2.img", "dio": false, "log-sec": 512}]}"#,
-        )
-        .expect("parses");
-        assert_eq!(loops[0].back_file.as_deref(), Some("/tmp/t2.img"));
-        assert!(parse_losetup("").expect("empty is none").is_empty());
         assert_eq!(parse_maj_min("259:12"), Some((259, 12)));
         assert_eq!(parse_maj_min("x"), None);
     }

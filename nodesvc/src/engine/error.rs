@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use super::command::CommandError;
+use carina_sys::command::CommandError;
+use carina_sys::loopdev::LoopError;
 
 /// Errors returned by the storage engine.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +133,28 @@ impl Error {
         Error::Parse {
             what: what.into(),
             reason: reason.to_string(),
+        }
+    }
+}
+
+/// Loop device errors keep their messages: a failed ioctl or read is
+/// [`Error::Io`] naming it, unreadable `losetup` output (or a lost
+/// blocking task) [`Error::Parse`].
+impl From<LoopError> for Error {
+    fn from(e: LoopError) -> Self {
+        match e {
+            LoopError::Command(c) => Error::Command(c),
+            LoopError::Io {
+                action,
+                path,
+                source,
+            } => Error::Io {
+                action,
+                path,
+                source,
+            },
+            LoopError::Parse { what, reason } => Error::parse(what, reason),
+            LoopError::Task { task, source } => Error::task(task, source),
         }
     }
 }

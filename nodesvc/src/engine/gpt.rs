@@ -8,9 +8,9 @@
 
 use std::path::Path;
 
+use carina_sys::command::{Cmd, CommandError};
 use serde::Deserialize;
 
-use super::command::{Cmd, CommandError};
 use super::error::{Error, Result};
 
 /// Type GUID of every partition we create: "Linux filesystem data"

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use carina_sys::statvfs;
 use serde::{Deserialize, Serialize};
 
 use super::backend::Backend;
@@ -607,8 +608,7 @@ impl Store {
     }
 
     fn fs_stats(&self) -> Result<FsStats> {
-        let st = rustix::fs::statvfs(&self.root)
-            .map_err(|e| Error::io("statvfs", &self.root, e.into()))?;
+        let st = statvfs::statvfs(&self.root).map_err(|e| Error::io("statvfs", &self.root, e))?;
         Ok(FsStats {
             frsize: st.f_frsize,
             blocks: st.f_blocks,

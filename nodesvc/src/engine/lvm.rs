@@ -9,7 +9,8 @@
 //!
 //! Activation: with device-mapper, LVs are activated normally and exposed
 //! as `/dev/<vg>/<lv>`. Without it (`activation: loop`), LVs are allocated
-//! contiguously on one PV and exposed as a loop device over the PV at
+//! contiguously on one PV and exposed as a loop device
+//! ([`carina_sys::loopdev`]) over the PV at
 //! `pe_start + first_pe × extent_size`, limited to the LV's size. The
 //! engine picks the extents itself (best fit) and names them on the
 //! `lvcreate` command line, so it knows the offset without asking LVM
@@ -20,15 +21,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use carina_sys::blockdev;
+use carina_sys::command::{Cmd, CommandError};
+use carina_sys::loopdev::{self, LosetupDevice};
 use serde::Deserialize;
 
 use super::backend::Backend;
-use super::command::{Cmd, CommandError};
 use super::config::{Activation, GroupConfig, Policy};
 use super::devnum;
 use super::disks::Disk;
 use super::error::{Error, Result};
-use super::loopdev;
 use super::names;
 use super::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
 
@@ -484,7 +486,7 @@ impl LvmGroup {
         &self,
         snap: &VgSnapshot,
         lv: &Lv,
-        loops: Option<&[super::disks::LosetupDevice]>,
+        loops: Option<&[LosetupDevice]>,
     ) -> Result<PathBuf> {
         match self.mode {
             Mode::DeviceMapper => Ok(PathBuf::from(format!("/dev/{}/{}", self.vg(), lv.name))),
@@ -520,7 +522,7 @@ impl LvmGroup {
                     }
                     return Ok(dev);
                 }
-                loopdev::attach(&pv, offset, lv.size).await
+                Ok(loopdev::attach(&pv, offset, lv.size).await?)
             }
         }
     }
@@ -652,6 +654,20 @@ impl LvmGroup {
                 Err(e)
             }
         }
+    }
+}
+
+/// Fails with `FailedPrecondition` if the block device of volume `volume`
+/// is mounted or held open exclusively, so it is not deleted under a user.
+fn ensure_unused(dev: &Path, volume: &str) -> Result<()> {
+    match blockdev::in_use(dev) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(Error::FailedPrecondition {
+            operation: "delete",
+            name: volume.to_string(),
+            reason: format!("{} is in use (mounted or held open)", dev.display()),
+        }),
+        Err(e) => Err(Error::io("open", dev, e)),
     }
 }
 
@@ -887,13 +903,13 @@ impl Backend for LvmGroup {
                     let loops = loopdev::list().await?;
                     if let Some(l) = loopdev::find(&loops, &pv, offset) {
                         let dev = PathBuf::from(&l.name);
-                        loopdev::ensure_unused(&dev, name)?;
+                        ensure_unused(&dev, name)?;
                         loopdev::detach(&dev).await?;
                     }
                 }
             }
             Mode::DeviceMapper => {
-                loopdev::ensure_unused(Path::new(&format!("/dev/{}/{}", self.vg(), name)), name)?;
+                ensure_unused(Path::new(&format!("/dev/{}/{}", self.vg(), name)), name)?;
             }
         }
         let result = self

@@ -8,7 +8,6 @@
 //! and publishes a [`CapacitySnapshot`] after every change.
 
 pub mod backend;
-pub mod command;
 pub mod config;
 pub mod devnum;
 pub mod disks;
@@ -16,7 +15,6 @@ pub mod error;
 pub mod gpt;
 pub mod host;
 pub mod locks;
-pub mod loopdev;
 pub mod lvm;
 pub mod names;
 pub mod quota;

@@ -17,9 +17,9 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
+use carina_sys::command::Cmd;
 use tracing::instrument;
 
-use super::command::Cmd;
 use super::error::{Error, Result};
 use super::volume::QuotaMode;
 

@@ -16,10 +16,10 @@
 //! The message is the error's `Display`, which names the field, volume or
 //! group, and for commands the command line and its stderr.
 
+use carina_sys::command::CommandError;
 use tonic::{Code, Status};
 
 use crate::engine::Error;
-use crate::engine::command::CommandError;
 
 /// The gRPC code an engine error maps to.
 pub fn code(e: &Error) -> Code {

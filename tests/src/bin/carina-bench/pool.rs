@@ -3,9 +3,9 @@
 //! commands (the floor) for the same VG with the same options.
 
 use anyhow::Result;
-use carina_node::engine::command::Cmd;
 use carina_node::engine::lvm::lvm_cmd;
 use carina_node::engine::{Config, Engine, EngineOptions};
+use carina_sys::command::Cmd;
 use carina_tests::{LoopDisk, VgGuard, unique};
 
 /// Fields drop in order: the engine, the VG (and the loop devices stacked

@@ -1,17 +1,92 @@
-//! Loop devices that expose LVM logical volumes when the kernel has no
-//! device-mapper (`activation: loop`): a loop device over the physical
-//! volume at the LV's byte offset, limited to the LV's size.
+//! Loop devices: a loop device over a file or block device at a byte
+//! offset, limited to a size (the node engine exposes LVM logical volumes
+//! this way when the kernel has no device-mapper), found again by backing
+//! file and offset, grown in place and detached.
 //!
 //! Attaching (`LOOP_CONFIGURE`), detaching (`LOOP_CLR_FD`) and growing an
 //! attached device in place (`LOOP_SET_STATUS64`; it may be mounted) are
 //! ioctls, the only call sites in the workspace allowed `unsafe`; `losetup`
-//! is the fallback for kernels without `LOOP_CONFIGURE`.
+//! is the fallback for kernels without `LOOP_CONFIGURE`. Attached devices
+//! are listed from sysfs ([`list`]) or from `losetup -J -l` output
+//! ([`parse_losetup`]).
 
 use std::path::{Path, PathBuf};
 
-use super::command::Cmd;
-use super::disks::LosetupDevice;
-use super::error::{Error, Result};
+use serde::Deserialize;
+
+use crate::command::{Cmd, CommandError};
+
+/// Errors of attaching, detaching, resizing and listing loop devices.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    /// `losetup` (the attach fallback) failed or timed out.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// An ioctl, open or read failed; `action` names it (`LOOP_CONFIGURE`).
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Output of `losetup` could not be understood.
+    #[error("cannot parse {what}: {reason}")]
+    Parse { what: &'static str, reason: String },
+    /// The blocking thread that ran the ioctls panicked or was cancelled.
+    #[error("{task}: {source}")]
+    Task {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl LoopError {
+    fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        LoopError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    fn task(task: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
+        move |source| LoopError::Task { task, source }
+    }
+}
+
+type Result<T, E = LoopError> = std::result::Result<T, E>;
+
+#[derive(Debug, Deserialize)]
+struct LosetupReport {
+    #[serde(default)]
+    loopdevices: Vec<LosetupDevice>,
+}
+
+/// One attached loop device.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct LosetupDevice {
+    pub name: String,
+    #[serde(default)]
+    pub sizelimit: u64,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(rename = "back-file")]
+    pub back_file: Option<String>,
+}
+
+/// Parses `losetup -J -l` (empty output: no loop devices).
+pub fn parse_losetup(json: &str) -> Result<Vec<LosetupDevice>> {
+    if json.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let report: LosetupReport = serde_json::from_str(json).map_err(|e| LoopError::Parse {
+        what: "losetup output",
+        reason: e.to_string(),
+    })?;
+    Ok(report.loopdevices)
+}
 
 /// Attaches a new loop device over `backing` at `offset` bytes, `size`
 /// long: `LOOP_CTL_GET_FREE` + `LOOP_CONFIGURE` (one atomic set-up, no
@@ -20,7 +95,7 @@ pub async fn attach(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
     let path = backing.to_path_buf();
     let direct = tokio::task::spawn_blocking(move || configure_blocking(&path, offset, size))
         .await
-        .map_err(|e| Error::parse("loop attach task", e))?;
+        .map_err(LoopError::task("loop attach task"))?;
     match direct {
         Ok(dev) => Ok(dev),
         Err(e)
@@ -28,7 +103,7 @@ pub async fn attach(backing: &Path, offset: u64, size: u64) -> Result<PathBuf> {
         {
             attach_with_losetup(backing, offset, size).await
         }
-        Err(e) => Err(Error::io("LOOP_CONFIGURE", backing, e)),
+        Err(e) => Err(LoopError::io("LOOP_CONFIGURE", backing, e)),
     }
 }
 
@@ -43,7 +118,10 @@ async fn attach_with_losetup(backing: &Path, offset: u64, size: u64) -> Result<P
         .await?;
     let dev = out.stdout.trim();
     if dev.is_empty() {
-        return Err(Error::parse("losetup --show output", "no device printed"));
+        return Err(LoopError::Parse {
+            what: "losetup --show output",
+            reason: "no device printed".to_string(),
+        });
     }
     Ok(PathBuf::from(dev))
 }
@@ -58,10 +136,21 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
+impl LoopConfig {
+    /// All fields zero, as the kernel expects unused ones.
+    const fn zeroed() -> Self {
+        LoopConfig {
+            fd: 0,
+            block_size: 0,
+            info: LoopInfo64::zeroed(),
+            reserved: [0; 8],
+        }
+    }
+}
+
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 
-#[allow(unsafe_code)]
 fn configure_blocking(backing: &Path, offset: u64, size: u64) -> std::io::Result<PathBuf> {
     use std::os::fd::AsRawFd;
     let control = std::fs::OpenOptions::new()
@@ -75,8 +164,10 @@ fn configure_blocking(backing: &Path, offset: u64, size: u64) -> std::io::Result
     // Another process may take the free device between our two calls: the
     // kernel then answers EBUSY and we ask for the next free one.
     for _ in 0..16 {
+        // An ioctl has no safe wrapper: `unsafe` is allowed for this call only.
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number;
         // `control` stays open for the call.
+        #[allow(unsafe_code)]
         let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
         if n < 0 {
             return Err(std::io::Error::last_os_error());
@@ -86,17 +177,17 @@ fn configure_blocking(backing: &Path, offset: u64, size: u64) -> std::io::Result
             .read(true)
             .write(true)
             .open(&dev)?;
-        // SAFETY: `LoopConfig` is plain old data for which all-zero bytes
-        // are a valid value.
-        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        let mut config = LoopConfig::zeroed();
         config.fd = file.as_raw_fd() as u32;
         config.info.lo_offset = offset;
         config.info.lo_sizelimit = size;
         let name = backing.as_os_str().as_encoded_bytes();
         let len = name.len().min(config.info.lo_file_name.len() - 1);
         config.info.lo_file_name[..len].copy_from_slice(&name[..len]);
+        // An ioctl has no safe wrapper: `unsafe` is allowed for this call only.
         // SAFETY: `config` is a fully initialised `loop_config` that lives
         // across the call; both descriptors are open.
+        #[allow(unsafe_code)]
         let rc = unsafe {
             libc::ioctl(
                 loop_file.as_raw_fd(),
@@ -120,20 +211,21 @@ fn configure_blocking(backing: &Path, offset: u64, size: u64) -> std::io::Result
 pub async fn detach(dev: &Path) -> Result<()> {
     let path = dev.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        clear_fd_blocking(&path).map_err(|e| Error::io("LOOP_CLR_FD", path, e))
+        clear_fd_blocking(&path).map_err(|e| LoopError::io("LOOP_CLR_FD", path, e))
     })
     .await
-    .map_err(|e| Error::parse("loop detach task", e))?
+    .map_err(LoopError::task("loop detach task"))?
 }
 
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 
-#[allow(unsafe_code)]
 fn clear_fd_blocking(dev: &Path) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new().read(true).open(dev)?;
+    // An ioctl has no safe wrapper: `unsafe` is allowed for this call only.
     // SAFETY: LOOP_CLR_FD takes no argument; `file` keeps the descriptor
     // open for the duration of the call.
+    #[allow(unsafe_code)]
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), LOOP_CLR_FD as _, 0) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
@@ -158,7 +250,7 @@ pub fn find<'a>(
 pub async fn list() -> Result<Vec<LosetupDevice>> {
     tokio::task::spawn_blocking(|| list_sysfs(Path::new("/sys/block")))
         .await
-        .map_err(|e| Error::parse("loop device listing task", e))?
+        .map_err(LoopError::task("loop device listing task"))?
 }
 
 /// Reads `<sys_block>/loop*/loop/{backing_file,offset,sizelimit}`; devices
@@ -166,7 +258,7 @@ pub async fn list() -> Result<Vec<LosetupDevice>> {
 pub fn list_sysfs(sys_block: &Path) -> Result<Vec<LosetupDevice>> {
     let entries = match std::fs::read_dir(sys_block) {
         Ok(e) => e,
-        Err(e) => return Err(Error::io("read", sys_block, e)),
+        Err(e) => return Err(LoopError::io("read", sys_block, e)),
     };
     let mut out = Vec::new();
     for entry in entries.flatten() {
@@ -194,26 +286,6 @@ pub fn list_sysfs(sys_block: &Path) -> Result<Vec<LosetupDevice>> {
     Ok(out)
 }
 
-/// Fails with `FailedPrecondition` if the block device is mounted or held
-/// open exclusively (the kernel refuses an `O_EXCL` open then).
-pub fn ensure_unused(dev: &Path, volume: &str) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_EXCL)
-        .open(dev)
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err(Error::FailedPrecondition {
-            operation: "delete",
-            name: volume.to_string(),
-            reason: format!("{} is in use (mounted or held open)", dev.display()),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("open", dev, e)),
-    }
-}
-
 /// `struct loop_info64` from `<linux/loop.h>`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -233,6 +305,27 @@ struct LoopInfo64 {
     lo_init: [u64; 2],
 }
 
+impl LoopInfo64 {
+    /// All fields zero, as the kernel expects unused ones.
+    const fn zeroed() -> Self {
+        LoopInfo64 {
+            lo_device: 0,
+            lo_inode: 0,
+            lo_rdevice: 0,
+            lo_offset: 0,
+            lo_sizelimit: 0,
+            lo_number: 0,
+            lo_encrypt_type: 0,
+            lo_encrypt_key_size: 0,
+            lo_flags: 0,
+            lo_file_name: [0; 64],
+            lo_crypt_name: [0; 64],
+            lo_encrypt_key: [0; 32],
+            lo_init: [0; 2],
+        }
+    }
+}
+
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 
@@ -250,10 +343,10 @@ pub async fn set_size_limit(dev: &Path, size: u64) -> Result<()> {
                     last = Some(e);
                     std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
                 }
-                Err(e) => return Err(Error::io("LOOP_SET_STATUS64", dev, e)),
+                Err(e) => return Err(LoopError::io("LOOP_SET_STATUS64", dev, e)),
             }
         }
-        Err(Error::io(
+        Err(LoopError::io(
             "LOOP_SET_STATUS64",
             dev,
             last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EAGAIN)),
@@ -262,11 +355,10 @@ pub async fn set_size_limit(dev: &Path, size: u64) -> Result<()> {
     .await;
     match result {
         Ok(r) => r,
-        Err(join) => Err(Error::parse("loop resize task", join)),
+        Err(join) => Err(LoopError::task("loop resize task")(join)),
     }
 }
 
-#[allow(unsafe_code)]
 fn set_size_limit_blocking(dev: &Path, size: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new()
@@ -274,18 +366,24 @@ fn set_size_limit_blocking(dev: &Path, size: u64) -> std::io::Result<()> {
         .write(true)
         .open(dev)?;
     let fd = file.as_raw_fd();
+    let mut info = LoopInfo64::zeroed();
+    // An ioctl has no safe wrapper: `unsafe` is allowed for this call only.
     // SAFETY: `info` is a properly sized, zero-initialised `loop_info64`
-    // (plain old data); the kernel fills it on GET and reads it on SET, and
-    // `fd` stays open for both calls because `file` outlives them.
-    unsafe {
-        let mut info: LoopInfo64 = std::mem::zeroed();
-        if libc::ioctl(fd, LOOP_GET_STATUS64 as _, &mut info as *mut LoopInfo64) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        info.lo_sizelimit = size;
-        if libc::ioctl(fd, LOOP_SET_STATUS64 as _, &info as *const LoopInfo64) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    // (plain old data) that the kernel fills; `fd` stays open for the call
+    // because `file` outlives it.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::ioctl(fd, LOOP_GET_STATUS64 as _, &mut info as *mut LoopInfo64) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    info.lo_sizelimit = size;
+    // An ioctl has no safe wrapper: `unsafe` is allowed for this call only.
+    // SAFETY: `info` is the `loop_info64` the kernel just filled, with only
+    // the size limit changed; the kernel reads it, and `fd` is still open.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::ioctl(fd, LOOP_SET_STATUS64 as _, &info as *const LoopInfo64) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -293,6 +391,17 @@ fn set_size_limit_blocking(dev: &Path, size: u64) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_losetup() {
+        let loops = parse_losetup(
+            r#"{"loopdevices": [{"name": "/dev/loop1", "sizelimit": 0, "offset": 0, "autoclear": false,
+                "ro": false, "back-file": "/tmp/t2.img", "dio": false, "log-sec": 512}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(loops[0].back_file.as_deref(), Some("/tmp/t2.img"));
+        assert!(parse_losetup("").expect("empty is none").is_empty());
+    }
 
     #[test]
     fn structs_have_the_kernel_layout() {

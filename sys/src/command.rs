@@ -2,7 +2,8 @@
 //! run, and errors that carry the command line and its stderr.
 //!
 //! Tool-specific builders (`lvm`, `sgdisk`, `losetup`, ...) live next to
-//! their parsers; they all end in [`Cmd::run`].
+//! their parsers, in the crates that know those tools; they all end in
+//! [`Cmd::run`].
 
 use std::ffi::OsString;
 use std::fmt;

@@ -1,18 +1,19 @@
-//! Mounts as the kernel sees them, and the mount operations of the node
-//! service.
+//! Mounts as the kernel sees them, and the mount primitives: mount,
+//! bind-mount (with per-mount options), unmount.
 //!
 //! Mount state is never remembered: every question ("is this path a mount
 //! point?", "what is mounted there?") reads `/proc/self/mountinfo` again,
 //! parsed by the pure [`parse_mountinfo`]. Mounting and unmounting run
 //! `mount` and `umount` through the shared [`Cmd`] runner (argv only, a
-//! timeout, errors naming the command and its stderr).
+//! timeout, errors naming the command and its stderr). What a mount means
+//! for a volume (staged, published, someone else's) is the caller's to
+//! decide.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 use crate::command::{Cmd, CommandError};
-use crate::error::CsiError;
 
 /// Where the kernel lists this process's mounts.
 pub const MOUNTINFO: &str = "/proc/self/mountinfo";
@@ -45,27 +46,6 @@ impl MountError {
             action,
             path: path.to_path_buf(),
             source,
-        }
-    }
-}
-
-/// A command failure as the CSI layer answers it: a timeout is
-/// `DEADLINE_EXCEEDED`, anything else `INTERNAL` (the message keeps the
-/// command line and stderr).
-pub(crate) fn command_error(e: CommandError) -> CsiError {
-    match e {
-        CommandError::TimedOut { .. } => CsiError::DeadlineExceeded(e.to_string()),
-        CommandError::Spawn { .. } | CommandError::Failed { .. } => {
-            CsiError::Internal(e.to_string())
-        }
-    }
-}
-
-impl From<MountError> for CsiError {
-    fn from(e: MountError) -> CsiError {
-        match e {
-            MountError::Command(c) => command_error(c),
-            other => CsiError::Internal(other.to_string()),
         }
     }
 }

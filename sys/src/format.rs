@@ -4,17 +4,15 @@
 //!
 //! A device that carries any signature (a filesystem of another type, a
 //! partition table, an LVM label, ...) is never formatted: that would
-//! destroy data someone may still want. It is `FAILED_PRECONDITION`,
-//! naming what was found and what was asked for.
+//! destroy data someone may still want. It is [`FormatError::Occupied`],
+//! naming what was found and what was asked for; `mkfs` is private to
+//! [`ensure_filesystem`], which probes the device first.
 
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::command::{Cmd, CommandError};
-use crate::error::CsiError;
-use crate::mount::command_error;
-use crate::params::FsType;
 
 /// The smallest device `mkfs.xfs` accepts (xfsprogs 5.19 and later).
 pub const XFS_MIN_BYTES: u64 = 300 << 20;
@@ -24,6 +22,32 @@ const LONG_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// `blkid` exits with 2 when it finds nothing on the device.
 const BLKID_NOTHING_FOUND: i32 = 2;
+
+/// A filesystem the node can make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    /// The filesystem of that name (`ext4`, `xfs`, as mount and blkid spell
+    /// them), if it is one the node can make.
+    pub fn from_name(name: &str) -> Option<FsType> {
+        match name {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+}
 
 /// Errors of probing, formatting and growing.
 #[derive(Debug, thiserror::Error)]
@@ -53,18 +77,6 @@ pub enum FormatError {
     },
 }
 
-impl From<FormatError> for CsiError {
-    fn from(e: FormatError) -> CsiError {
-        match e {
-            FormatError::Command(c) => command_error(c),
-            FormatError::Occupied { .. } | FormatError::TooSmall { .. } => {
-                CsiError::FailedPrecondition(e.to_string())
-            }
-            FormatError::Io { .. } => CsiError::Internal(e.to_string()),
-        }
-    }
-}
-
 /// What `blkid -p` found on a device that is not blank.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Signature {
@@ -80,11 +92,7 @@ impl Signature {
         if self.pt_type.is_some() {
             return None;
         }
-        match self.fs_type.as_deref()? {
-            "ext4" => Some(FsType::Ext4),
-            "xfs" => Some(FsType::Xfs),
-            _ => None,
-        }
+        FsType::from_name(self.fs_type.as_deref()?)
     }
 
     /// For messages: `ext4`, `a gpt partition table`.
@@ -263,19 +271,6 @@ mod tests {
             parse_blkid_export(&formatted).and_then(|s| s.filesystem()),
             Some(FsType::Xfs)
         );
-    }
-
-    #[test]
-    fn occupied_is_failed_precondition_naming_both() {
-        let e: CsiError = FormatError::Occupied {
-            device: "/dev/loop3".into(),
-            found: "xfs".into(),
-            wanted: "ext4".into(),
-        }
-        .into();
-        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        let text = e.to_string();
-        assert!(text.contains("xfs") && text.contains("ext4"), "{text}");
     }
 
     /// Probing, formatting and refusing on a real file (mkfs and blkid work

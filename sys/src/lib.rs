@@ -1,0 +1,25 @@
+//! Host IO for Carina: what touches the node's kernel and tools, and
+//! knows neither CSI nor LVM.
+//!
+//! - [`command`]: the one runner of external tools (argv only, a timeout on
+//!   every run, errors with the command line and stderr, a span per run).
+//! - [`mount`]: `/proc/self/mountinfo` parsed and queried, mount, bind
+//!   mount and unmount.
+//! - [`format`]: what a block device holds (`blkid -p`), a filesystem made
+//!   on a blank device only, grown online, and a device's size.
+//! - [`statvfs`]: block and inode usage of a mounted filesystem.
+//! - [`loopdev`]: loop devices attached at an offset and size, listed,
+//!   grown in place and detached (the ioctls are the workspace's only
+//!   `unsafe` code, allowed at each call site).
+//! - [`blockdev`]: whether a block device is mounted or held open.
+//!
+//! Callers give these modules plain values (paths, sizes, options) and get
+//! plain values back; what a result means for a CSI request or a device
+//! group is decided in `carina-csi` and `carina-node`.
+
+pub mod blockdev;
+pub mod command;
+pub mod format;
+pub mod loopdev;
+pub mod mount;
+pub mod statvfs;
