@@ -22,7 +22,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use carina_controlplane::crd::{NodeStorageResource, NodeStorageResourceStatus};
+use carina_api::{NodeStorageResource, NodeStorageResourceStatus};
 use carina_controlplane::direct::Strategy;
 
 use crate::extender::{ExtenderArgs, ExtenderFilterResult, NodeNames};

@@ -20,7 +20,6 @@ pub mod extender;
 pub mod filter;
 pub mod handler;
 pub mod objects;
-pub mod quantity;
 pub mod request;
 pub mod reservations;
 pub mod room;

@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::crd::{
+use carina_api::quantity::quantity_bytes;
+use carina_api::{
     LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NODE_ENDPOINT_ANNOTATION,
     NodeStorageResource, TRACEPARENT_ANNOTATION, capacity_key,
 };
@@ -419,7 +420,7 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
             Some(VolumeId::new(name, node).encode().as_str())
         );
         let current = status.current_size.as_ref().context("currentSize")?;
-        assert_eq!(bridge::quantity_bytes(current)?, size);
+        assert_eq!(quantity_bytes(current)?, size);
         // HOST volumes have no device numbers.
         assert_eq!((status.device_major, status.device_minor), (None, None));
         let ready = lv_ready(&lv).context("Ready condition")?;

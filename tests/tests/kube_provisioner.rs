@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_controlplane::crd::{
+use carina_api::{
     DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResource,
     NodeStorageResourceSpec, NodeStorageResourceStatus, TRACEPARENT_ANNOTATION,
 };

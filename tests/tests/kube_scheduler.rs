@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::crd::{
+use carina_api::{
     DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResource,
     NodeStorageResourceSpec, NodeStorageResourceStatus, capacity_key,
 };

@@ -151,7 +151,7 @@ struct Args {
 async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(Command::Crds) = args.command {
-        print!("{}", carina_controlplane::crd::crds_yaml());
+        print!("{}", carina_api::crds_yaml());
         return Ok(());
     }
     let _telemetry = carina_proto::telemetry::init("carina-controller")?;

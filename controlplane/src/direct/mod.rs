@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use carina_api::policy;
 use carina_csi::params::FsType;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
@@ -287,10 +288,10 @@ fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> O
 
 fn policy_name(p: pb::Policy) -> &'static str {
     match p {
-        pb::Policy::Lvm => "LVM",
-        pb::Policy::Raw => "RAW",
-        pb::Policy::Host => "HOST",
-        pb::Policy::Unspecified => "UNSPECIFIED",
+        pb::Policy::Lvm => policy::LVM,
+        pb::Policy::Raw => policy::RAW,
+        pb::Policy::Host => policy::HOST,
+        pb::Policy::Unspecified => policy::UNSPECIFIED,
     }
 }
 

@@ -59,17 +59,17 @@ use tonic::Code;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::EXCLUSIVE_ANNOTATION;
 use super::capacity;
 use super::config_push::{self, CONFIG_MAP_NAME, DEFAULT_CONFIG_NAMESPACE};
 use super::endpoints::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_NODE_PORT, EndpointError, NodeClients, NodeEndpoint, Nodes,
     annotated_endpoint, stopped,
 };
-use crate::crd::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
-use crate::crd::{
-    LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeStatus, NODE_ENDPOINT_ANNOTATION,
-    TRACEPARENT_ANNOTATION,
+use carina_api::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
+use carina_api::quantity::{bytes_quantity, quantity_bytes};
+use carina_api::{
+    EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeStatus,
+    NODE_ENDPOINT_ANNOTATION, TRACEPARENT_ANNOTATION,
 };
 
 /// Field manager of the bridge's status writes.
@@ -244,8 +244,6 @@ impl Error {
         matches!(self, Error::Finalizer(e) if matches!(**e, finalizer::Error::CleanupFailed(_)))
     }
 }
-
-pub use crate::crd::quantity::{QuantityError, bytes_quantity, quantity_bytes};
 
 /// Now, to the second (what the API stores).
 pub(crate) fn now() -> Time {
@@ -894,7 +892,7 @@ mod tests {
     fn terminal_failures_wait_for_a_new_generation() {
         let mut lv = LogicVolume::new(
             "v",
-            crate::crd::LogicVolumeSpec {
+            carina_api::LogicVolumeSpec {
                 node_name: "n".into(),
                 size: Quantity("1Gi".into()),
                 device_group: "g".into(),

@@ -35,9 +35,9 @@ use tokio::task::JoinHandle;
 
 use super::bridge::{Backoff, condition, now, truncate};
 use super::endpoints::{EndpointError, NodeClients, NodeEndpoint, Nodes, node_endpoint, stopped};
-use crate::crd::{
+use carina_api::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceStatus, VgGroup,
-    capacity_key,
+    capacity_key, policy,
 };
 
 /// Field manager of the capacity publisher's writes.
@@ -399,10 +399,10 @@ impl Record {
 
 fn policy_name(p: pb::Policy) -> &'static str {
     match p {
-        pb::Policy::Lvm => "LVM",
-        pb::Policy::Raw => "RAW",
-        pb::Policy::Host => "HOST",
-        pb::Policy::Unspecified => "UNSPECIFIED",
+        pb::Policy::Lvm => policy::LVM,
+        pb::Policy::Raw => policy::RAW,
+        pb::Policy::Host => policy::HOST,
+        pb::Policy::Unspecified => policy::UNSPECIFIED,
     }
 }
 

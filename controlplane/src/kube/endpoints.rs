@@ -23,10 +23,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-pub use crate::crd::NODE_ENDPOINT_ANNOTATION;
 pub use crate::direct::pool::{
     Client as NodeClient, DEFAULT_CALL_TIMEOUT, NodeAddress, NodeClients,
 };
+use carina_api::NODE_ENDPOINT_ANNOTATION;
 
 /// The NodeStorage port `carina-node` listens on by default.
 pub const DEFAULT_NODE_PORT: u16 = 7443;

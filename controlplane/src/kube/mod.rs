@@ -15,7 +15,7 @@
 //!   `carina_csi::volume_id::VolumeId { volume: <object name>, node }`.
 //! - `status.code` is the numeric gRPC code of the last node operation
 //!   (`tonic::Code as i32`; 0 = OK), `status.message` its message.
-//! - Whole-disk RAW volumes carry the annotation [`EXCLUSIVE_ANNOTATION`]
+//! - Whole-disk RAW volumes carry the annotation [`carina_api::EXCLUSIVE_ANNOTATION`]
 //!   = `"true"`.
 
 pub mod bridge;
@@ -25,6 +25,3 @@ pub mod endpoints;
 pub mod leader;
 pub mod naming;
 pub mod provisioner;
-
-/// Annotation on a `LogicVolume` asking for a whole RAW disk.
-pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";

@@ -77,14 +77,15 @@ use kube::{Client, ResourceExt};
 use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{EXCLUSIVE_ANNOTATION, naming};
-use crate::crd::quantity::quantity_bytes;
-use crate::crd::{
-    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, LogicVolumeStatus,
-    NodeStorageResource, TRACEPARENT_ANNOTATION,
-};
+use super::naming;
 use crate::direct::placement::{self, NodeCapacity};
 use crate::direct::{NodeSpec, Strategy};
+use carina_api::policy;
+use carina_api::quantity::quantity_bytes;
+use carina_api::{
+    DeviceGroupCapacity, EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec,
+    LogicVolumeStatus, NodeStorageResource, PATH_ANNOTATION, TRACEPARENT_ANNOTATION,
+};
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -92,8 +93,6 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The unit sizes are rounded to when the node's allocation unit is not
 /// published (the node rounds further to its own unit).
 pub const FALLBACK_UNIT: u64 = 1 << 20;
-
-pub use crate::crd::PATH_ANNOTATION;
 
 /// `csi.storage.k8s.io/pvc/name`, which external-provisioner adds with
 /// `--extra-create-metadata`.
@@ -567,19 +566,19 @@ fn node_spec(name: &str) -> NodeSpec {
 
 fn parse_policy(policy: &str) -> pb::Policy {
     match policy {
-        "LVM" => pb::Policy::Lvm,
-        "RAW" => pb::Policy::Raw,
-        "HOST" => pb::Policy::Host,
+        policy::LVM => pb::Policy::Lvm,
+        policy::RAW => pb::Policy::Raw,
+        policy::HOST => pb::Policy::Host,
         _ => pb::Policy::Unspecified,
     }
 }
 
 fn policy_name(p: pb::Policy) -> &'static str {
     match p {
-        pb::Policy::Lvm => "LVM",
-        pb::Policy::Raw => "RAW",
-        pb::Policy::Host => "HOST",
-        pb::Policy::Unspecified => "UNSPECIFIED",
+        pb::Policy::Lvm => policy::LVM,
+        pb::Policy::Raw => policy::RAW,
+        pb::Policy::Host => policy::HOST,
+        pb::Policy::Unspecified => policy::UNSPECIFIED,
     }
 }
 
@@ -692,7 +691,7 @@ fn incompatible(req: &VolumeRequest, lv: &LogicVolume, policy: Option<&str>) -> 
             req.parameters.exclusive
         ));
     }
-    if req.block && policy == Some("HOST") {
+    if req.block && policy == Some(policy::HOST) {
         return Some("a HOST volume cannot serve block access".to_string());
     }
     let node = node_spec(&lv.spec.node_name);
@@ -1082,12 +1081,12 @@ mod tests {
         };
         let mut nsr = NodeStorageResource::new("n", Default::default());
         assert!(!is_stale(&nsr), "no status: not stale");
-        nsr.status = Some(crate::crd::NodeStorageResourceStatus {
+        nsr.status = Some(carina_api::NodeStorageResourceStatus {
             conditions: vec![condition("Ready", "True"), condition("Stale", "False")],
             ..Default::default()
         });
         assert!(!is_stale(&nsr));
-        nsr.status = Some(crate::crd::NodeStorageResourceStatus {
+        nsr.status = Some(carina_api::NodeStorageResourceStatus {
             conditions: vec![condition("Stale", "True")],
             ..Default::default()
         });

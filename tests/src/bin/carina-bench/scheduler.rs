@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use carina_controlplane::crd::{LogicVolume, NodeStorageResource};
+use carina_api::{LogicVolume, NodeStorageResource};
 use carina_scheduler::objects::MemoryObjects;
 use carina_scheduler::{Extender, Strategy, server};
 use http::Method;
