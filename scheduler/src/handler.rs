@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use carina_api::{NodeStorageResource, NodeStorageResourceStatus};
-use carina_controlplane::direct::Strategy;
+use carina_csi::strategy::Strategy;
 
 use crate::extender::{ExtenderArgs, ExtenderFilterResult, NodeNames};
 use crate::filter::{Decision, decide};

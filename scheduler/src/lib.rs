@@ -30,5 +30,4 @@ pub mod settle;
 #[cfg(test)]
 mod testing;
 
-pub use carina_controlplane::direct::Strategy;
 pub use handler::Extender;

@@ -23,13 +23,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList, Strategy};
+use carina_controlplane::direct::{DirectProvisioner, NodeList};
 use carina_controlplane::kube::bridge::{self, BridgeConfig};
 use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_csi::Provisioner;
+use carina_csi::strategy::Strategy;
 use carina_proto::tls::ClientTls;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};

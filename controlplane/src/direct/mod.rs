@@ -37,6 +37,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use carina_api::policy;
 use carina_csi::params::FsType;
+use carina_csi::strategy::Strategy;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
     CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
@@ -49,7 +50,7 @@ use tonic::Code;
 
 pub use self::nodes::{NodeList, NodeSpec, NodesError};
 use self::placement::NodeCapacity;
-pub use self::placement::{Placement, Strategy};
+pub use self::placement::Placement;
 use self::pool::NodeClients;
 
 /// Volumes on a static list of nodes.

@@ -78,14 +78,15 @@ use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::naming;
+use crate::direct::NodeSpec;
 use crate::direct::placement::{self, NodeCapacity};
-use crate::direct::{NodeSpec, Strategy};
 use carina_api::policy;
 use carina_api::quantity::quantity_bytes;
 use carina_api::{
     DeviceGroupCapacity, EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec,
     LogicVolumeStatus, NodeStorageResource, PATH_ANNOTATION, TRACEPARENT_ANNOTATION,
 };
+use carina_csi::strategy::Strategy;
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::Strategy;
 use carina_controlplane::kube::bridge::{self, BridgeConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::serve::serve_controller;
 use carina_csi::TOPOLOGY_KEY;
 use carina_csi::socket::bind;
+use carina_csi::strategy::Strategy;
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::{
