@@ -6,8 +6,11 @@
 //!   provisioner and carried out by the bridge, capacity published into
 //!   `NodeStorageResource`s, configuration pushed to nodes, Lease leader
 //!   election.
+//! - [`nodes`]: what both share about nodes: node specs, placement, the
+//!   NodeStorage client pool.
 //! - [`serve`]: CSI Identity and Controller on a unix socket.
 
 pub mod direct;
 pub mod kube;
+pub mod nodes;
 pub mod serve;

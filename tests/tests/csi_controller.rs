@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec};
+use carina_controlplane::direct::DirectProvisioner;
+use carina_controlplane::nodes::spec::{NodeList, NodeSpec};
 use carina_controlplane::serve::{bind_unix, serve_controller};
 use carina_csi::strategy::Strategy;
 use carina_csi::{TOPOLOGY_KEY, Topology, context};

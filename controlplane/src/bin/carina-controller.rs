@@ -23,11 +23,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList};
+use carina_controlplane::direct::DirectProvisioner;
 use carina_controlplane::kube::bridge::{self, BridgeConfig};
 use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
+use carina_controlplane::nodes::spec::NodeList;
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_csi::Provisioner;
 use carina_csi::strategy::Strategy;

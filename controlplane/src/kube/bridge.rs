@@ -62,9 +62,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use super::capacity;
 use super::config_push::{self, CONFIG_MAP_NAME, DEFAULT_CONFIG_NAMESPACE};
 use super::endpoints::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_NODE_PORT, EndpointError, NodeClients, NodeEndpoint, Nodes,
-    annotated_endpoint, stopped,
+    DEFAULT_NODE_PORT, EndpointError, NodeEndpoint, Nodes, annotated_endpoint, stopped,
 };
+use crate::nodes::pool::{DEFAULT_CALL_TIMEOUT, NodeClients};
 use carina_api::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
 use carina_api::quantity::{bytes_quantity, quantity_bytes};
 use carina_api::{

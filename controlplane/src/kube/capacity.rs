@@ -34,7 +34,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::bridge::{Backoff, condition, now, truncate};
-use super::endpoints::{EndpointError, NodeClients, NodeEndpoint, Nodes, node_endpoint, stopped};
+use super::endpoints::{EndpointError, NodeEndpoint, Nodes, node_endpoint, stopped};
+use crate::nodes::pool::NodeClients;
 use carina_api::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceStatus, VgGroup,
     capacity_key, policy,

@@ -38,7 +38,8 @@ use tokio::time::Instant;
 use tonic::Code;
 
 use super::bridge::{Backoff, BridgeConfig, truncate};
-use super::endpoints::{NodeClients, Nodes, node_endpoint, stopped};
+use super::endpoints::{Nodes, node_endpoint, stopped};
+use crate::nodes::pool::NodeClients;
 
 /// Carina's ConfigMap name.
 pub const CONFIG_MAP_NAME: &str = "carina-csi-config";

@@ -12,7 +12,7 @@
 //! scheduler picked), or, without `preferred`, to one of the `requisite`
 //! nodes. Without requirements (`Immediate` binding) every node with a
 //! published `NodeStorageResource` is a candidate. Candidates are ranked by
-//! the direct control plane's rules ([`crate::direct::placement::rank`]:
+//! the direct control plane's rules ([`crate::nodes::placement::rank`]:
 //! group by `carina.storage.io/disk-group-name` or the node's first
 //! suitable group with room, `binpack`/`spreadout`) over the exact byte
 //! figures of `NodeStorageResource.status.groups`, less the volumes already
@@ -78,8 +78,8 @@ use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::naming;
-use crate::direct::NodeSpec;
-use crate::direct::placement::{self, NodeCapacity};
+use crate::nodes::placement::{self, NodeCapacity};
+use crate::nodes::spec::NodeSpec;
 use carina_api::policy;
 use carina_api::quantity::quantity_bytes;
 use carina_api::{

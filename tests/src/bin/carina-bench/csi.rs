@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec};
+use carina_controlplane::direct::DirectProvisioner;
+use carina_controlplane::nodes::spec::{NodeList, NodeSpec};
 use carina_controlplane::serve::serve_controller;
 use carina_csi::socket::bind;
 use carina_csi::strategy::Strategy;

@@ -22,7 +22,7 @@ use carina_csi::strategy::Strategy;
 use carina_csi::{CsiError, VolumeRequest, sizes};
 use carina_proto::nodestorage::{GroupCapacity, Policy};
 
-use super::nodes::NodeSpec;
+use super::spec::NodeSpec;
 
 /// One node and the capacity of its groups, in the node's order.
 #[derive(Debug, Clone)]
