@@ -29,9 +29,11 @@ use carina_api::{
     LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NODE_ENDPOINT_ANNOTATION,
     NodeStorageResource, TRACEPARENT_ANNOTATION, capacity_key,
 };
-use carina_controlplane::kube::bridge::{self, Backoff, BridgeConfig};
+use carina_controlplane::kube::bridge;
+use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::capacity::{READY, STALE};
 use carina_controlplane::kube::config_push::{CONFIG_KEY, CONFIG_MAP_NAME};
+use carina_controlplane::kube::retry::Backoff;
 use carina_csi::volume_id::VolumeId;
 use carina_node::engine::{Config, Engine};
 use carina_proto::devcerts::{DevCa, Validity};
@@ -300,7 +302,7 @@ impl Running {
         config.call_timeout = Duration::from_secs(10);
         config.instance = Some("kube-bridge-test".into());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(bridge::run(client, config, async {
+        let task = tokio::spawn(bridge_side::run(client, config, async {
             let _ = stopped.await;
         }));
         Running {

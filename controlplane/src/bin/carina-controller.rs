@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use carina_controlplane::direct::DirectProvisioner;
-use carina_controlplane::kube::bridge::{self, BridgeConfig};
+use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
@@ -306,7 +306,7 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
                 |stop_leading| {
                     let (client, config) = (client.clone(), bridge_config.clone());
                     async move {
-                        if let Err(e) = bridge::run(client, config, stop_leading).await {
+                        if let Err(e) = bridge_side::run(client, config, stop_leading).await {
                             tracing::error!(error = %e, "the bridge failed");
                         }
                     }

@@ -33,8 +33,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::bridge::{Backoff, condition, now, truncate};
 use super::endpoints::{EndpointError, NodeEndpoint, Nodes, node_endpoint, stopped};
+use super::retry::Backoff;
+use super::status::{condition, now, truncate};
 use crate::nodes::pool::NodeClients;
 use carina_api::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceStatus, VgGroup,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use carina_controlplane::kube::bridge::{self, BridgeConfig};
+use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::serve::serve_controller;
 use carina_csi::TOPOLOGY_KEY;
@@ -59,7 +59,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     register_node(&client, NODE, &node.endpoint()).await?;
 
     let (stop_bridge, bridge_stopped) = oneshot::channel::<()>();
-    let bridge_task = tokio::spawn(bridge::run(
+    let bridge_task = tokio::spawn(bridge_side::run(
         client.clone(),
         BridgeConfig::new(node.client_tls("controller")?),
         async {
