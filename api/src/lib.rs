@@ -9,7 +9,8 @@
 //! from the types ([`crds_yaml`], checked in as
 //! `deploy/crds/carina.storage.io_crds.yaml`).
 //!
-//! It depends on no other Carina crate: the node side never sees it.
+//! It depends on no other Carina crate, and the node side does not depend
+//! on it (the nodes hold no Kubernetes credentials).
 
 pub mod logicvolume;
 pub mod nodestorageresource;

@@ -451,7 +451,7 @@ fn raw_disks(
 
 /// `bytes` for a reason text: binary units with one decimal, exact bytes
 /// below 1 KiB.
-pub fn human(bytes: u64) -> String {
+fn human(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     if bytes < 1024 {
         return format!("{bytes} B");
