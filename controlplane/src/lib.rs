@@ -6,10 +6,11 @@
 //!   provisioner and carried out by the bridge, capacity published into
 //!   `NodeStorageResource`s, configuration pushed to nodes, Lease leader
 //!   election.
-//! - [`crd`]: the CRD types (Carina-compatible) and their YAML.
+//! - [`nodes`]: what both share about nodes: node specs, placement, the
+//!   NodeStorage client pool.
 //! - [`serve`]: CSI Identity and Controller on a unix socket.
 
-pub mod crd;
 pub mod direct;
 pub mod kube;
+pub mod nodes;
 pub mod serve;

@@ -5,7 +5,8 @@
 //! over a [`Provisioner`] (the direct control plane, the Kubernetes one),
 //! the node service over [`LocalVolumes`] (the node's engine). Domain types
 //! live in [`types`]; [`error::CsiError`] is mapped to `tonic::Status` in
-//! one place.
+//! one place. [`strategy::Strategy`] is the placement order every control
+//! plane and the scheduler extender share.
 
 pub mod busy;
 pub mod capability;
@@ -17,6 +18,7 @@ pub mod node;
 pub mod params;
 pub mod sizes;
 pub mod socket;
+pub mod strategy;
 pub mod types;
 pub mod volume_id;
 

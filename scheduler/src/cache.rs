@@ -15,7 +15,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use carina_controlplane::crd::{LogicVolume, NodeStorageResource};
+use carina_api::{LogicVolume, NodeStorageResource};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     EphemeralVolumeSource, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec, Volume,

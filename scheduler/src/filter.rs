@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use carina_controlplane::crd::NodeStorageResourceStatus;
+use carina_api::NodeStorageResourceStatus;
 
 use crate::request::{PodRequest, Volume};
 use crate::room::NodeRoom;
@@ -120,7 +120,7 @@ mod tests {
     use super::*;
     use crate::request::{ClaimKey, Pin, sort_for_placement};
     use crate::testing::*;
-    use carina_controlplane::crd::{DeviceGroupCapacity, Disk};
+    use carina_api::{DeviceGroupCapacity, Disk};
     use carina_csi::CapacityRange;
 
     const GIB: u64 = 1 << 30;

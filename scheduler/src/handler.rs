@@ -22,8 +22,8 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use carina_controlplane::crd::{NodeStorageResource, NodeStorageResourceStatus};
-use carina_controlplane::direct::Strategy;
+use carina_api::{NodeStorageResource, NodeStorageResourceStatus};
+use carina_csi::strategy::Strategy;
 
 use crate::extender::{ExtenderArgs, ExtenderFilterResult, NodeNames};
 use crate::filter::{Decision, decide};

@@ -20,7 +20,6 @@ pub mod extender;
 pub mod filter;
 pub mod handler;
 pub mod objects;
-pub mod quantity;
 pub mod request;
 pub mod reservations;
 pub mod room;
@@ -31,5 +30,4 @@ pub mod settle;
 #[cfg(test)]
 mod testing;
 
-pub use carina_controlplane::direct::Strategy;
 pub use handler::Extender;

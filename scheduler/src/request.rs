@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use carina_api::quantity::quantity_bytes;
 use carina_csi::params::Parameters;
 use carina_csi::{CapacityRange, DRIVER_NAME, TOPOLOGY_KEY, context, sizes};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -32,7 +33,6 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::extender::Pod;
 use crate::objects::Objects;
-use crate::quantity;
 
 /// Annotation kube-scheduler puts on a `WaitForFirstConsumer` claim when
 /// it picks the node.
@@ -319,7 +319,7 @@ pub fn claim_volumes(
         };
         match map.and_then(|m| m.get("storage")) {
             None => Ok(0),
-            Some(q) => quantity::bytes(q).ok_or_else(|| {
+            Some(q) => quantity_bytes(q).map_err(|_| {
                 format!(
                     "claim {key}: resources.{which}.storage {:?} is not a size",
                     q.0

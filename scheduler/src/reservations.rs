@@ -34,15 +34,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use carina_controlplane::crd::LogicVolume;
-use carina_controlplane::crd::logicvolume::LogicVolumeStatus;
-use carina_controlplane::kube::EXCLUSIVE_ANNOTATION;
+use carina_api::logicvolume::LogicVolumeStatus;
+use carina_api::quantity::quantity_bytes;
+use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume};
 use carina_csi::CapacityRange;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use crate::objects::Objects;
-use crate::quantity;
 use crate::request::{self, ClaimKey, ClaimKind, Volume, sort_for_placement};
 
 /// gRPC codes the bridge retries: a volume with one is still coming.
@@ -184,7 +183,7 @@ impl Reservations {
 
 /// The bytes of `lv` its node's record does not show yet, if any.
 fn in_flight_bytes(lv: &LogicVolume, sync_time: Option<&Time>) -> Option<u64> {
-    let spec_bytes = quantity::bytes(&lv.spec.size)?;
+    let spec_bytes = quantity_bytes(&lv.spec.size).ok()?;
     let status = lv.status.as_ref();
     let made = status.is_some_and(|s| s.volume_id.as_deref().is_some_and(|v| !v.is_empty()));
     if !made {
@@ -196,7 +195,7 @@ fn in_flight_bytes(lv: &LogicVolume, sync_time: Option<&Time>) -> Option<u64> {
     }
     let current = status
         .and_then(|s| s.current_size.as_ref())
-        .and_then(quantity::bytes)
+        .and_then(|q| quantity_bytes(q).ok())
         .unwrap_or(spec_bytes);
     let made_at = status
         .and_then(ready_since)

@@ -38,10 +38,10 @@
 //! goes into the first group, in the node's order, whose policy suits it
 //! (whole disk: RAW; block: LVM or RAW; otherwise any) and that holds it.
 
-use carina_controlplane::crd::{CAPACITY_KEY_PREFIX, NodeStorageResourceStatus};
+use carina_api::quantity::quantity_bytes;
+use carina_api::{CAPACITY_KEY_PREFIX, NodeStorageResourceStatus, policy};
 use carina_csi::sizes;
 
-use crate::quantity::{self, human};
 use crate::request::Volume;
 
 const MIB: u64 = 1 << 20;
@@ -60,9 +60,9 @@ pub enum Policy {
 impl Policy {
     fn parse(s: &str) -> Policy {
         match s {
-            "LVM" => Policy::Lvm,
-            "RAW" => Policy::Raw,
-            "HOST" => Policy::Host,
+            policy::LVM => Policy::Lvm,
+            policy::RAW => Policy::Raw,
+            policy::HOST => Policy::Host,
             _ => Policy::Unknown,
         }
     }
@@ -78,9 +78,9 @@ impl Policy {
 
     fn name(self) -> &'static str {
         match self {
-            Policy::Lvm => "LVM",
-            Policy::Raw => "RAW",
-            Policy::Host => "HOST",
+            Policy::Lvm => policy::LVM,
+            Policy::Raw => policy::RAW,
+            Policy::Host => policy::HOST,
             Policy::Unknown => "of unknown policy",
         }
     }
@@ -292,7 +292,7 @@ impl<'a> NodeRoom<'a> {
                 if name.is_empty() || name.contains('/') {
                     return None;
                 }
-                let bytes = quantity::bytes(q)?.saturating_mul(GIB);
+                let bytes = quantity_bytes(q).ok()?.saturating_mul(GIB);
                 Some(GroupRoom {
                     name,
                     policy: Policy::Unknown,
@@ -449,11 +449,27 @@ fn raw_disks(
     disks
 }
 
+/// `bytes` for a reason text: binary units with one decimal, exact bytes
+/// below 1 KiB.
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::request::ClaimKey;
-    use carina_controlplane::crd::{DeviceGroupCapacity, Disk};
+    use carina_api::{DeviceGroupCapacity, Disk};
     use carina_csi::CapacityRange;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -653,5 +669,13 @@ mod tests {
         room.reserve(&vol(Some("unknown"), MIB));
         let err = room.place(&vol(Some("ssd"), 1)).expect_err("full");
         assert!(err.0.contains("after 16.0 MiB in flight"), "{err:?}");
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(10 << 30), "10.0 GiB");
+        assert_eq!(human(3 << 19), "1.5 MiB");
     }
 }

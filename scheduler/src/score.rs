@@ -17,7 +17,7 @@
 //! most allocatable bytes first), scaled to the extender's range;
 //! kube-scheduler multiplies it by the extender's `weight`.
 
-use carina_controlplane::direct::Strategy;
+use carina_csi::strategy::Strategy;
 
 use crate::extender::{HostPriority, HostPriorityList, MAX_SCORE, MIN_SCORE};
 

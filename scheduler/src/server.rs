@@ -147,7 +147,7 @@ fn response(status: StatusCode, content_type: &'static str, body: Bytes) -> Resp
 mod tests {
     use super::*;
     use crate::objects::MemoryObjects;
-    use carina_controlplane::direct::Strategy;
+    use carina_csi::strategy::Strategy;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

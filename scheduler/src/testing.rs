@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use carina_controlplane::crd::{
+use carina_api::{
     DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResource,
     NodeStorageResourceSpec, NodeStorageResourceStatus,
 };

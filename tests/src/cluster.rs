@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::crd::{NODE_ENDPOINT_ANNOTATION, NodeStorageResource};
+use carina_api::{NODE_ENDPOINT_ANNOTATION, NodeStorageResource};
 use carina_controlplane::kube::capacity::READY;
 use carina_proto::devcerts::{CertifiedKey, DevCa, Validity};
 use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};

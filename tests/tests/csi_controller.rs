@@ -12,8 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec, Strategy};
+use carina_controlplane::direct::DirectProvisioner;
+use carina_controlplane::nodes::spec::{NodeList, NodeSpec};
 use carina_controlplane::serve::{bind_unix, serve_controller};
+use carina_csi::strategy::Strategy;
 use carina_csi::{TOPOLOGY_KEY, Topology, context};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;

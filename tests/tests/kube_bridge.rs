@@ -24,13 +24,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::crd::{
+use carina_api::quantity::quantity_bytes;
+use carina_api::{
     LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NODE_ENDPOINT_ANNOTATION,
     NodeStorageResource, TRACEPARENT_ANNOTATION, capacity_key,
 };
-use carina_controlplane::kube::bridge::{self, Backoff, BridgeConfig};
+use carina_controlplane::kube::bridge;
+use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::capacity::{NO_DISKS, READY, STALE};
 use carina_controlplane::kube::config_push::{CONFIG_KEY, CONFIG_MAP_NAME};
+use carina_controlplane::kube::retry::Backoff;
 use carina_csi::volume_id::VolumeId;
 use carina_node::engine::{Config, Engine};
 use carina_proto::devcerts::{DevCa, Validity};
@@ -304,7 +307,7 @@ impl Running {
         config.call_timeout = Duration::from_secs(10);
         config.instance = Some("kube-bridge-test".into());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(bridge::run(client, config, async {
+        let task = tokio::spawn(bridge_side::run(client, config, async {
             let _ = stopped.await;
         }));
         Running {
@@ -424,7 +427,7 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
             Some(VolumeId::new(name, node).encode().as_str())
         );
         let current = status.current_size.as_ref().context("currentSize")?;
-        assert_eq!(bridge::quantity_bytes(current)?, size);
+        assert_eq!(quantity_bytes(current)?, size);
         // HOST volumes have no device numbers.
         assert_eq!((status.device_major, status.device_minor), (None, None));
         let ready = lv_ready(&lv).context("Ready condition")?;

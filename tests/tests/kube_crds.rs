@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use carina_controlplane::crd::{
+use carina_api::{
     DeviceGroupCapacity, Disk, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec,
     LogicVolumeStatus, NodeStorageResource, NodeStorageResourceSpec, NodeStorageResourceStatus,
     PvInfo, TRACEPARENT_ANNOTATION, VgGroup, capacity_key,

@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::crd::LogicVolume;
-use carina_controlplane::kube::bridge::quantity_bytes;
+use carina_api::LogicVolume;
+use carina_api::quantity::quantity_bytes;
 use carina_csi::names::local_name as object_name;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;

@@ -21,14 +21,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_controlplane::crd::{
+use carina_api::{
     DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResource,
     NodeStorageResourceSpec, NodeStorageResourceStatus, TRACEPARENT_ANNOTATION,
 };
-use carina_controlplane::direct::Strategy;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::serve::{bind_unix, serve_controller};
+use carina_csi::strategy::Strategy;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;

@@ -37,12 +37,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::crd::{
+use carina_api::{
     DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResource,
     NodeStorageResourceSpec, NodeStorageResourceStatus, capacity_key,
 };
+use carina_csi::strategy::Strategy;
 use carina_scheduler::cache::Cache;
-use carina_scheduler::{Extender, Strategy, server};
+use carina_scheduler::{Extender, server};
 use carina_tests::kube::{Component, KubeCluster};
 use carina_tests::process::{ChildGuard, tail, workspace_binary};
 use futures::{StreamExt, TryStreamExt};

@@ -23,13 +23,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList, Strategy};
-use carina_controlplane::kube::bridge::{self, BridgeConfig};
+use carina_controlplane::direct::DirectProvisioner;
+use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
+use carina_controlplane::nodes::spec::NodeList;
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_csi::Provisioner;
+use carina_csi::strategy::Strategy;
 use carina_proto::tls::ClientTls;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -151,7 +153,7 @@ struct Args {
 async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(Command::Crds) = args.command {
-        print!("{}", carina_controlplane::crd::crds_yaml());
+        print!("{}", carina_api::crds_yaml());
         return Ok(());
     }
     let _telemetry = carina_proto::telemetry::init("carina-controller")?;
@@ -304,7 +306,7 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
                 |stop_leading| {
                     let (client, config) = (client.clone(), bridge_config.clone());
                     async move {
-                        if let Err(e) = bridge::run(client, config, stop_leading).await {
+                        if let Err(e) = bridge_side::run(client, config, stop_leading).await {
                             tracing::error!(error = %e, "the bridge failed");
                         }
                     }

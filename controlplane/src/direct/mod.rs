@@ -3,10 +3,9 @@
 //! Kubernetes and no stored state: the volume id `<volume>@<node>` names
 //! the node, and the nodes' own volume lists are the truth.
 //!
-//! - [`nodes`]: the node list (YAML);
-//! - [`pool`]: one client per node;
-//! - [`placement`]: where a new volume goes (groups, accessibility,
-//!   `binpack`/`spreadout`).
+//! The node list ([`crate::nodes::spec::NodeList`]), the placement rules
+//! ([`crate::nodes::placement`]) and the client pool
+//! ([`crate::nodes::pool`]) are shared with the Kubernetes control plane.
 //!
 //! **Idempotency.** CreateVolume first asks every node for the volume's
 //! local name (`GetLV`). Found and compatible (size within the range, the
@@ -27,15 +26,13 @@
 //! `csi.storage.k8s.io/fstype` when CreateVolume was given one (the node
 //! does not store it, so listed volumes lack it).
 
-pub mod nodes;
-pub mod placement;
-pub mod pool;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use carina_api::policy;
 use carina_csi::params::FsType;
+use carina_csi::strategy::Strategy;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
     CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
@@ -46,10 +43,9 @@ use carina_proto::tls::ClientTls;
 use futures::future::join_all;
 use tonic::Code;
 
-pub use self::nodes::{NodeList, NodeSpec, NodesError};
-use self::placement::NodeCapacity;
-pub use self::placement::{Placement, Strategy};
-use self::pool::NodeClients;
+use crate::nodes::placement::{self, NodeCapacity};
+use crate::nodes::pool::NodeClients;
+use crate::nodes::spec::{NodeList, NodeSpec};
 
 /// Volumes on a static list of nodes.
 #[derive(Debug)]
@@ -71,7 +67,7 @@ impl DirectProvisioner {
         }
     }
 
-    /// Bounds each NodeStorage call (default [`pool::DEFAULT_CALL_TIMEOUT`]).
+    /// Bounds each NodeStorage call (default [`crate::nodes::pool::DEFAULT_CALL_TIMEOUT`]).
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.clients = self.clients.call_timeout(timeout);
         self
@@ -287,10 +283,10 @@ fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> O
 
 fn policy_name(p: pb::Policy) -> &'static str {
     match p {
-        pb::Policy::Lvm => "LVM",
-        pb::Policy::Raw => "RAW",
-        pb::Policy::Host => "HOST",
-        pb::Policy::Unspecified => "UNSPECIFIED",
+        pb::Policy::Lvm => policy::LVM,
+        pb::Policy::Raw => policy::RAW,
+        pb::Policy::Host => policy::HOST,
+        pb::Policy::Unspecified => policy::UNSPECIFIED,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The bridge: a kube-runtime controller over `LogicVolume` that carries
-//! each object out on its node through `NodeStorage` over mutual TLS, and
-//! [`run`], which runs it together with the capacity publisher and the
-//! config push.
+//! each object out on its node through `NodeStorage` over mutual TLS
+//! (`run_controller`; [`super::bridge_side::run`] runs it together with
+//! the capacity publisher and the config push).
 //!
 //! **Apply** (the object holds [`LOGICVOLUME_FINALIZER`]; the
 //! `finalizer()` helper adds it when missing): when `status.volumeID` is
@@ -36,8 +36,6 @@
 //! released with a Warning Event: there is no node left to delete on.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -45,31 +43,28 @@ use carina_csi::CsiError;
 use carina_csi::volume_id::VolumeId;
 use carina_proto::code_name;
 use carina_proto::nodestorage as pb;
-use carina_proto::tls::{ClientTls, TlsError};
+use carina_proto::tls::TlsError;
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tonic::Code;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::EXCLUSIVE_ANNOTATION;
-use super::capacity;
-use super::config_push::{self, CONFIG_MAP_NAME, DEFAULT_CONFIG_NAMESPACE};
-use super::endpoints::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_NODE_PORT, EndpointError, NodeClients, NodeEndpoint, Nodes,
-    annotated_endpoint, stopped,
-};
-use crate::crd::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
-use crate::crd::{
-    LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeStatus, NODE_ENDPOINT_ANNOTATION,
-    TRACEPARENT_ANNOTATION,
+use super::endpoints::{EndpointError, NodeEndpoint, Nodes, annotated_endpoint, stopped};
+use super::retry::Backoff;
+use super::status::{condition, truncate};
+use crate::nodes::pool::NodeClients;
+use carina_api::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
+use carina_api::quantity::{bytes_quantity, quantity_bytes};
+use carina_api::{
+    EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeStatus,
+    NODE_ENDPOINT_ANNOTATION, TRACEPARENT_ANNOTATION,
 };
 
 /// Field manager of the bridge's status writes.
@@ -84,82 +79,7 @@ pub const READY: &str = "Ready";
 /// Longest Event note the API accepts (1 kB).
 const MAX_NOTE: usize = 1024;
 
-/// Exponential backoff: `min`, doubled per attempt, at most `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub min: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            min: Duration::from_millis(500),
-            max: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait before retry number `attempt` (0 = the first retry).
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
-        self.min.saturating_mul(factor).min(self.max)
-    }
-}
-
-/// What [`run`] needs besides the Kubernetes client.
-#[derive(Debug, Clone)]
-pub struct BridgeConfig {
-    /// Client certificate of role `controller`, the CA of the nodes'
-    /// certificates; `server_name` is replaced by each node's name.
-    pub tls: ClientTls,
-    /// NodeStorage port, used with a Node's `InternalIP` when the Node
-    /// has no endpoint annotation.
-    pub node_port: u16,
-    /// `LogicVolume`s reconciled at once.
-    pub concurrency: u16,
-    /// Bound of one NodeStorage call.
-    pub call_timeout: Duration,
-    /// Only Nodes matching this label selector get a capacity record and
-    /// configuration (all when `None`). Volumes are served on any node.
-    pub node_selector: Option<String>,
-    /// Namespace of the `carina-csi-config` ConfigMap.
-    pub config_namespace: String,
-    /// Name of that ConfigMap.
-    pub config_name: String,
-    /// Retries after transient errors (node unreachable, API errors), and
-    /// capacity stream reconnects.
-    pub retry: Backoff,
-    /// Retry interval after errors that are neither transient nor
-    /// terminal (`INTERNAL`, `FAILED_PRECONDITION`, ...).
-    pub slow_retry: Duration,
-    /// `reportingInstance` of the Events (e.g. the pod name).
-    pub instance: Option<String>,
-}
-
-impl BridgeConfig {
-    /// Defaults: port [`DEFAULT_NODE_PORT`], 16 concurrent reconciles,
-    /// [`DEFAULT_CALL_TIMEOUT`], all Nodes, ConfigMap
-    /// `kube-system/carina-csi-config`, retries from 0.5 s to 30 s, slow
-    /// retries every 5 minutes.
-    pub fn new(tls: ClientTls) -> Self {
-        BridgeConfig {
-            tls,
-            node_port: DEFAULT_NODE_PORT,
-            concurrency: 16,
-            call_timeout: DEFAULT_CALL_TIMEOUT,
-            node_selector: None,
-            config_namespace: DEFAULT_CONFIG_NAMESPACE.to_string(),
-            config_name: CONFIG_MAP_NAME.to_string(),
-            retry: Backoff::default(),
-            slow_retry: Duration::from_secs(300),
-            instance: None,
-        }
-    }
-}
-
-/// Why a `LogicVolume` (or [`run`]) failed.
+/// Why a `LogicVolume` (or [`super::bridge_side::run`]) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A field of the object is unusable.
@@ -243,51 +163,6 @@ impl Error {
     fn is_cleanup(&self) -> bool {
         matches!(self, Error::Finalizer(e) if matches!(**e, finalizer::Error::CleanupFailed(_)))
     }
-}
-
-pub use crate::crd::quantity::{QuantityError, bytes_quantity, quantity_bytes};
-
-/// Now, to the second (what the API stores).
-pub(crate) fn now() -> Time {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
-}
-
-/// A condition of `type_`, keeping the transition time of the previous
-/// one of that type when its status is the same.
-pub(crate) fn condition(
-    previous: &[Condition],
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    observed_generation: Option<i64>,
-) -> Condition {
-    let status = if status { "True" } else { "False" };
-    let last_transition_time = previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map_or_else(now, |c| c.last_transition_time.clone());
-    Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: message.to_string(),
-        last_transition_time,
-        observed_generation,
-    }
-}
-
-/// `text` cut to at most `max` bytes on a character boundary.
-pub(crate) fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
 }
 
 /// Makes `span` a child of the W3C `traceparent` (ignored when
@@ -720,13 +595,28 @@ async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
     }
 }
 
+/// What the `LogicVolume` controller takes from
+/// [`super::bridge_side::BridgeConfig`].
+#[derive(Debug, Clone)]
+pub(crate) struct ControllerConfig {
+    /// `LogicVolume`s reconciled at once.
+    pub concurrency: u16,
+    /// Retries after transient errors.
+    pub retry: Backoff,
+    /// Retry interval after errors that are neither transient nor
+    /// terminal.
+    pub slow_retry: Duration,
+    /// `reportingInstance` of the Events.
+    pub instance: Option<String>,
+}
+
 /// Runs the `LogicVolume` controller until `stop` turns true; in-flight
 /// reconciles finish first.
-async fn run_controller(
+pub(crate) async fn run_controller(
     client: Client,
     nodes: Nodes,
     clients: Arc<NodeClients>,
-    config: &BridgeConfig,
+    config: &ControllerConfig,
     mut stop: watch::Receiver<bool>,
 ) {
     let lvs: Api<LogicVolume> = Api::all(client.clone());
@@ -761,80 +651,10 @@ async fn run_controller(
         .await;
 }
 
-/// Runs the bridge, the capacity publisher and the config push until
-/// `shutdown` completes (the caller holds the leadership while this
-/// runs), then lets in-flight work finish.
-///
-/// Errors only when `config.tls` is unusable; Kubernetes and node errors
-/// are retried inside.
-pub async fn run(
-    client: Client,
-    config: BridgeConfig,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), Error> {
-    config.tls.client_config()?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let clients = Arc::new(NodeClients::new(config.tls.clone()).call_timeout(config.call_timeout));
-    let (nodes, watch_nodes) = Nodes::watch(
-        client.clone(),
-        config.node_selector.as_deref(),
-        config.node_port,
-        stop_rx.clone(),
-    );
-    let (connected_tx, connected_rx) = mpsc::unbounded_channel();
-    let capacity = capacity::Publisher::new(
-        client.clone(),
-        nodes.clone(),
-        clients.clone(),
-        connected_tx,
-        config.retry,
-    )
-    .run(stop_rx.clone());
-    let push = config_push::ConfigPush::new(
-        client.clone(),
-        nodes.clone(),
-        clients.clone(),
-        connected_rx,
-        &config,
-    )
-    .run(stop_rx.clone());
-    let bridge = run_controller(client, nodes, clients, &config, stop_rx);
-    tracing::info!(
-        concurrency = config.concurrency,
-        node.port = config.node_port,
-        config_map = %format!("{}/{}", config.config_namespace, config.config_name),
-        "bridge, capacity publisher and config push running"
-    );
-    let mut all = pin!(async {
-        tokio::join!(watch_nodes, capacity, push, bridge);
-    });
-    let finished = tokio::select! {
-        _ = shutdown => false,
-        _ = &mut all => true,
-    };
-    if !finished {
-        stop_tx.send_replace(true);
-        all.await;
-    }
-    tracing::info!("bridge stopped");
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let b = Backoff {
-            min: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        let delays: Vec<_> = (0..6).map(|a| b.delay(a).as_millis()).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(b.delay(u32::MAX), Duration::from_secs(1));
-    }
 
     #[test]
     fn retry_classes() {
@@ -859,42 +679,10 @@ mod tests {
     }
 
     #[test]
-    fn conditions_keep_their_transition_time() {
-        let old = Condition {
-            type_: READY.into(),
-            status: "True".into(),
-            reason: "Provisioned".into(),
-            message: "m".into(),
-            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-            observed_generation: Some(1),
-        };
-        let same = condition(
-            std::slice::from_ref(&old),
-            READY,
-            true,
-            "Provisioned",
-            "n",
-            Some(2),
-        );
-        assert_eq!(same.last_transition_time, old.last_transition_time);
-        assert_eq!(same.observed_generation, Some(2));
-        let flipped = condition(
-            std::slice::from_ref(&old),
-            READY,
-            false,
-            "UNAVAILABLE",
-            "n",
-            Some(2),
-        );
-        assert_ne!(flipped.last_transition_time, old.last_transition_time);
-        assert_eq!(flipped.status, "False");
-    }
-
-    #[test]
     fn terminal_failures_wait_for_a_new_generation() {
         let mut lv = LogicVolume::new(
             "v",
-            crate::crd::LogicVolumeSpec {
+            carina_api::LogicVolumeSpec {
                 node_name: "n".into(),
                 size: Quantity("1Gi".into()),
                 device_group: "g".into(),
@@ -917,12 +705,5 @@ mod tests {
             s.code = Some(Code::Unavailable as i32);
         }
         assert!(!failed_for_good(&lv));
-    }
-
-    #[test]
-    fn truncation_respects_characters() {
-        assert_eq!(truncate("abc", 5), "abc");
-        assert_eq!(truncate("abcdef", 3), "abc");
-        assert_eq!(truncate("aé", 2), "a");
     }
 }

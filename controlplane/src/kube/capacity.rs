@@ -33,11 +33,13 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::bridge::{Backoff, condition, now, truncate};
-use super::endpoints::{EndpointError, NodeClients, NodeEndpoint, Nodes, node_endpoint, stopped};
-use crate::crd::{
+use super::endpoints::{EndpointError, NodeEndpoint, Nodes, node_endpoint, stopped};
+use super::retry::Backoff;
+use super::status::{condition, now, truncate};
+use crate::nodes::pool::NodeClients;
+use carina_api::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceStatus, VgGroup,
-    capacity_key,
+    capacity_key, policy,
 };
 
 /// Field manager of the capacity publisher's writes.
@@ -399,10 +401,10 @@ impl Record {
 
 fn policy_name(p: pb::Policy) -> &'static str {
     match p {
-        pb::Policy::Lvm => "LVM",
-        pb::Policy::Raw => "RAW",
-        pb::Policy::Host => "HOST",
-        pb::Policy::Unspecified => "UNSPECIFIED",
+        pb::Policy::Lvm => policy::LVM,
+        pb::Policy::Raw => policy::RAW,
+        pb::Policy::Host => policy::HOST,
+        pb::Policy::Unspecified => policy::UNSPECIFIED,
     }
 }
 

@@ -37,8 +37,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::Code;
 
-use super::bridge::{Backoff, BridgeConfig, truncate};
-use super::endpoints::{NodeClients, Nodes, node_endpoint, stopped};
+use super::endpoints::{Nodes, node_endpoint, stopped};
+use super::retry::Backoff;
+use super::status::truncate;
+use crate::nodes::pool::NodeClients;
 
 /// Carina's ConfigMap name.
 pub const CONFIG_MAP_NAME: &str = "carina-csi-config";
@@ -119,6 +121,19 @@ enum Source {
 
 type PushResult = (String, Digest32, Result<pb::ApplyConfigResponse, CsiError>);
 
+/// What the config push takes from [`super::bridge_side::BridgeConfig`].
+#[derive(Debug, Clone)]
+pub(crate) struct PushConfig {
+    /// Namespace of the ConfigMap.
+    pub namespace: String,
+    /// Name of the ConfigMap.
+    pub name: String,
+    /// Retries of nodes that cannot be reached.
+    pub retry: Backoff,
+    /// `reportingInstance` of the Events.
+    pub instance: Option<String>,
+}
+
 /// The config push: its inputs and what it remembers per node. (No
 /// `Debug`: the event recorder has none.)
 pub(crate) struct ConfigPush {
@@ -148,7 +163,7 @@ struct State {
 }
 
 impl ConfigPush {
-    /// A push for the ConfigMap `config.config_namespace/config_name`;
+    /// A push for the ConfigMap `config.namespace/name`;
     /// node names arriving on `connected` are sent their configuration
     /// again.
     pub(crate) fn new(
@@ -156,7 +171,7 @@ impl ConfigPush {
         nodes: Nodes,
         clients: Arc<NodeClients>,
         connected: mpsc::UnboundedReceiver<String>,
-        config: &BridgeConfig,
+        config: &PushConfig,
     ) -> Self {
         let reporter = Reporter {
             controller: REPORTER.to_string(),
@@ -164,8 +179,8 @@ impl ConfigPush {
         };
         ConfigPush {
             state: State {
-                configmaps: Api::namespaced(client.clone(), &config.config_namespace),
-                config_name: config.config_name.clone(),
+                configmaps: Api::namespaced(client.clone(), &config.namespace),
+                config_name: config.name.clone(),
                 nodes,
                 clients,
                 recorder: Recorder::new(client, reporter),

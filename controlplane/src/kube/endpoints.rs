@@ -8,9 +8,10 @@
 //!
 //! [`Nodes`] is the one watch on Node objects the bridge, the capacity
 //! publisher and the config push share: a reflector store plus a
-//! notification on every change. The client pool is the one the direct
-//! control plane uses ([`NodeClients`]), keyed by node name; a node whose
-//! endpoint changes gets a new client on its next call.
+//! notification on every change. The clients are the pool the direct
+//! control plane uses too ([`crate::nodes::pool::NodeClients`]), keyed by
+//! node name; a node whose endpoint changes gets a new client on its next
+//! call.
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -23,10 +24,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-pub use crate::crd::NODE_ENDPOINT_ANNOTATION;
-pub use crate::direct::pool::{
-    Client as NodeClient, DEFAULT_CALL_TIMEOUT, NodeAddress, NodeClients,
-};
+use crate::nodes::pool::NodeAddress;
+use carina_api::NODE_ENDPOINT_ANNOTATION;
 
 /// The NodeStorage port `carina-node` listens on by default.
 pub const DEFAULT_NODE_PORT: u16 = 7443;

@@ -7,7 +7,11 @@
 //! - [`capacity`]: `WatchCapacity` streams into `NodeStorageResource`s.
 //! - [`config_push`]: the `carina-csi-config` ConfigMap, evaluated per node,
 //!   pushed with `ApplyConfig`.
+//! - [`bridge_side`]: what the elected leader runs: the bridge, the
+//!   capacity publisher and the config push, started and stopped together.
 //! - [`leader`]: Lease-based leader election for the bridge side.
+//! - [`endpoints`]: where each node's `NodeStorage` is (the shared Node
+//!   watch); [`retry`] and `status`: the helpers the bridge side shares.
 //!
 //! Conventions every part relies on:
 //! - The `LogicVolume` object's name is the node-local volume name
@@ -15,15 +19,15 @@
 //!   `carina_csi::volume_id::VolumeId { volume: <object name>, node }`.
 //! - `status.code` is the numeric gRPC code of the last node operation
 //!   (`tonic::Code as i32`; 0 = OK), `status.message` its message.
-//! - Whole-disk RAW volumes carry the annotation [`EXCLUSIVE_ANNOTATION`]
-//!   = `"true"`.
+//! - Whole-disk RAW volumes carry the annotation
+//!   [`carina_api::EXCLUSIVE_ANNOTATION`] = `"true"`.
 
 pub mod bridge;
+pub mod bridge_side;
 pub mod capacity;
 pub mod config_push;
 pub mod endpoints;
 pub mod leader;
 pub mod provisioner;
-
-/// Annotation on a `LogicVolume` asking for a whole RAW disk.
-pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";
+pub mod retry;
+mod status;

@@ -12,7 +12,7 @@
 //! scheduler picked), or, without `preferred`, to one of the `requisite`
 //! nodes. Without requirements (`Immediate` binding) every node with a
 //! published `NodeStorageResource` is a candidate. Candidates are ranked by
-//! the direct control plane's rules ([`crate::direct::placement::rank`]:
+//! the direct control plane's rules ([`crate::nodes::placement::rank`]:
 //! group by `carina.storage.io/disk-group-name` or the node's first
 //! suitable group with room, `binpack`/`spreadout`) over the exact byte
 //! figures of `NodeStorageResource.status.groups`, less the volumes already
@@ -79,14 +79,15 @@ use kube::{Client, ResourceExt};
 use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::EXCLUSIVE_ANNOTATION;
-use crate::crd::quantity::quantity_bytes;
-use crate::crd::{
-    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, LogicVolumeStatus,
-    NodeStorageResource, TRACEPARENT_ANNOTATION,
+use crate::nodes::placement::{self, NodeCapacity};
+use crate::nodes::spec::NodeSpec;
+use carina_api::policy;
+use carina_api::quantity::quantity_bytes;
+use carina_api::{
+    DeviceGroupCapacity, EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec,
+    LogicVolumeStatus, NodeStorageResource, PATH_ANNOTATION, TRACEPARENT_ANNOTATION,
 };
-use crate::direct::placement::{self, NodeCapacity};
-use crate::direct::{NodeSpec, Strategy};
+use carina_csi::strategy::Strategy;
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -94,8 +95,6 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The unit sizes are rounded to when the node's allocation unit is not
 /// published (the node rounds further to its own unit).
 pub const FALLBACK_UNIT: u64 = 1 << 20;
-
-pub use crate::crd::PATH_ANNOTATION;
 
 /// `csi.storage.k8s.io/pvc/name`, which external-provisioner adds with
 /// `--extra-create-metadata`.
@@ -558,19 +557,19 @@ fn node_spec(name: &str) -> NodeSpec {
 
 fn parse_policy(policy: &str) -> pb::Policy {
     match policy {
-        "LVM" => pb::Policy::Lvm,
-        "RAW" => pb::Policy::Raw,
-        "HOST" => pb::Policy::Host,
+        policy::LVM => pb::Policy::Lvm,
+        policy::RAW => pb::Policy::Raw,
+        policy::HOST => pb::Policy::Host,
         _ => pb::Policy::Unspecified,
     }
 }
 
 fn policy_name(p: pb::Policy) -> &'static str {
     match p {
-        pb::Policy::Lvm => "LVM",
-        pb::Policy::Raw => "RAW",
-        pb::Policy::Host => "HOST",
-        pb::Policy::Unspecified => "UNSPECIFIED",
+        pb::Policy::Lvm => policy::LVM,
+        pb::Policy::Raw => policy::RAW,
+        pb::Policy::Host => policy::HOST,
+        pb::Policy::Unspecified => policy::UNSPECIFIED,
     }
 }
 
@@ -683,7 +682,7 @@ fn incompatible(req: &VolumeRequest, lv: &LogicVolume, policy: Option<&str>) -> 
             req.parameters.exclusive
         ));
     }
-    if req.block && policy == Some("HOST") {
+    if req.block && policy == Some(policy::HOST) {
         return Some("a HOST volume cannot serve block access".to_string());
     }
     let node = node_spec(&lv.spec.node_name);
@@ -1073,12 +1072,12 @@ mod tests {
         };
         let mut nsr = NodeStorageResource::new("n", Default::default());
         assert!(!is_stale(&nsr), "no status: not stale");
-        nsr.status = Some(crate::crd::NodeStorageResourceStatus {
+        nsr.status = Some(carina_api::NodeStorageResourceStatus {
             conditions: vec![condition("Ready", "True"), condition("Stale", "False")],
             ..Default::default()
         });
         assert!(!is_stale(&nsr));
-        nsr.status = Some(crate::crd::NodeStorageResourceStatus {
+        nsr.status = Some(carina_api::NodeStorageResourceStatus {
             conditions: vec![condition("Stale", "True")],
             ..Default::default()
         });

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use carina_csi::strategy::Strategy;
 use carina_scheduler::cache::Cache;
-use carina_scheduler::{Extender, Strategy, server};
+use carina_scheduler::{Extender, server};
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};

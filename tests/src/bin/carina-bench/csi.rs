@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::{DirectProvisioner, NodeList, NodeSpec, Strategy};
+use carina_controlplane::direct::DirectProvisioner;
+use carina_controlplane::nodes::spec::{NodeList, NodeSpec};
 use carina_controlplane::serve::serve_controller;
 use carina_csi::socket::bind;
+use carina_csi::strategy::Strategy;
 use carina_node::csi_local::serve::CsiNodeServer;
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use carina_controlplane::direct::Strategy;
-use carina_controlplane::kube::bridge::{self, BridgeConfig};
+use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::serve::serve_controller;
 use carina_csi::TOPOLOGY_KEY;
 use carina_csi::socket::bind;
+use carina_csi::strategy::Strategy;
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::{
@@ -59,7 +59,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     register_node(&client, NODE, &node.endpoint()).await?;
 
     let (stop_bridge, bridge_stopped) = oneshot::channel::<()>();
-    let bridge_task = tokio::spawn(bridge::run(
+    let bridge_task = tokio::spawn(bridge_side::run(
         client.clone(),
         BridgeConfig::new(node.client_tls("controller")?),
         async {

@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use carina_controlplane::crd::{LogicVolume, NodeStorageResource};
+use carina_api::{LogicVolume, NodeStorageResource};
+use carina_csi::strategy::Strategy;
 use carina_scheduler::objects::MemoryObjects;
-use carina_scheduler::{Extender, Strategy, server};
+use carina_scheduler::{Extender, server};
 use http::Method;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;

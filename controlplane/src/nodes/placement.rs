@@ -17,45 +17,12 @@
 //!    bytes in the chosen group first; `spreadout`: the most first. Ties
 //!    keep the node list's order.
 
-use std::fmt;
-use std::str::FromStr;
-
 use carina_csi::params::{DISK_GROUP, EXCLUSIVE};
+use carina_csi::strategy::Strategy;
 use carina_csi::{CsiError, VolumeRequest, sizes};
 use carina_proto::nodestorage::{GroupCapacity, Policy};
 
-use super::nodes::NodeSpec;
-
-/// Carina's `schedulerStrategy`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Strategy {
-    /// Fill the fullest node that still fits.
-    Binpack,
-    /// Use the emptiest node.
-    #[default]
-    Spreadout,
-}
-
-impl FromStr for Strategy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Strategy, String> {
-        match s {
-            "binpack" => Ok(Strategy::Binpack),
-            "spreadout" => Ok(Strategy::Spreadout),
-            other => Err(format!("{other:?} is not binpack or spreadout")),
-        }
-    }
-}
-
-impl fmt::Display for Strategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Strategy::Binpack => "binpack",
-            Strategy::Spreadout => "spreadout",
-        })
-    }
-}
+use super::spec::NodeSpec;
 
 /// One node and the capacity of its groups, in the node's order.
 #[derive(Debug, Clone)]

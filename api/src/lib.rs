@@ -1,12 +1,20 @@
-//! Carina's custom resources, wire-compatible with the Go original:
-//! [`LogicVolume`] (`carina.storage.io/v1`) and [`NodeStorageResource`]
-//! (`carina.storage.io/v1beta1`), both cluster-scoped, with the status
-//! subresource; the names of the finalizer and annotations the control plane
-//! puts on them; and the CRD manifests generated from the types
-//! ([`crds_yaml`], checked in as `deploy/crds/carina.storage.io_crds.yaml`).
+//! The Kubernetes types Carina's control plane and scheduler share, and
+//! nothing that talks to a node: the custom resources, wire-compatible with
+//! the Go original, [`LogicVolume`] (`carina.storage.io/v1`) and
+//! [`NodeStorageResource`] (`carina.storage.io/v1beta1`), both
+//! cluster-scoped, with the status subresource; the names of the finalizer
+//! and annotations put on them; the device-group [`policy`] names they
+//! carry; Kubernetes [`quantity`] parsing as byte counts; the schema
+//! helpers (quantities, condition lists); and the CRD manifests generated
+//! from the types ([`crds_yaml`], checked in as
+//! `deploy/crds/carina.storage.io_crds.yaml`).
+//!
+//! It depends on no other Carina crate, and the node side does not depend
+//! on it (the nodes hold no Kubernetes credentials).
 
 pub mod logicvolume;
 pub mod nodestorageresource;
+pub mod policy;
 pub mod quantity;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -41,6 +49,10 @@ pub const NODE_ENDPOINT_ANNOTATION: &str = "carina.storage.io/node-endpoint";
 /// `status.path`. Either becomes the volume context's `carina.storage.io/path`.
 pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
 
+/// Annotation on a `LogicVolume` asking for a whole RAW disk (value
+/// `"true"`); the provisioner writes it, the bridge and the scheduler read it.
+pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";
+
 /// Prefix of the keys of `NodeStorageResource.status.capacity` and
 /// `.allocatable`.
 pub const CAPACITY_KEY_PREFIX: &str = "carina.storage.io/";
@@ -65,8 +77,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 pub fn crds_yaml() -> String {
     let mut out = String::from(
         "# Carina's CustomResourceDefinitions, generated from the types in\n\
-         # controlplane/src/crd/. Do not edit: regenerate with\n\
-         # CARINA_UPDATE_CRDS=1 cargo test -p carina-controlplane --lib crd::\n",
+         # api/src/. Do not edit: regenerate with\n\
+         # CARINA_UPDATE_CRDS=1 cargo test -p carina-api --lib\n",
     );
     for crd in crds() {
         out.push_str("---\n");
@@ -270,7 +282,7 @@ mod tests {
         assert!(
             have == want,
             "{CRDS_FILE} is out of date with the CRD types (first difference at line {}). \
-             Regenerate it with:\n    CARINA_UPDATE_CRDS=1 cargo test -p carina-controlplane --lib crd::",
+             Regenerate it with:\n    CARINA_UPDATE_CRDS=1 cargo test -p carina-api --lib",
             first_diff + 1
         );
     }

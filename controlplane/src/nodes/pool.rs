@@ -21,7 +21,7 @@ use carina_proto::tls::{ClientTls, connect};
 use carina_proto::trace::{TracedChannel, traced};
 use tonic::Status;
 
-use super::nodes::NodeSpec;
+use super::spec::NodeSpec;
 
 /// A NodeStorage client as the pool hands it out (cheap to clone).
 pub type Client = NodeStorageClient<TracedChannel>;

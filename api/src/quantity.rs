@@ -14,8 +14,9 @@ pub enum QuantityError {
     TooLarge(String),
 }
 
-/// A quantity (`10Gi`, `1073741824`, `1.5G`, `5e9`) as whole bytes,
-/// rounded up. At most `2^63-1`, like a Kubernetes int64 quantity.
+/// A quantity (`10Gi`, `1073741824`, `1.5G`, `5e9`, `100m`) as whole
+/// bytes, rounded up as Kubernetes rounds storage requests. At most
+/// `2^63-1`, like a Kubernetes int64 quantity.
 pub fn quantity_bytes(q: &Quantity) -> Result<u64, QuantityError> {
     let text = q.0.trim();
     let syntax = || QuantityError::Syntax(q.0.clone());
@@ -48,6 +49,8 @@ pub fn quantity_bytes(q: &Quantity) -> Result<u64, QuantityError> {
         "Ti" => (40, 0),
         "Pi" => (50, 0),
         "Ei" => (60, 0),
+        "n" => (0, -9),
+        "u" => (0, -6),
         "m" => (0, -3),
         "k" => (0, 3),
         "M" => (0, 6),
@@ -140,6 +143,8 @@ mod tests {
             ("7Ei", 7 << 60),
             (" 3Mi ", 3 << 20),
             ("1e-40", 1),
+            ("1500n", 1),
+            ("2u", 1),
         ];
         for (text, want) in cases {
             assert_eq!(q(text), Ok(want), "{text}");
@@ -155,6 +160,36 @@ mod tests {
         for text in ["8Ei", "1e19", "99999999999999999999999999999999999999999"] {
             assert!(matches!(q(text), Err(QuantityError::TooLarge(_))), "{text}");
         }
+    }
+
+    /// The scheduler's storage requests: malformed, negative and too
+    /// large quantities are all refused.
+    #[test]
+    fn storage_quantities() {
+        let cases = [
+            ("1073741824", Some(1 << 30)),
+            ("10Gi", Some(10 << 30)),
+            ("1G", Some(1_000_000_000)),
+            ("1.5Mi", Some(3 << 19)),
+            ("1e3", Some(1000)),
+            ("1E3", Some(1000)),
+            ("+2Ki", Some(2048)),
+            ("100m", Some(1)),
+            ("0", Some(0)),
+            (" 5 ", Some(5)),
+            ("0.1", Some(1)),
+            ("", None),
+            ("-1Gi", None),
+            ("Gi", None),
+            ("1.2.3", None),
+            ("10GB", None),
+            ("20Ei", None),
+            ("1e30", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(q(text).ok(), want, "{text:?}");
+        }
+        assert_eq!(quantity_bytes(&Quantity("4Mi".into())), Ok(4 << 20));
     }
 
     #[test]

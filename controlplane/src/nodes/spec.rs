@@ -1,4 +1,7 @@
-//! The static node list of the direct control plane, read from YAML:
+//! A node as placement and the client pool see it ([`NodeSpec`]: name,
+//! endpoint, topology; the Kubernetes provisioner builds them from its
+//! records), and the static node list of the direct control plane, read
+//! from YAML:
 //!
 //! ```yaml
 //! nodes:

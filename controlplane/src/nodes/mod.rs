@@ -1,0 +1,12 @@
+//! The nodes a control plane places volumes on and talks to, shared by
+//! the direct and the Kubernetes control planes:
+//!
+//! - [`spec`]: a node as placement sees it (name, endpoint, topology) and
+//!   the direct plane's static list of them (YAML);
+//! - [`placement`]: where a new volume goes (groups, accessibility,
+//!   `binpack`/`spreadout`), pure functions over the nodes' capacities;
+//! - [`pool`]: one NodeStorage client per node, over mutual TLS.
+
+pub mod placement;
+pub mod pool;
+pub mod spec;

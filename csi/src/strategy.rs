@@ -1,0 +1,39 @@
+//! Carina's `schedulerStrategy` (`binpack`, `spreadout`): which of the
+//! nodes that fit a volume comes first. One name for every placement: the
+//! direct control plane, the Kubernetes provisioner and the scheduler
+//! extender all order nodes by it, so it lives here, knowing neither
+//! Kubernetes nor a node's storage.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Carina's `schedulerStrategy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// Fill the fullest node that still fits.
+    Binpack,
+    /// Use the emptiest node.
+    #[default]
+    Spreadout,
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Strategy, String> {
+        match s {
+            "binpack" => Ok(Strategy::Binpack),
+            "spreadout" => Ok(Strategy::Spreadout),
+            other => Err(format!("{other:?} is not binpack or spreadout")),
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Strategy::Binpack => "binpack",
+            Strategy::Spreadout => "spreadout",
+        })
+    }
+}
