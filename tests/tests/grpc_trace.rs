@@ -121,10 +121,7 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         .await
         .expect("CreateLV");
     client
-        .delete_lv(pb::DeleteLvRequest {
-            name,
-            ..Default::default()
-        })
+        .delete_lv(pb::DeleteLvRequest { name })
         .await
         .expect("DeleteLV");
     node.stop().await.expect("stop");
