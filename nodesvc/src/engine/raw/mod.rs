@@ -334,30 +334,9 @@ impl Backend for RawGroup {
 
     #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %req.name, volume.size = req.size_bytes, volume.exclusive = req.exclusive))]
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
-        let size = self.round_size(req.size_bytes).ok_or_else(|| {
-            Error::invalid(
-                "size_bytes",
-                format!("{} cannot be rounded", req.size_bytes),
-            )
-        })?;
+        // Rounded to UNIT_BYTES, and a name no volume has: the engine's checks.
+        let size = req.size_bytes;
         let views = self.views().await?;
-        for view in &views {
-            if let Some((part, owner)) = view.find(&req.name) {
-                let existing = self.volume(view, part, owner).await?;
-                let same = existing.exclusive == req.exclusive
-                    && (existing.size_bytes == size
-                        || (req.exclusive && existing.size_bytes >= size));
-                if same {
-                    return Ok(existing);
-                }
-                return Err(Error::AlreadyExists {
-                    name: req.name.clone(),
-                    group: self.config.name.clone(),
-                    existing_bytes: existing.size_bytes,
-                    requested_bytes: size,
-                });
-            }
-        }
         let needs_record = !name_fits(&req.name);
         let choice = if req.exclusive {
             choose_exclusive(&views, size, needs_record)
@@ -392,9 +371,8 @@ impl Backend for RawGroup {
 
     #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %name, volume.size = size_bytes))]
     async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
-        let size = self.round_size(size_bytes).ok_or_else(|| {
-            Error::invalid("size_bytes", format!("{size_bytes} cannot be rounded"))
-        })?;
+        // Rounded to UNIT_BYTES and larger than the volume: the engine's checks.
+        let size = size_bytes;
         let views = self.views().await?;
         let Some((view, part, owner)) = views
             .iter()
@@ -410,14 +388,7 @@ impl Backend for RawGroup {
             name: name.to_string(),
             reason,
         };
-        if size == current {
-            return self.volume(view, part, owner).await;
-        }
-        if size < current {
-            return Err(refuse(format!(
-                "shrinking from {current} to {size} bytes is not supported"
-            )));
-        }
+        debug_assert!(size > current, "the engine answers no-ops and shrinks");
         if owner.exclusive {
             return Err(refuse(format!(
                 "it is a whole-disk volume and already has all of {} ({current} bytes)",
