@@ -11,9 +11,28 @@ use super::volume::{CreateRequest, GroupCapacity, Volume};
 
 /// One device group (an LVM VG, a set of RAW disks, a HOST root).
 ///
-/// The engine guarantees: names and sizes are validated before a call;
-/// `create`, `resize`, `delete` and `rescan` of one group never run
-/// concurrently; no two calls for the same volume name run concurrently.
+/// # The contract between the engine and a backend
+///
+/// The engine makes the request-level checks once and the backends trust
+/// them, so each answer (and its error code and message) has one source:
+///
+/// - names are valid volume names and sizes are positive and at most
+///   2^63 (`INVALID_ARGUMENT` otherwise, from the engine);
+/// - sizes handed to [`create`](Self::create) and [`resize`](Self::resize)
+///   are already rounded up with this backend's
+///   [`round_size`](Self::round_size) (a size that cannot be rounded is
+///   refused by the engine);
+/// - repeats are answered by the engine: a `create` of a name the engine
+///   knows is either the existing volume (same group and rounded size) or
+///   `ALREADY_EXISTS`; a `resize` to the current size is a no-op and one to
+///   a smaller size is refused (`FAILED_PRECONDITION`) — neither reaches
+///   the backend;
+/// - `create`, `resize`, `delete` and `rescan` of one group never run
+///   concurrently, and no two calls for the same volume name do.
+///
+/// What only the backend can know stays its to check: free and contiguous
+/// space, the reserve, whole-disk rules, foreign objects in its way, and
+/// the state of the disks and tools.
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The group's configuration.
@@ -25,10 +44,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// change, with the disks discovery assigned to this group.
     async fn rescan(&self, disks: &[Disk]) -> Result<()>;
 
-    /// Creates a volume of `req.size_bytes` rounded up to the allocation
-    /// unit. The engine has already checked that no volume of that name
-    /// exists in any group. Not enough space is `ResourceExhausted`; a
-    /// failure leaves nothing behind.
+    /// Creates a volume of exactly `req.size_bytes` (a whole-disk RAW
+    /// volume: at least that). The size is already rounded to the
+    /// allocation unit, and no volume of this name exists in any group.
+    /// Not enough space is `ResourceExhausted`; a failure leaves nothing
+    /// behind.
     async fn create(&self, req: &CreateRequest) -> Result<Volume>;
 
     /// The volume of that name owned by us in this group, if any.
@@ -37,9 +57,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Every volume owned by us in this group (foreign ones are ignored).
     async fn list(&self) -> Result<Vec<Volume>>;
 
-    /// Grows `name` to at least `size_bytes` (rounded up). A smaller size
-    /// than the current one is `FailedPrecondition`; the same size is a
-    /// no-op returning the volume.
+    /// Grows the existing volume `name` of this group to exactly
+    /// `size_bytes`, which is already rounded to the allocation unit and
+    /// larger than the volume's current size. Returns the grown volume.
     async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume>;
 
     /// Removes the volume; `VolumeNotFound` if we own none of that name.
@@ -48,6 +68,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Current capacity.
     async fn capacity(&self) -> Result<GroupCapacity>;
 
-    /// Rounds a requested size the way `create` will.
+    /// Rounds a requested size up to the allocation unit; `None` if the
+    /// result would overflow. The engine applies it to every size before
+    /// `create` and `resize`, so it must use the group's real unit.
     fn round_size(&self, size_bytes: u64) -> Option<u64>;
 }

@@ -173,12 +173,8 @@ impl Backend for HostGroup {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
-        let size = self.round_size(req.size_bytes).ok_or_else(|| {
-            Error::invalid(
-                "size_bytes",
-                format!("{} cannot be rounded to 4096 bytes", req.size_bytes),
-            )
-        })?;
+        // Already rounded to ALLOCATION_UNIT by the engine.
+        let size = req.size_bytes;
         let enforcement = self.enforcement().await?;
         let with_quota = enforcement.is_some();
         let name = req.name.clone();
@@ -214,17 +210,11 @@ impl Backend for HostGroup {
     }
 
     async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
-        let size = self.round_size(size_bytes).ok_or_else(|| {
-            Error::invalid(
-                "size_bytes",
-                format!("{size_bytes} cannot be rounded to 4096 bytes"),
-            )
-        })?;
+        // Rounded to ALLOCATION_UNIT and larger than the volume: the
+        // engine's checks.
+        let size = size_bytes;
         let owned = name.to_string();
         let current = self.blocking(move |s| s.check_growth(&owned, size)).await?;
-        if current.size_bytes == size {
-            return Ok(self.store.volume(&current));
-        }
         let enforcement = self.enforcement().await?;
         let quota = enforcement.as_ref().zip(current.project_id);
         if let Some((e, id)) = quota {
@@ -507,9 +497,10 @@ impl Store {
     fn create(&self, name: &str, size: u64, with_quota: bool) -> Result<Marker> {
         self.ensure_dirs()?;
         if let Some(existing) = self.read_marker(name)? {
-            // The engine looks volumes up before calling us; a marker it did
-            // not see (written by another engine over the same root) still
-            // decides.
+            // The engine answers repeats of the volumes it knows; a marker
+            // it cannot know (written by another engine over the same root)
+            // is on disk only, so this check is ours, and it keeps us from
+            // writing over another volume's marker.
             if existing.size_bytes == size {
                 return Ok(existing);
             }
@@ -567,34 +558,27 @@ impl Store {
         Ok(marker)
     }
 
-    /// Our marker of `name` if `size` is not below its size and the growth
-    /// fits what is allocatable.
+    /// Our marker of `name` if the growth to `size` (larger than its size:
+    /// the engine answers no-ops and refuses shrinks) fits what is
+    /// allocatable.
     fn check_growth(&self, name: &str, size: u64) -> Result<Marker> {
         let current = self
             .read_marker(name)?
             .ok_or_else(|| Error::VolumeNotFound {
                 name: name.to_string(),
             })?;
-        if size < current.size_bytes {
-            return Err(Error::FailedPrecondition {
-                operation: "resize",
-                name: name.to_string(),
-                reason: format!(
-                    "shrinking from {} to {size} bytes is not supported",
-                    current.size_bytes
-                ),
+        debug_assert!(
+            size > current.size_bytes,
+            "the engine answers no-ops and shrinks"
+        );
+        let growth = size.saturating_sub(current.size_bytes);
+        let allocatable = self.allocatable(&self.markers()?)?;
+        if growth > allocatable {
+            return Err(Error::ResourceExhausted {
+                group: self.config.name.clone(),
+                requested_bytes: growth,
+                allocatable_bytes: allocatable,
             });
-        }
-        let growth = size - current.size_bytes;
-        if growth > 0 {
-            let allocatable = self.allocatable(&self.markers()?)?;
-            if growth > allocatable {
-                return Err(Error::ResourceExhausted {
-                    group: self.config.name.clone(),
-                    requested_bytes: growth,
-                    allocatable_bytes: allocatable,
-                });
-            }
         }
         Ok(current)
     }
@@ -777,7 +761,10 @@ mod tests {
         g.rescan(&[]).await.expect("rescan creates the root");
         assert!(root.join(MARKER_DIR).is_dir());
 
-        let v = g.create(&req("vol-1", 5000)).await.expect("create");
+        // The engine rounds before it calls create (and resize).
+        let size = g.round_size(5000).expect("rounds");
+        assert_eq!(size, 8192);
+        let v = g.create(&req("vol-1", size)).await.expect("create");
         assert_eq!(v.size_bytes, 8192);
         assert_eq!(v.host_path.as_deref(), Some(root.join("vol-1").as_path()));
         assert!(root.join("vol-1").is_dir());
@@ -813,14 +800,15 @@ mod tests {
         assert_eq!(g.get("other").await.expect("get"), None);
         assert!(matches!(g.get("broken").await, Err(Error::Parse { .. })));
 
-        let grown = g.resize("vol-1", 10_000).await.expect("grow");
+        let size = g.round_size(10_000).expect("rounds");
+        let grown = g.resize("vol-1", size).await.expect("grow");
         assert_eq!(grown.size_bytes, 12_288);
         assert_eq!(
             g.get("vol-1").await.expect("get").map(|v| v.size_bytes),
             Some(12_288)
         );
-        let err = g.resize("vol-1", 4096).await.expect_err("shrink");
-        assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
+        // Shrinks and same-size resizes are the engine's to answer
+        // (tests/tests/engine_host.rs, engine_bad_requests.rs).
 
         // Rescan recreates a lost data directory and removes stale temps.
         fs::remove_dir(root.join("vol-1")).expect("rmdir");

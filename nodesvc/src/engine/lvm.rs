@@ -388,6 +388,10 @@ struct LvmState {
     /// Last known picture of the VG; kept exact by our own mutations and
     /// refreshed on every rescan and list.
     snapshot: Option<VgSnapshot>,
+    /// The VG's extent size as last read. Unlike the snapshot it survives
+    /// invalidation (a VG's extent size does not change), so
+    /// [`Backend::round_size`] always rounds to the real unit.
+    extent_size: Option<u64>,
 }
 
 impl LvmGroup {
@@ -459,7 +463,11 @@ impl LvmGroup {
             .run()
             .await?;
         let snap = parse_pvsegs(&out.stdout)?;
-        self.lock().snapshot = Some(snap.clone());
+        let mut state = self.lock();
+        if snap.extent_size > 0 {
+            state.extent_size = Some(snap.extent_size);
+        }
+        state.snapshot = Some(snap.clone());
         Ok(snap)
     }
 
@@ -787,6 +795,8 @@ impl Backend for LvmGroup {
                 allocatable_bytes: 0,
             });
         }
+        // The engine knows no volume of ours by this name; a foreign LV of
+        // that name is in the VG only, so this check is ours.
         if let Some(lv) = snap.lvs.get(&req.name) {
             return Err(Error::AlreadyExists {
                 name: req.name.clone(),
@@ -795,8 +805,8 @@ impl Backend for LvmGroup {
                 requested_bytes: req.size_bytes,
             });
         }
-        let size = names::round_up(req.size_bytes, snap.extent_size)
-            .ok_or_else(|| Error::invalid("size_bytes", "too large"))?;
+        // Already rounded to the extent size by the engine (round_size).
+        let size = req.size_bytes;
         if size > GroupCapacity::allocatable(snap.free, self.config.reserve_bytes) {
             return Err(self.exhausted(size, &snap));
         }
@@ -839,13 +849,11 @@ impl Backend for LvmGroup {
             .ok_or_else(|| Error::VolumeNotFound {
                 name: name.to_string(),
             })?;
-        let size = names::round_up(size_bytes, snap.extent_size)
-            .ok_or_else(|| Error::invalid("size_bytes", "too large"))?;
-        if size <= lv.size {
-            let device = self.expose(&snap, &lv, None).await?;
-            return self.volume(&lv, device);
-        }
-        let growth = size - lv.size;
+        // Rounded to the extent size and larger than the LV: the engine's
+        // checks.
+        let size = size_bytes;
+        debug_assert!(size > lv.size, "the engine answers no-ops and shrinks");
+        let growth = size.saturating_sub(lv.size);
         if growth > GroupCapacity::allocatable(snap.free, self.config.reserve_bytes) {
             return Err(self.exhausted(growth, &snap));
         }
@@ -961,9 +969,7 @@ impl Backend for LvmGroup {
     fn round_size(&self, size_bytes: u64) -> Option<u64> {
         let extent = self
             .lock()
-            .snapshot
-            .as_ref()
-            .map(|s| s.extent_size)
+            .extent_size
             .filter(|e| *e > 0)
             .unwrap_or(4 << 20);
         names::round_up(size_bytes, extent)

@@ -181,9 +181,13 @@ impl Engine {
                 requested_bytes: rounded,
             });
         }
+        let rounded_req = CreateRequest {
+            size_bytes: rounded,
+            ..req
+        };
         let volume = {
             let _m = slot.mutate.lock().await;
-            backend.create(&req).await?
+            backend.create(&rounded_req).await?
         };
         self.index_insert(&volume.name, &volume.group);
         self.notify(ChangeReason::Create).await;

@@ -1,0 +1,79 @@
+//! What the kernel knows about a disk's partitions: sysfs lookups (never
+//! guessed from naming conventions), `partx` to tell it about table
+//! changes (there is no udev), and bounded waits for device nodes.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::engine::disks::Disk;
+use crate::engine::error::Result;
+use crate::engine::gpt;
+
+/// How long to wait for a partition's device node after `partx`.
+pub(super) const NODE_WAIT: Duration = Duration::from_secs(5);
+
+pub(super) fn sysfs_u64(disk: &str, file: &str) -> Option<u64> {
+    let path = Path::new("/sys/block").join(disk).join(file);
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The kernel name of partition `number` of `disk`, from sysfs (never
+/// guessed from naming conventions).
+pub(super) fn kernel_partition(disk: &str, number: u32) -> Option<String> {
+    let dir = std::fs::read_dir(Path::new("/sys/block").join(disk)).ok()?;
+    for entry in dir.flatten() {
+        if let Ok(text) = std::fs::read_to_string(entry.path().join("partition"))
+            && text.trim().parse::<u32>() == Ok(number)
+        {
+            return Some(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    None
+}
+
+/// The device node of partition `number`, if the kernel has it and the
+/// node exists.
+pub(super) fn present_node(disk: &str, number: u32) -> Option<PathBuf> {
+    let node = Path::new("/dev").join(kernel_partition(disk, number)?);
+    node.exists().then_some(node)
+}
+
+/// Waits (bounded by [`NODE_WAIT`]) for the node of partition `number`.
+pub(super) async fn wait_node(disk: &str, number: u32) -> Option<PathBuf> {
+    let deadline = Instant::now() + NODE_WAIT;
+    loop {
+        if let Some(node) = present_node(disk, number) {
+            return Some(node);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Size in bytes the kernel gives partition `number`.
+pub(super) fn kernel_size(disk: &str, number: u32) -> Option<u64> {
+    let part = kernel_partition(disk, number)?;
+    sysfs_u64(disk, &format!("{part}/size")).map(|s| s * 512)
+}
+
+/// Tells the kernel about the table. Entry `number` (just written) must
+/// reach it; the other entries in `expected` are re-added only when the
+/// kernel lacks them. sgdisk's re-read request makes kernels without a GPT
+/// parser drop every partition not in use, and re-adding a partition that
+/// is present would only give it a new device number.
+pub(super) async fn sync_kernel(disk: &Disk, number: Option<u32>, expected: &[u32]) -> Result<()> {
+    if let Some(n) = number {
+        gpt::partx_update(&disk.path, Some(n)).run().await?;
+    }
+    for &n in expected {
+        if Some(n) != number
+            && present_node(&disk.name, n).is_none()
+            && let Err(e) = gpt::partx_update(&disk.path, Some(n)).run().await
+        {
+            tracing::warn!(disk = %disk.path.display(), partition = n, error = %e, "partx update failed");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,542 @@
+//! RAW device groups: whole disks carved into GPT partitions, one partition
+//! per volume.
+//!
+//! # Which partitions are ours
+//!
+//! Volume `v` is the partition whose GPT name is `carina.io/` followed by
+//! as much of `v` as fits in GPT's 36 UTF-16 units (26 characters of a
+//! volume name), and whose unique partition GUID is [`volume_guid`]`(v)`:
+//! a name-based UUID (version 8) cut from the SHA-256 of the full name.
+//! Both must hold. Every other partition — no prefix, or the prefix with a
+//! GUID that is not the hash of the name — is foreign: never listed,
+//! resized or deleted, and its sectors are never allocated.
+//!
+//! # Full names of long volumes
+//!
+//! A truncated GPT name does not give the volume name back, and the GUID is
+//! a hash, so each disk also carries a *name record*: [`SLOTS`] slots of
+//! [`SLOT_BYTES`] bytes, one per partition entry number, in the 16 KiB just
+//! below the first MiB ([`RECORD_OFFSET`]). These sectors lie in GPT's
+//! usable range but 1 MiB alignment never allocates them; the record is
+//! only used when no partition covers them. Slot N holds a magic, flags
+//! (whole-disk) and the full volume name of entry N. A slot counts only if
+//! it verifies against its entry — the name truncates to the entry's name
+//! and hashes to the entry's GUID — so a stale or damaged slot is ignored,
+//! never trusted. A name that fits needs no slot; a long name is placed
+//! only on a disk whose record can be written.
+//!
+//! # Space
+//!
+//! Partitions start and end on 1 MiB boundaries and a volume is exactly
+//! its partition. Free space is the aligned gaps between all partitions
+//! (foreign ones included) inside the usable range; a disk without a table
+//! counts with the area `sgdisk -o` would give it. A create must fit in one
+//! gap (best fit: the smallest gap that holds it, disk order breaking
+//! ties) and leave the group's reserve free; a grow must leave it free too.
+//! A disk gets its GPT with its first volume and loses it (`wipefs`) when
+//! its last partition is deleted, so it is blank again and discovery keeps
+//! assigning it to the group.
+//!
+//! # Whole-disk volumes
+//!
+//! An exclusive volume (Carina's `exclusively-raw-disk`) takes a disk with
+//! no partition at all and gets one partition spanning its whole aligned
+//! usable area, so it is at least the requested size. The record's flag
+//! says so; without a slot it is inferred (the only partition on the disk,
+//! ours, spanning the usable area). The reserve does not apply to them:
+//! they take whole disks, not the shared free space the reserve keeps. A
+//! disk that holds one is used by nothing else.
+//!
+//! # The kernel's view
+//!
+//! Without udev the kernel learns table changes only through `partx`, so
+//! every change is followed by one; device nodes are found through
+//! `/sys/block/<disk>/*/partition` and waited for briefly. A new partition
+//! is wiped (`wipefs -a`) before it is handed out, and so is a partition
+//! before it is deleted, which also refuses one that is still mounted.
+
+mod codec;
+#[cfg(test)]
+mod fixtures;
+mod kernel;
+mod placement;
+mod record;
+mod view;
+
+use std::sync::Mutex as StdMutex;
+
+use async_trait::async_trait;
+use tracing::instrument;
+
+use super::backend::Backend;
+use super::config::{GroupConfig, Policy};
+use super::devnum;
+use super::disks::{self, Disk};
+use super::error::{Error, Result};
+use super::gpt::{self, Extent};
+use super::names;
+use super::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
+use kernel::{NODE_WAIT, kernel_size, present_node, sync_kernel, wait_node};
+use placement::{choose_exclusive, choose_shared};
+use record::write_slot;
+use view::{DiskView, Owner, Part, inspect};
+
+pub use codec::{name_fits, partition_name, volume_guid};
+pub use record::{RECORD_OFFSET, SLOT_BYTES, SLOTS, Slot, decode_slot, encode_slot};
+
+/// Allocation unit and alignment of partitions, in bytes.
+pub const UNIT_BYTES: u64 = gpt::ALIGN_BYTES;
+
+/// A RAW device group.
+#[derive(Debug)]
+pub struct RawGroup {
+    config: GroupConfig,
+    /// The disks discovery assigned at the last rescan, by name.
+    disks: StdMutex<Vec<Disk>>,
+}
+
+impl RawGroup {
+    pub fn new(config: GroupConfig) -> Self {
+        RawGroup {
+            config,
+            disks: StdMutex::new(Vec::new()),
+        }
+    }
+
+    fn disks(&self) -> Vec<Disk> {
+        self.disks.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    async fn views(&self) -> Result<Vec<DiskView>> {
+        let mut out = Vec::new();
+        for disk in self.disks() {
+            out.push(inspect(&disk).await?);
+        }
+        Ok(out)
+    }
+
+    fn exhausted(&self, requested_bytes: u64, allocatable_bytes: u64) -> Error {
+        Error::ResourceExhausted {
+            group: self.config.name.clone(),
+            requested_bytes,
+            allocatable_bytes,
+        }
+    }
+
+    /// The volume in `part`, making sure the kernel has its device node.
+    async fn volume(&self, view: &DiskView, part: &Part, owner: &Owner) -> Result<Volume> {
+        let number = part.entry.number;
+        let node = match present_node(&view.disk.name, number) {
+            Some(node) => node,
+            None => {
+                gpt::partx_update(&view.disk.path, Some(number))
+                    .run()
+                    .await?;
+                wait_node(&view.disk.name, number)
+                    .await
+                    .ok_or_else(|| no_node("open", &owner.volume, view, number))?
+            }
+        };
+        let (major, minor) = devnum::of_path(&node)?;
+        Ok(Volume {
+            name: owner.volume.clone(),
+            group: self.config.name.clone(),
+            policy: Policy::Raw,
+            size_bytes: view.bytes(part.entry.size),
+            device_path: Some(node),
+            host_path: None,
+            major,
+            minor,
+            exclusive: owner.exclusive,
+            disk: Some(view.path()),
+        })
+    }
+
+    /// Writes the partition for `volume` at `extent` of `view`, and undoes
+    /// it if any later step fails.
+    async fn make(
+        &self,
+        view: &DiskView,
+        extent: Extent,
+        volume: &str,
+        exclusive: bool,
+    ) -> Result<Volume> {
+        let number = view
+            .free_number()
+            .ok_or_else(|| self.exhausted(view.bytes(extent.len), 0))?;
+        if view.blank {
+            // Discovery saw it blank; make sure nobody wrote to it since.
+            let mut probe = view.disk.clone();
+            disks::probe(&mut probe).await?;
+            if let Some(what) = probe.fstype.or(probe.pttype) {
+                return Err(Error::FailedPrecondition {
+                    operation: "create",
+                    name: volume.to_string(),
+                    reason: format!("disk {} is no longer blank: it carries {what}", view.path()),
+                });
+            }
+        }
+        let entry = gpt::NewPartition {
+            number,
+            start: extent.start,
+            end: extent.end(),
+            name: partition_name(volume),
+            guid: volume_guid(volume),
+            type_guid: gpt::LINUX_DATA_TYPE.to_string(),
+        };
+        // sgdisk saves nothing when any of its steps fails.
+        gpt::sgdisk_create(&view.disk.path, view.blank, view.align(), &entry)
+            .run()
+            .await?;
+        match self.finish_create(view, &entry, volume, exclusive).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                undo_create(view, number).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn finish_create(
+        &self,
+        view: &DiskView,
+        entry: &gpt::NewPartition,
+        volume: &str,
+        exclusive: bool,
+    ) -> Result<Volume> {
+        let slot = Slot {
+            volume: volume.to_string(),
+            exclusive,
+        };
+        if view.record_usable() {
+            write_slot(&view.disk.path, entry.number, Some(&slot)).await?;
+        }
+        sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
+        let node = wait_node(&view.disk.name, entry.number)
+            .await
+            .ok_or_else(|| no_node("create", volume, view, entry.number))?;
+        // An old filesystem at this offset must not reach the new user.
+        gpt::wipefs_all(&node).run().await?;
+        let (major, minor) = devnum::of_path(&node)?;
+        Ok(Volume {
+            name: volume.to_string(),
+            group: self.config.name.clone(),
+            policy: Policy::Raw,
+            size_bytes: view.bytes(entry.end - entry.start),
+            device_path: Some(node),
+            host_path: None,
+            major,
+            minor,
+            exclusive,
+            disk: Some(view.path()),
+        })
+    }
+
+    /// After `sgdisk_replace` grew entry `entry.number`: the kernel must
+    /// see the new size.
+    async fn finish_grow(
+        &self,
+        view: &DiskView,
+        entry: &gpt::NewPartition,
+        volume: &str,
+    ) -> Result<()> {
+        sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
+        let want = view.bytes(entry.end - entry.start);
+        match kernel_size(&view.disk.name, entry.number) {
+            Some(got) if got == want => Ok(()),
+            got => Err(Error::FailedPrecondition {
+                operation: "resize",
+                name: volume.to_string(),
+                reason: format!(
+                    "the kernel sees {} bytes for partition {} of {} after partx, not {want}",
+                    got.map_or_else(|| "no".to_string(), |g| g.to_string()),
+                    entry.number,
+                    view.path()
+                ),
+            }),
+        }
+    }
+}
+
+fn no_node(operation: &'static str, volume: &str, view: &DiskView, number: u32) -> Error {
+    Error::FailedPrecondition {
+        operation,
+        name: volume.to_string(),
+        reason: format!(
+            "the kernel shows no device for partition {number} of {} within {NODE_WAIT:?}",
+            view.path()
+        ),
+    }
+}
+
+/// Best-effort removal of a partition `make` wrote: slot, entry (or the
+/// whole new table), kernel partition.
+async fn undo_create(view: &DiskView, number: u32) {
+    let path = &view.disk.path;
+    if view.record_usable()
+        && let Err(e) = write_slot(path, number, None).await
+    {
+        tracing::error!(disk = %path.display(), error = %e, "undo: clearing the name slot failed");
+    }
+    let _ = gpt::partx_delete(path, number).run().await;
+    let undo = if view.blank {
+        gpt::wipefs_all(path)
+    } else {
+        gpt::sgdisk_delete(path, number)
+    };
+    if let Err(e) = undo.run().await {
+        tracing::error!(disk = %path.display(), partition = number, error = %e, "undo: removing the partition failed");
+        return;
+    }
+    let _ = sync_kernel(&view.disk, None, &view.numbers()).await;
+}
+
+/// Kernel names of the disks among `disks` (GPT disks, usually) that hold
+/// at least one partition of ours. A disk that cannot be read is logged
+/// and left out.
+pub async fn disks_with_our_partitions(disks: &[Disk]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for disk in disks {
+        match inspect(disk).await {
+            Ok(view) if view.owned().next().is_some() => out.push(disk.name.clone()),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(disk = %disk.path.display(), error = %e, "cannot read the partition table")
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[async_trait]
+impl Backend for RawGroup {
+    fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+
+    #[instrument(skip_all, err, fields(device.group = %self.config.name, disks = disks.len()))]
+    async fn rescan(&self, disks: &[Disk]) -> Result<()> {
+        let mut disks = disks.to_vec();
+        disks.sort_by(|a, b| a.name.cmp(&b.name));
+        *self.disks.lock().unwrap_or_else(|p| p.into_inner()) = disks.clone();
+        // After a restart the kernel may not know the partitions yet.
+        for disk in &disks {
+            if let Some(t) = gpt::read_table(&disk.path).await?
+                && t.label == "gpt"
+                && !t.partitions.is_empty()
+            {
+                let numbers: Vec<u32> = t.partitions.iter().map(|p| p.number).collect();
+                sync_kernel(disk, None, &numbers).await?;
+            }
+        }
+        Ok(())
+    }
+
+    #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %req.name, volume.size = req.size_bytes, volume.exclusive = req.exclusive))]
+    async fn create(&self, req: &CreateRequest) -> Result<Volume> {
+        // Rounded to UNIT_BYTES, and a name no volume has: the engine's checks.
+        let size = req.size_bytes;
+        let views = self.views().await?;
+        let needs_record = !name_fits(&req.name);
+        let choice = if req.exclusive {
+            choose_exclusive(&views, size, needs_record)
+        } else {
+            choose_shared(&views, size, self.config.reserve_bytes, needs_record)
+        };
+        let (i, extent) = choice.map_err(|allocatable| self.exhausted(size, allocatable))?;
+        self.make(&views[i], extent, &req.name, req.exclusive).await
+    }
+
+    #[instrument(skip(self, name), err, fields(device.group = %self.config.name, volume.name = %name))]
+    async fn get(&self, name: &str) -> Result<Option<Volume>> {
+        for view in self.views().await? {
+            if let Some((part, owner)) = view.find(name) {
+                return self.volume(&view, part, owner).await.map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
+    async fn list(&self) -> Result<Vec<Volume>> {
+        let mut out = Vec::new();
+        for view in self.views().await? {
+            for (part, owner) in view.owned() {
+                out.push(self.volume(&view, part, owner).await?);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %name, volume.size = size_bytes))]
+    async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
+        // Rounded to UNIT_BYTES and larger than the volume: the engine's checks.
+        let size = size_bytes;
+        let views = self.views().await?;
+        let Some((view, part, owner)) = views
+            .iter()
+            .find_map(|v| v.find(name).map(|(p, o)| (v, p, o)))
+        else {
+            return Err(Error::VolumeNotFound {
+                name: name.to_string(),
+            });
+        };
+        let current = view.bytes(part.entry.size);
+        let refuse = |reason: String| Error::FailedPrecondition {
+            operation: "resize",
+            name: name.to_string(),
+            reason,
+        };
+        debug_assert!(size > current, "the engine answers no-ops and shrinks");
+        if owner.exclusive {
+            return Err(refuse(format!(
+                "it is a whole-disk volume and already has all of {} ({current} bytes)",
+                view.path()
+            )));
+        }
+        let start = part.entry.start;
+        let end = start + size / view.sector;
+        let limit = view
+            .parts
+            .iter()
+            .filter(|p| p.entry.start > start)
+            .map(|p| p.entry.start)
+            .min()
+            .unwrap_or(view.last_lba.saturating_add(1));
+        if end > limit {
+            return Err(refuse(format!(
+                "only {} bytes right after it on {} are free, {} more are needed",
+                view.bytes(limit.saturating_sub(part.entry.end())),
+                view.path(),
+                size - current
+            )));
+        }
+        let free: u64 = views.iter().map(DiskView::free_bytes).sum();
+        let allocatable = GroupCapacity::allocatable(free, self.config.reserve_bytes);
+        if size - current > allocatable {
+            return Err(self.exhausted(size - current, allocatable));
+        }
+        let grown = gpt::NewPartition {
+            number: part.entry.number,
+            start,
+            end,
+            name: part.entry.name.clone(),
+            guid: part.entry.uuid.clone(),
+            type_guid: part.entry.type_id.clone(),
+        };
+        gpt::sgdisk_replace(&view.disk.path, view.align(), &grown)
+            .run()
+            .await?;
+        if let Err(e) = self.finish_grow(view, &grown, name).await {
+            let old = gpt::NewPartition {
+                end: part.entry.end(),
+                ..grown
+            };
+            match gpt::sgdisk_replace(&view.disk.path, view.align(), &old)
+                .run()
+                .await
+            {
+                Ok(_) => {
+                    let _ = sync_kernel(&view.disk, Some(old.number), &view.numbers()).await;
+                }
+                Err(undo) => {
+                    tracing::error!(volume.name = %name, error = %undo, "undo: restoring the old partition end failed")
+                }
+            }
+            return Err(e);
+        }
+        let after = inspect(&view.disk).await?;
+        let (part, owner) = after.find(name).ok_or_else(|| Error::VolumeNotFound {
+            name: name.to_string(),
+        })?;
+        self.volume(&after, part, owner).await
+    }
+
+    #[instrument(skip(self, name), err, fields(device.group = %self.config.name, volume.name = %name))]
+    async fn delete(&self, name: &str) -> Result<()> {
+        let views = self.views().await?;
+        let Some((view, part, owner)) = views
+            .iter()
+            .find_map(|v| v.find(name).map(|(p, o)| (v, p, o)))
+        else {
+            return Err(Error::VolumeNotFound {
+                name: name.to_string(),
+            });
+        };
+        let number = part.entry.number;
+        let path = &view.disk.path;
+        let node = self.volume(view, part, owner).await?.device_path;
+        if let Some(node) = &node {
+            match gpt::wipefs_all(node).run().await {
+                Ok(_) => {}
+                Err(e) if gpt::is_busy(e.stderr()) => {
+                    return Err(Error::FailedPrecondition {
+                        operation: "delete",
+                        name: name.to_string(),
+                        reason: format!("{} is in use (mounted or open)", node.display()),
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        gpt::sgdisk_delete(path, number).run().await?;
+        // The kernel may have dropped it already when sgdisk asked for a re-read.
+        if let Err(e) = gpt::partx_delete(path, number).run().await {
+            tracing::warn!(disk = %path.display(), partition = number, error = %e, "partx delete failed");
+        }
+        if view.record_usable()
+            && let Err(e) = write_slot(path, number, None).await
+        {
+            tracing::warn!(disk = %path.display(), error = %e, "clearing the name slot failed");
+        }
+        if view.parts.len() == 1 {
+            // The disk is empty now: drop its table so it is blank again.
+            if let Err(e) = gpt::wipefs_all(path).run().await {
+                tracing::warn!(disk = %path.display(), error = %e, "removing the empty partition table failed");
+            }
+        } else {
+            let others: Vec<u32> = view
+                .numbers()
+                .into_iter()
+                .filter(|n| *n != number)
+                .collect();
+            sync_kernel(&view.disk, None, &others).await?;
+        }
+        Ok(())
+    }
+
+    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
+    async fn capacity(&self) -> Result<GroupCapacity> {
+        let views = self.views().await?;
+        let total_bytes = views
+            .iter()
+            .filter_map(|v| v.area().map(|a| v.bytes(a.len)))
+            .sum();
+        let free_bytes: u64 = views.iter().map(DiskView::free_bytes).sum();
+        let largest = views
+            .iter()
+            .flat_map(|v| v.free().into_iter().map(|e| v.bytes(e.len)))
+            .max()
+            .unwrap_or(0);
+        let allocatable_bytes = GroupCapacity::allocatable(free_bytes, self.config.reserve_bytes);
+        Ok(GroupCapacity {
+            group: self.config.name.clone(),
+            policy: Policy::Raw,
+            total_bytes,
+            free_bytes,
+            reserve_bytes: self.config.reserve_bytes,
+            allocatable_bytes,
+            largest_allocatable_bytes: largest.min(allocatable_bytes),
+            allocation_unit: UNIT_BYTES,
+            volume_count: views.iter().map(|v| v.owned().count() as u32).sum(),
+            quota: QuotaMode::NotApplicable,
+            disks: views.iter().map(DiskView::path).collect(),
+            no_disks: None,
+        })
+    }
+
+    fn round_size(&self, size_bytes: u64) -> Option<u64> {
+        names::round_up(size_bytes, UNIT_BYTES)
+    }
+}
