@@ -161,6 +161,11 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         Some("caller"),
         "{chain:?}"
     );
+    assert_eq!(
+        chain.first().map(String::as_str),
+        Some("lvm.create"),
+        "the backend's span, the same for every policy: {chain:?}"
+    );
     assert!(
         chain
             .iter()

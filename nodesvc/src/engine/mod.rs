@@ -28,7 +28,7 @@ use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
 use tokio::sync::{Mutex, RwLock, watch};
-use tracing::instrument;
+use tracing::{Instrument, instrument};
 
 pub use backend::Backend;
 pub use config::{Activation, Config, GroupConfig, Policy, SchedulerStrategy};
@@ -41,6 +41,19 @@ pub use volume::{CapacitySnapshot, ChangeReason, CreateRequest, GroupCapacity, Q
 pub struct EngineOptions {
     /// Whether the kernel has device-mapper; `None` detects it.
     pub device_mapper: Option<bool>,
+}
+
+/// The span of one backend mutation, the same for every policy:
+/// `lvm.create`, `raw.resize`, `host.delete`, ... with the group and the
+/// policy; the volume is on the engine's span above it, the commands below.
+fn backend_span(backend: &dyn Backend, op: &'static str) -> tracing::Span {
+    let config = backend.config();
+    tracing::info_span!(
+        "backend",
+        otel.name = %format_args!("{}.{op}", config.policy.as_str().to_ascii_lowercase()),
+        device.group = %config.name,
+        device.policy = %config.policy,
+    )
 }
 
 /// What the configuration accepted with a warning (older Carina forms).
@@ -187,7 +200,10 @@ impl Engine {
         };
         let volume = {
             let _m = slot.mutate.lock().await;
-            backend.create(&rounded_req).await?
+            backend
+                .create(&rounded_req)
+                .instrument(backend_span(backend.as_ref(), "create"))
+                .await?
         };
         self.index_insert(&volume.name, &volume.group);
         self.notify(ChangeReason::Create).await;
@@ -251,7 +267,10 @@ impl Engine {
         }
         let volume = {
             let _m = slot.mutate.lock().await;
-            slot.backend.resize(name, rounded).await?
+            slot.backend
+                .resize(name, rounded)
+                .instrument(backend_span(slot.backend.as_ref(), "resize"))
+                .await?
         };
         self.notify(ChangeReason::Resize).await;
         Ok(volume)
@@ -271,7 +290,10 @@ impl Engine {
         let slot = self.slot(&existing.group).await?;
         {
             let _m = slot.mutate.lock().await;
-            slot.backend.delete(name).await?;
+            slot.backend
+                .delete(name)
+                .instrument(backend_span(slot.backend.as_ref(), "delete"))
+                .await?;
         }
         self.index_remove(name);
         self.notify(ChangeReason::Delete).await;
@@ -379,7 +401,12 @@ impl Engine {
         for (name, slot) in &slots {
             let _m = slot.mutate.lock().await;
             let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            if let Err(e) = slot.backend.rescan(group_disks).await {
+            if let Err(e) = slot
+                .backend
+                .rescan(group_disks)
+                .instrument(backend_span(slot.backend.as_ref(), "rescan"))
+                .await
+            {
                 tracing::error!(device.group = %name, error = %e, "group rescan failed");
                 first_error.get_or_insert(e);
                 continue;

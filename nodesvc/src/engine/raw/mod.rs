@@ -66,7 +66,6 @@ mod view;
 use std::sync::Mutex as StdMutex;
 
 use async_trait::async_trait;
-use tracing::instrument;
 
 use super::backend::Backend;
 use super::config::{GroupConfig, Policy};
@@ -314,7 +313,6 @@ impl Backend for RawGroup {
         &self.config
     }
 
-    #[instrument(skip_all, err, fields(device.group = %self.config.name, disks = disks.len()))]
     async fn rescan(&self, disks: &[Disk]) -> Result<()> {
         let mut disks = disks.to_vec();
         disks.sort_by(|a, b| a.name.cmp(&b.name));
@@ -332,7 +330,6 @@ impl Backend for RawGroup {
         Ok(())
     }
 
-    #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %req.name, volume.size = req.size_bytes, volume.exclusive = req.exclusive))]
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
         // Rounded to UNIT_BYTES, and a name no volume has: the engine's checks.
         let size = req.size_bytes;
@@ -347,7 +344,6 @@ impl Backend for RawGroup {
         self.make(&views[i], extent, &req.name, req.exclusive).await
     }
 
-    #[instrument(skip(self, name), err, fields(device.group = %self.config.name, volume.name = %name))]
     async fn get(&self, name: &str) -> Result<Option<Volume>> {
         for view in self.views().await? {
             if let Some((part, owner)) = view.find(name) {
@@ -357,7 +353,6 @@ impl Backend for RawGroup {
         Ok(None)
     }
 
-    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
     async fn list(&self) -> Result<Vec<Volume>> {
         let mut out = Vec::new();
         for view in self.views().await? {
@@ -369,7 +364,6 @@ impl Backend for RawGroup {
         Ok(out)
     }
 
-    #[instrument(skip_all, err, fields(device.group = %self.config.name, volume.name = %name, volume.size = size_bytes))]
     async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         // Rounded to UNIT_BYTES and larger than the volume: the engine's checks.
         let size = size_bytes;
@@ -453,7 +447,6 @@ impl Backend for RawGroup {
         self.volume(&after, part, owner).await
     }
 
-    #[instrument(skip(self, name), err, fields(device.group = %self.config.name, volume.name = %name))]
     async fn delete(&self, name: &str) -> Result<()> {
         let views = self.views().await?;
         let Some((view, part, owner)) = views
@@ -506,7 +499,6 @@ impl Backend for RawGroup {
         Ok(())
     }
 
-    #[instrument(skip(self), err, fields(device.group = %self.config.name))]
     async fn capacity(&self) -> Result<GroupCapacity> {
         let views = self.views().await?;
         let total_bytes = views
