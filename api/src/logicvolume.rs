@@ -48,7 +48,7 @@ pub struct LogicVolumeSpec {
     /// The node that holds the volume.
     pub node_name: String,
     /// Requested size (Carina writes whole GiB, e.g. `10Gi`).
-    #[schemars(schema_with = "super::quantity_schema")]
+    #[schemars(schema_with = "crate::schema::quantity_schema")]
     pub size: Quantity,
     /// The device group (disk selector name) to allocate from.
     pub device_group: String,
@@ -65,7 +65,7 @@ pub struct LogicVolumeSpec {
 /// the Go original (`omitempty`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = super::kubernetes_integers)]
+#[schemars(transform = crate::schema::kubernetes_integers)]
 pub struct LogicVolumeStatus {
     /// The node-side volume id; set once the volume exists.
     #[serde(rename = "volumeID", default, skip_serializing_if = "Option::is_none")]
@@ -78,7 +78,7 @@ pub struct LogicVolumeStatus {
     pub message: Option<String>,
     /// Size of the volume as created or last resized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "super::quantity_schema")]
+    #[schemars(schema_with = "crate::schema::quantity_schema")]
     pub current_size: Option<Quantity>,
     /// `Success` or `Failed`, as Carina writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,7 +91,7 @@ pub struct LogicVolumeStatus {
     pub device_minor: Option<u32>,
     /// Standard conditions, keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "super::conditions_schema")]
+    #[schemars(schema_with = "crate::schema::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -46,7 +46,7 @@ pub struct NodeStorageResourceSpec {
 /// The node's storage as last reported.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = super::kubernetes_integers)]
+#[schemars(transform = crate::schema::kubernetes_integers)]
 pub struct NodeStorageResourceStatus {
     /// When the node's report was last written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,11 +55,11 @@ pub struct NodeStorageResourceStatus {
     /// also per disk, `carina.storage.io/<group>/<disk>`), in whole GiB as
     /// Carina writes them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(schema_with = "super::quantity_map_schema")]
+    #[schemars(schema_with = "crate::schema::quantity_map_schema")]
     pub capacity: BTreeMap<String, Quantity>,
     /// What can still be allocated, keyed and counted like `capacity`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(schema_with = "super::quantity_map_schema")]
+    #[schemars(schema_with = "crate::schema::quantity_map_schema")]
     pub allocatable: BTreeMap<String, Quantity>,
     /// Exact figures per device group, in bytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -77,7 +77,7 @@ pub struct NodeStorageResourceStatus {
     /// Standard conditions (e.g. whether the node is reachable), keyed by
     /// `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "super::conditions_schema")]
+    #[schemars(schema_with = "crate::schema::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
