@@ -47,5 +47,5 @@ lint:
 
 ## bench: measure against the raw commands; writes docs/benchmarks.md and docs/benchmarks.json
 bench: deps
-	$(CARGO) build --release -p carina-tests --bin carina-bench -p carina-node --bin carina-node
-	$(CARGO) run --release -q -p carina-tests --bin carina-bench -- --out docs
+	$(CARGO) build --release -p carina-bench -p carina-node --bin carina-node
+	$(CARGO) run --release -q -p carina-bench -- --out docs
