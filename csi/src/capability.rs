@@ -133,27 +133,34 @@ pub fn check_all(field: &str, caps: &[csi::VolumeCapability]) -> Result<Access, 
     access.ok_or_else(|| CsiError::invalid(field, "at least one capability is required"))
 }
 
+/// Capabilities for the unit tests of this crate.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
 
-    fn cap(mode: Mode, access: AccessType) -> csi::VolumeCapability {
+    pub(crate) fn cap(mode: Mode, access: AccessType) -> csi::VolumeCapability {
         csi::VolumeCapability {
             access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
             access_type: Some(access),
         }
     }
 
-    fn mount(fs: &str) -> AccessType {
+    pub(crate) fn mount(fs: &str) -> AccessType {
         AccessType::Mount(csi::volume_capability::MountVolume {
             fs_type: fs.into(),
             ..Default::default()
         })
     }
 
-    fn block() -> AccessType {
+    pub(crate) fn block() -> AccessType {
         AccessType::Block(csi::volume_capability::BlockVolume {})
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{block, cap, mount};
+    use super::*;
 
     #[test]
     fn capabilities_single_node_only() {

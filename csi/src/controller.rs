@@ -591,6 +591,7 @@ mod tests {
     use carina_proto::csi::volume_capability::access_mode::Mode;
     use tokio::sync::Notify;
 
+    use crate::capability::testing::{block, cap, mount};
     use crate::params::FsType;
 
     use super::*;
@@ -680,24 +681,6 @@ mod tests {
                 maximum_volume_size: 60,
             })
         }
-    }
-
-    fn cap(mode: Mode, access: AccessType) -> csi::VolumeCapability {
-        csi::VolumeCapability {
-            access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
-            access_type: Some(access),
-        }
-    }
-
-    fn mount(fs: &str) -> AccessType {
-        AccessType::Mount(csi::volume_capability::MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })
-    }
-
-    fn block() -> AccessType {
-        AccessType::Block(csi::volume_capability::BlockVolume {})
     }
 
     fn create_req(name: &str) -> csi::CreateVolumeRequest {

@@ -434,6 +434,29 @@ pub fn by_group(statuses: &[DiskStatus]) -> BTreeMap<String, Vec<Disk>> {
     map
 }
 
+/// A blank, writable loop disk of `size_bytes` with nothing on it, for
+/// the engine's unit tests.
+#[cfg(test)]
+pub(crate) fn blank_disk(name: &str, size_bytes: u64) -> Disk {
+    Disk {
+        name: name.into(),
+        path: PathBuf::from(format!("/dev/{name}")),
+        size_bytes,
+        read_only: false,
+        rotational: false,
+        kind: "loop".into(),
+        major: 7,
+        minor: 0,
+        fstype: None,
+        pttype: None,
+        mountpoints: vec![],
+        children_in_use: vec![],
+        partitions: vec![],
+        backing_file: None,
+        lvm_vg: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,23 +467,11 @@ mod tests {
         Config::from_json(text).expect("valid config")
     }
 
+    /// A blank 1 GiB loop disk backed by a file.
     fn disk(name: &str) -> Disk {
         Disk {
-            name: name.into(),
-            path: PathBuf::from(format!("/dev/{name}")),
-            size_bytes: 1 << 30,
-            read_only: false,
-            rotational: false,
-            kind: "loop".into(),
-            major: 7,
-            minor: 0,
-            fstype: None,
-            pttype: None,
-            mountpoints: vec![],
-            children_in_use: vec![],
-            partitions: vec![],
             backing_file: Some("/var/tmp/pool.img".into()),
-            lvm_vg: None,
+            ..blank_disk(name, 1 << 30)
         }
     }
 

@@ -1,8 +1,6 @@
 //! Test fixtures shared by the unit tests of the RAW backend's modules:
 //! disks, partition entries and views built without touching a device.
 
-use std::path::PathBuf;
-
 use super::codec::{partition_name, volume_guid};
 use super::record::Slot;
 use super::view::{DiskView, view_of};
@@ -12,23 +10,7 @@ use crate::engine::gpt;
 pub(super) const MIB: u64 = 1 << 20;
 
 pub(super) fn disk(name: &str, size_bytes: u64) -> Disk {
-    Disk {
-        name: name.into(),
-        path: PathBuf::from(format!("/dev/{name}")),
-        size_bytes,
-        read_only: false,
-        rotational: false,
-        kind: "loop".into(),
-        major: 7,
-        minor: 0,
-        fstype: None,
-        pttype: None,
-        mountpoints: vec![],
-        children_in_use: vec![],
-        partitions: vec![],
-        backing_file: None,
-        lvm_vg: None,
-    }
+    crate::engine::disks::blank_disk(name, size_bytes)
 }
 
 pub(super) fn entry(number: u32, start: u64, size: u64, name: &str, uuid: &str) -> gpt::Partition {
