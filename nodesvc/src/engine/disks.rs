@@ -286,6 +286,25 @@ pub struct Candidate {
     pub why: String,
 }
 
+/// [`Candidate::why`] of a disk no pattern of the group matches.
+pub const NO_PATTERN_MATCHES: &str = "no pattern matches";
+
+impl EmptyGroup {
+    /// Whether `other` has the same cause: the same patterns, matching the
+    /// same disks for the same reasons. Disks no pattern matches are left
+    /// out, so unrelated devices appearing do not make a new warning.
+    pub fn same_cause(&self, other: &EmptyGroup) -> bool {
+        let matched = |e: &EmptyGroup| -> Vec<(String, String)> {
+            e.candidates
+                .iter()
+                .filter(|c| c.why != NO_PATTERN_MATCHES)
+                .map(|c| (c.path.clone(), c.why.clone()))
+                .collect()
+        };
+        self.patterns == other.patterns && matched(self) == matched(other)
+    }
+}
+
 impl std::fmt::Display for EmptyGroup {
     /// One line: the group, its patterns and each disk with its reason.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -340,7 +359,7 @@ pub fn empty_groups(config: &Config, statuses: &[DiskStatus]) -> Vec<EmptyGroup>
 fn why_not(config: &Config, group: &GroupConfig, status: &DiskStatus) -> String {
     let disk = &status.disk;
     if !group.matches(&disk.path, &disk.name) {
-        return "no pattern matches".into();
+        return NO_PATTERN_MATCHES.into();
     }
     if !group.takes_kind(disk.rotational) {
         let kind = if disk.rotational {
@@ -633,5 +652,25 @@ mod tests {
         .map(|d| d.rotational)
         .collect();
         assert_eq!(rotational, [true, false, true]);
+    }
+
+    /// A new warning only when what the patterns match changes.
+    #[test]
+    fn same_cause_ignores_disks_no_pattern_matches() {
+        let cfg = config(
+            r#"{"diskSelector": [
+                {"name": "first", "re": ["^loop0$"], "policy": "LVM"},
+                {"name": "fussy", "re": ["^loop1$"], "policy": "LVM"}
+            ]}"#,
+        );
+        let mut d = vec![disk("loop0"), disk("loop1")];
+        d[1].fstype = Some("ext4".into());
+        let before = empty_groups(&cfg, &assign(&cfg, &d, &[]));
+        d.push(disk("loop7"));
+        let more = empty_groups(&cfg, &assign(&cfg, &d, &[]));
+        assert!(before[0].same_cause(&more[0]), "an unrelated disk appeared");
+        d[1].fstype = Some("xfs".into());
+        let other = empty_groups(&cfg, &assign(&cfg, &d, &[]));
+        assert!(!before[0].same_cause(&other[0]), "its disk changed");
     }
 }

@@ -502,15 +502,17 @@ impl Engine {
     /// Publishes a new capacity snapshot. A group whose capacity cannot be
     /// read is left out (and logged) rather than failing the mutation that
     /// already happened.
-    /// Keeps the groups that took no disk, and warns once per change: a
-    /// selector that matches nothing otherwise shows only as a group with
-    /// no capacity.
+    /// Keeps the groups that took no disk, and warns once per change of
+    /// what the group's patterns match ([`disks::EmptyGroup::same_cause`]):
+    /// a selector that matches nothing otherwise shows only as a group with
+    /// no capacity. Disks its patterns do not match coming and going (other
+    /// loop devices, our own LV exposures) are no change.
     fn note_empty_groups(&self, now: Vec<disks::EmptyGroup>) {
         let now: BTreeMap<String, disks::EmptyGroup> =
             now.into_iter().map(|e| (e.group.clone(), e)).collect();
         let mut kept = self.inner.empty.lock().unwrap_or_else(|p| p.into_inner());
         for (name, empty) in &now {
-            if kept.get(name) != Some(empty) {
+            if !kept.get(name).is_some_and(|k| k.same_cause(empty)) {
                 tracing::warn!(
                     device.group = %name,
                     selector.patterns = ?empty.patterns,
