@@ -56,38 +56,45 @@
 //! [`PATH_ANNOTATION`]), and `csi.storage.k8s.io/fstype` from the request.
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use carina_csi::names;
-use carina_csi::params::FsType;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
     CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, TOPOLOGY_KEY, Topology,
-    VolumeRequest, context, sizes,
+    VolumeRequest, sizes,
 };
 use carina_proto::nodestorage as pb;
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
 };
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::watch_object;
 use kube::{Client, ResourceExt};
-use tonic::Code;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::nodes::placement::{self, NodeCapacity};
 use crate::nodes::spec::NodeSpec;
-use carina_api::policy;
-use carina_api::quantity::quantity_bytes;
 use carina_api::{
-    DeviceGroupCapacity, EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec,
-    LogicVolumeStatus, NodeStorageResource, PATH_ANNOTATION, TRACEPARENT_ANNOTATION,
+    EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NodeStorageResource,
+    TRACEPARENT_ANNOTATION,
 };
 use carina_csi::strategy::Strategy;
+
+mod error;
+mod outcome;
+mod records;
+mod watch;
+
+pub use error::status_error;
+use error::{api_error, retryable};
+use outcome::CreateOutcome::{Failed, Gone, Made};
+use outcome::{
+    ExpandOutcome, bytes, create_outcome, current_bytes, expand_outcome, failure, fs_type,
+    incompatible, is_gone, provisioned,
+};
+use records::{group_capacity, is_stale, node_spec, nsr_node, policy_name};
+use watch::watch_until;
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -136,34 +143,6 @@ impl std::fmt::Debug for KubeProvisioner {
     }
 }
 
-/// The deadline passed while waiting for the bridge.
-#[derive(Debug)]
-struct Timeout {
-    /// The object as last seen (`None`: absent or never seen).
-    last: Option<LogicVolume>,
-    /// The last error of the watch, if it had one.
-    watch_error: Option<String>,
-}
-
-impl Timeout {
-    /// What the last seen status said, for an error message.
-    fn describe(&self) -> String {
-        let mut out = match self.last.as_ref().and_then(|lv| lv.status.as_ref()) {
-            Some(s) => match (&s.code, &s.message) {
-                (Some(c), Some(m)) if *c != 0 => {
-                    format!("last status: {} {m}", code_name(*c))
-                }
-                _ => "no outcome in its status yet".to_string(),
-            },
-            None => "no status yet".to_string(),
-        };
-        if let Some(e) = &self.watch_error {
-            out.push_str(&format!("; last watch error: {e}"));
-        }
-        out
-    }
-}
-
 impl KubeProvisioner {
     /// A provisioner writing `LogicVolume`s through `client`.
     pub fn new(client: Client, config: KubeProvisionerConfig) -> Self {
@@ -176,42 +155,6 @@ impl KubeProvisioner {
 
     pub fn config(&self) -> &KubeProvisionerConfig {
         &self.config
-    }
-
-    /// Watches the `LogicVolume` `name` until `judge` returns an outcome
-    /// (it sees `None` while the object does not exist), at most the
-    /// configured wait. Watch errors are retried with backoff.
-    async fn watch_until<T>(
-        &self,
-        name: &str,
-        mut judge: impl FnMut(Option<&LogicVolume>) -> Option<T>,
-    ) -> Result<T, Timeout> {
-        let mut last: Option<LogicVolume> = None;
-        let mut watch_error: Option<String> = None;
-        let watch = async {
-            let mut events = pin!(watch_object(self.lvs.clone(), name).default_backoff());
-            while let Some(event) = events.next().await {
-                match event {
-                    Ok(obj) => {
-                        if let Some(outcome) = judge(obj.as_ref()) {
-                            return Some(outcome);
-                        }
-                        last = obj;
-                    }
-                    Err(e) => {
-                        tracing::warn!(volume.name = %name, error = %e, "watching the LogicVolume failed; retrying");
-                        watch_error = Some(e.to_string());
-                    }
-                }
-            }
-            None
-        };
-        match tokio::time::timeout(self.config.wait_timeout, watch).await {
-            Ok(Some(outcome)) => Ok(outcome),
-            // The watcher's stream does not end; treat an end like the
-            // deadline.
-            Ok(None) | Err(_) => Err(Timeout { last, watch_error }),
-        }
     }
 
     /// The capacity of every node that published its groups, with the
@@ -330,7 +273,9 @@ impl KubeProvisioner {
             Some(o) => o,
             None => {
                 tracing::debug!(volume.name = %name, "waiting for the bridge");
-                self.watch_until(&name, |obj| create_outcome(obj, uid.as_deref()))
+                watch_until(&self.lvs, &name, self.config.wait_timeout, |obj| {
+                    create_outcome(obj, uid.as_deref())
+                })
                     .await
                     .map_err(|t| {
                         CsiError::DeadlineExceeded(format!(
@@ -391,9 +336,8 @@ impl KubeProvisioner {
     /// Waits until the object `name` with `uid` is gone (a newer object of
     /// the same name counts as gone).
     async fn wait_gone(&self, name: &str, uid: Option<String>) -> Result<(), CsiError> {
-        self.watch_until(name, |obj| match obj {
-            Some(lv) if lv.uid() == uid => None,
-            _ => Some(()),
+        watch_until(&self.lvs, name, self.config.wait_timeout, |obj| {
+            is_gone(obj, uid.as_deref()).then_some(())
         })
         .await
         .map_err(|t| {
@@ -432,161 +376,6 @@ struct Target {
     group: String,
     size_bytes: u64,
     policy: Option<String>,
-}
-
-/// What the status of a create says.
-#[derive(Debug)]
-enum CreateOutcome {
-    Made(LogicVolume),
-    Failed { lv: LogicVolume, error: CsiError },
-    Gone,
-}
-use CreateOutcome::{Failed, Gone, Made};
-
-/// The outcome of a create as `obj` shows it, `None` while in progress.
-/// `uid` is the object created (or found); a different one means ours is
-/// gone.
-fn create_outcome(obj: Option<&LogicVolume>, uid: Option<&str>) -> Option<CreateOutcome> {
-    let Some(lv) = obj.filter(|lv| lv.uid().as_deref() == uid) else {
-        return Some(Gone);
-    };
-    let status = lv.status.as_ref();
-    if status.and_then(|s| s.volume_id.as_ref()).is_some() {
-        return Some(Made(lv.clone()));
-    }
-    if lv.metadata.deletion_timestamp.is_some() {
-        return Some(Failed {
-            lv: lv.clone(),
-            error: CsiError::Aborted(format!(
-                "LogicVolume {:?} is being deleted; retry once it is gone",
-                lv.name_any()
-            )),
-        });
-    }
-    let failed = status.and_then(failure)?;
-    Some(Failed {
-        lv: lv.clone(),
-        error: failed,
-    })
-}
-
-/// The error a status reports, if its code is not OK.
-fn failure(status: &LogicVolumeStatus) -> Option<CsiError> {
-    let code = status.code.filter(|c| *c != 0)?;
-    let message = status.message.clone().unwrap_or_default();
-    Some(status_error(code, message))
-}
-
-/// Maps a numeric gRPC code from the bridge to the CSI answer.
-pub fn status_error(code: i32, message: String) -> CsiError {
-    match Code::from_i32(code) {
-        Code::ResourceExhausted => CsiError::ResourceExhausted(message),
-        Code::InvalidArgument => CsiError::invalid("volume", message),
-        Code::AlreadyExists => CsiError::AlreadyExists(message),
-        Code::Unavailable | Code::DeadlineExceeded => CsiError::Unavailable(message),
-        Code::Aborted => CsiError::Aborted(message),
-        Code::OutOfRange => CsiError::OutOfRange(message),
-        other => CsiError::Internal(format!("{}: {message}", code_name(other as i32))),
-    }
-}
-
-fn code_name(code: i32) -> &'static str {
-    carina_proto::code_name(Code::from_i32(code))
-}
-
-/// Whether a failed create leaves its object for the bridge to retry.
-fn retryable(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled
-    )
-}
-
-/// Maps a Kubernetes API error; `what` names the call.
-fn api_error(what: &str, e: kube::Error) -> CsiError {
-    match &e {
-        kube::Error::Api(s) if s.is_not_found() => CsiError::NotFound(format!("{what}: {e}")),
-        kube::Error::Api(s) if s.is_conflict() => CsiError::Aborted(format!("{what}: {e}")),
-        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
-            CsiError::Unavailable(format!("{what}: {e}"))
-        }
-        kube::Error::Api(_) | kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => {
-            CsiError::Internal(format!("{what}: {e}"))
-        }
-        // Transport: the apiserver cannot be reached now.
-        _ => CsiError::Unavailable(format!("{what}: {e}")),
-    }
-}
-
-fn fs_type(req: &VolumeRequest) -> Option<FsType> {
-    if req.block {
-        None
-    } else {
-        req.parameters.fs_type
-    }
-}
-
-/// True if the capacity publisher marked the record stale (its node is
-/// unreachable).
-fn is_stale(nsr: &NodeStorageResource) -> bool {
-    nsr.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == super::capacity::STALE && c.status == "True")
-    })
-}
-
-/// The node a `NodeStorageResource` describes.
-fn nsr_node(nsr: &NodeStorageResource) -> String {
-    if nsr.spec.node_name.is_empty() {
-        nsr.name_any()
-    } else {
-        nsr.spec.node_name.clone()
-    }
-}
-
-/// A node as placement sees it. Placement reads only the name and the
-/// topology; the endpoint is the bridge's business and stays empty.
-fn node_spec(name: &str) -> NodeSpec {
-    NodeSpec {
-        name: name.to_string(),
-        endpoint: String::new(),
-        topology: Topology::from([(TOPOLOGY_KEY.to_string(), name.to_string())]),
-    }
-}
-
-fn parse_policy(policy: &str) -> pb::Policy {
-    match policy {
-        policy::LVM => pb::Policy::Lvm,
-        policy::RAW => pb::Policy::Raw,
-        policy::HOST => pb::Policy::Host,
-        _ => pb::Policy::Unspecified,
-    }
-}
-
-fn policy_name(p: pb::Policy) -> &'static str {
-    match p {
-        pb::Policy::Lvm => policy::LVM,
-        pb::Policy::Raw => policy::RAW,
-        pb::Policy::Host => policy::HOST,
-        pb::Policy::Unspecified => policy::UNSPECIFIED,
-    }
-}
-
-/// A published group in the form placement reads.
-fn group_capacity(g: &DeviceGroupCapacity) -> pb::GroupCapacity {
-    pb::GroupCapacity {
-        device_group: g.name.clone(),
-        policy: parse_policy(&g.policy) as i32,
-        total_bytes: g.total_bytes,
-        free_bytes: g.free_bytes,
-        reserve_bytes: g.reserve_bytes,
-        allocatable_bytes: g.allocatable_bytes,
-        largest_allocatable_bytes: g.largest_allocatable_bytes,
-        allocation_unit_bytes: g.allocation_unit_bytes,
-        volume_count: g.volume_count,
-        ..Default::default()
-    }
 }
 
 /// Takes the volumes asked for but not made yet (no `volumeID`, no
@@ -656,98 +445,6 @@ fn unpublished_target(req: &VolumeRequest, node: String) -> Result<Target, CsiEr
         size_bytes: sizes::allocation(&req.capacity, FALLBACK_UNIT)?,
         policy: None,
     })
-}
-
-/// Why an existing object does not satisfy `req`, if it does not.
-fn incompatible(req: &VolumeRequest, lv: &LogicVolume, policy: Option<&str>) -> Option<String> {
-    let size = current_bytes(lv);
-    if !size.is_some_and(|s| sizes::satisfies(&req.capacity, s)) {
-        return Some(format!(
-            "the request asks for {}..{} bytes",
-            req.capacity.required_bytes,
-            match req.capacity.limit_bytes {
-                0 => "unlimited".to_string(),
-                l => l.to_string(),
-            }
-        ));
-    }
-    if let Some(g) = &req.parameters.group
-        && *g != lv.spec.device_group
-    {
-        return Some(format!("the request names group {g:?}"));
-    }
-    if req.parameters.exclusive != is_exclusive(lv) {
-        return Some(format!(
-            "the request asks for exclusively-raw-disk {}",
-            req.parameters.exclusive
-        ));
-    }
-    if req.block && policy == Some(policy::HOST) {
-        return Some("a HOST volume cannot serve block access".to_string());
-    }
-    let node = node_spec(&lv.spec.node_name);
-    let accessible = req.accessibility.requisite.is_empty()
-        || req.accessibility.requisite.iter().any(|t| node.matches(t));
-    if !accessible {
-        return Some("its node is outside the requested accessible topology".to_string());
-    }
-    None
-}
-
-fn is_exclusive(lv: &LogicVolume) -> bool {
-    lv.annotations()
-        .get(EXCLUSIVE_ANNOTATION)
-        .is_some_and(|v| v == "true")
-}
-
-/// The volume's size: as made (`status.currentSize`), else as asked.
-fn current_bytes(lv: &LogicVolume) -> Option<u64> {
-    lv.status
-        .as_ref()
-        .and_then(|s| s.current_size.as_ref())
-        .and_then(bytes)
-        .or_else(|| bytes(&lv.spec.size))
-}
-
-/// The control plane's view of a made volume.
-fn provisioned(
-    lv: &LogicVolume,
-    fs_type: Option<FsType>,
-    policy: Option<&str>,
-) -> ProvisionedVolume {
-    let node = lv.spec.node_name.clone();
-    let status = lv.status.clone().unwrap_or_default();
-    let mut ctx = BTreeMap::new();
-    // The bridge reports the path in the status; an annotation is honoured
-    // for objects written by other tools.
-    if let Some(path) = status
-        .path
-        .clone()
-        .or_else(|| lv.annotations().get(PATH_ANNOTATION).cloned())
-    {
-        ctx.insert(context::PATH.to_string(), path);
-    }
-    ctx.insert(context::NODE.to_string(), node.clone());
-    if let (Some(major), Some(minor)) = (status.device_major, status.device_minor)
-        && policy != Some("HOST")
-    {
-        ctx.insert(context::MAJOR.to_string(), major.to_string());
-        ctx.insert(context::MINOR.to_string(), minor.to_string());
-    }
-    ctx.insert(context::GROUP.to_string(), lv.spec.device_group.clone());
-    if let Some(p) = policy {
-        ctx.insert(context::POLICY.to_string(), p.to_string());
-    }
-    if let Some(fs) = fs_type {
-        ctx.insert(context::FS_TYPE.to_string(), fs.as_str().to_string());
-    }
-    ProvisionedVolume {
-        volume_id: VolumeId::new(lv.name_any(), node.clone()).encode(),
-        capacity_bytes: current_bytes(lv).unwrap_or(0),
-        node,
-        group: lv.spec.device_group.clone(),
-        context: ctx,
-    }
 }
 
 /// The current span's W3C `traceparent`, if it belongs to a trace.
@@ -911,30 +608,31 @@ impl Provisioner for KubeProvisioner {
         let before = patched.status.clone().unwrap_or_default();
         let uid = lv.uid();
         let judge = |obj: Option<&LogicVolume>| -> Option<Result<u64, CsiError>> {
-            let Some(lv) = obj.filter(|o| o.uid() == uid) else {
-                return Some(Err(not_found()));
-            };
-            let status = lv.status.clone().unwrap_or_default();
-            let size = status.current_size.as_ref().and_then(bytes);
-            if let Some(size) = size.filter(|s| *s >= range.required_bytes) {
-                return Some(Ok(size));
-            }
-            let news = match status.observed_generation {
-                Some(g) => g >= generation,
-                None => status != before,
-            };
-            news.then(|| failure(&status)).flatten().map(Err)
+            let outcome = expand_outcome(
+                obj,
+                uid.as_deref(),
+                range.required_bytes,
+                generation,
+                &before,
+            )?;
+            Some(match outcome {
+                ExpandOutcome::Grown(size) => Ok(size),
+                ExpandOutcome::Failed(error) => Err(error),
+                ExpandOutcome::Gone => Err(not_found()),
+            })
         };
         if let Some(done) = judge(Some(&patched)) {
             return done;
         }
-        self.watch_until(&name, judge).await.map_err(|t| {
-            CsiError::DeadlineExceeded(format!(
-                "LogicVolume {name:?} not grown to {size} bytes within {:?} ({})",
-                self.config.wait_timeout,
-                t.describe()
-            ))
-        })?
+        watch_until(&self.lvs, &name, self.config.wait_timeout, judge)
+            .await
+            .map_err(|t| {
+                CsiError::DeadlineExceeded(format!(
+                    "LogicVolume {name:?} not grown to {size} bytes within {:?} ({})",
+                    self.config.wait_timeout,
+                    t.describe()
+                ))
+            })?
     }
 
     #[tracing::instrument(name = "kube.get_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
@@ -1050,205 +748,15 @@ impl KubeProvisioner {
     }
 }
 
-/// Bytes in a quantity; `None` when it is not a byte count.
-fn bytes(q: &Quantity) -> Option<u64> {
-    quantity_bytes(q).ok()
-}
+#[cfg(test)]
+mod fixtures;
 
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{MIB, lv, on, request};
     use super::*;
-
-    #[test]
-    fn stale_records_are_recognised() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-        let condition = |type_: &str, status: &str| Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: "Test".into(),
-            message: String::new(),
-            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-            observed_generation: None,
-        };
-        let mut nsr = NodeStorageResource::new("n", Default::default());
-        assert!(!is_stale(&nsr), "no status: not stale");
-        nsr.status = Some(carina_api::NodeStorageResourceStatus {
-            conditions: vec![condition("Ready", "True"), condition("Stale", "False")],
-            ..Default::default()
-        });
-        assert!(!is_stale(&nsr));
-        nsr.status = Some(carina_api::NodeStorageResourceStatus {
-            conditions: vec![condition("Stale", "True")],
-            ..Default::default()
-        });
-        assert!(is_stale(&nsr));
-    }
-    use carina_csi::Accessibility;
-    use carina_csi::params::Parameters;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    const MIB: u64 = 1 << 20;
-
-    fn request(required: u64) -> VolumeRequest {
-        VolumeRequest {
-            name: "pvc-1".into(),
-            local_name: "pvc-1".into(),
-            capacity: CapacityRange {
-                required_bytes: required,
-                limit_bytes: 0,
-            },
-            parameters: Parameters::default(),
-            accessibility: Accessibility::default(),
-            block: false,
-        }
-    }
-
-    fn on(node: &str) -> Topology {
-        Topology::from([(TOPOLOGY_KEY.to_string(), node.to_string())])
-    }
-
-    fn lv(node: &str, group: &str, size: u64) -> LogicVolume {
-        let mut lv = LogicVolume::new(
-            "pvc-1",
-            LogicVolumeSpec {
-                node_name: node.into(),
-                size: Quantity(size.to_string()),
-                device_group: group.into(),
-                pvc: String::new(),
-                name_space: String::new(),
-            },
-        );
-        lv.metadata.uid = Some("u1".into());
-        lv
-    }
-
-    #[test]
-    fn bridge_codes_map_to_csi_codes() {
-        let cases = [
-            (Code::ResourceExhausted, Code::ResourceExhausted),
-            (Code::InvalidArgument, Code::InvalidArgument),
-            (Code::AlreadyExists, Code::AlreadyExists),
-            (Code::Unavailable, Code::Unavailable),
-            (Code::DeadlineExceeded, Code::Unavailable),
-            (Code::Aborted, Code::Aborted),
-            (Code::OutOfRange, Code::OutOfRange),
-            (Code::Internal, Code::Internal),
-            (Code::PermissionDenied, Code::Internal),
-            (Code::FailedPrecondition, Code::Internal),
-        ];
-        for (from, want) in cases {
-            let e = status_error(from as i32, "lvcreate said no".into());
-            assert_eq!(e.code(), want, "{from:?}");
-            assert!(e.to_string().contains("lvcreate said no"), "{e}");
-        }
-        let e = status_error(13, "boom".into());
-        assert!(e.to_string().starts_with("INTERNAL"), "{e}");
-    }
-
-    #[test]
-    fn outcomes_of_a_create() {
-        let mut v = lv("a", "g", 8 * MIB);
-        assert!(
-            create_outcome(Some(&v), Some("u1")).is_none(),
-            "in progress"
-        );
-        assert!(matches!(create_outcome(None, Some("u1")), Some(Gone)));
-        assert!(matches!(
-            create_outcome(Some(&v), Some("other")),
-            Some(Gone)
-        ));
-        v.status = Some(LogicVolumeStatus {
-            code: Some(0),
-            ..LogicVolumeStatus::default()
-        });
-        assert!(
-            create_outcome(Some(&v), Some("u1")).is_none(),
-            "code 0 alone is no outcome"
-        );
-        v.status = Some(LogicVolumeStatus {
-            code: Some(Code::ResourceExhausted as i32),
-            message: Some("full".into()),
-            ..LogicVolumeStatus::default()
-        });
-        match create_outcome(Some(&v), Some("u1")) {
-            Some(Failed { error, .. }) => assert_eq!(error.code(), Code::ResourceExhausted),
-            other => panic!("{other:?}"),
-        }
-        v.status = Some(LogicVolumeStatus {
-            volume_id: Some("pvc-1".into()),
-            code: Some(0),
-            ..LogicVolumeStatus::default()
-        });
-        assert!(matches!(
-            create_outcome(Some(&v), Some("u1")),
-            Some(Made(_))
-        ));
-        let mut deleting = lv("a", "g", 8 * MIB);
-        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-        match create_outcome(Some(&deleting), Some("u1")) {
-            Some(Failed { error, .. }) => assert_eq!(error.code(), Code::Aborted),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn context_of_a_made_volume() {
-        let mut v = lv("node-a", "ssd", 12 * MIB);
-        v.metadata.annotations = Some(BTreeMap::from([(
-            PATH_ANNOTATION.to_string(),
-            "/dev/carina/pvc-1".to_string(),
-        )]));
-        v.status = Some(LogicVolumeStatus {
-            volume_id: Some("pvc-1".into()),
-            current_size: Some(Quantity("16Mi".into())),
-            device_major: Some(253),
-            device_minor: Some(4),
-            ..LogicVolumeStatus::default()
-        });
-        let p = provisioned(&v, Some(FsType::Xfs), Some("LVM"));
-        assert_eq!(p.volume_id, "pvc-1@node-a");
-        assert_eq!(
-            p.capacity_bytes,
-            16 * MIB,
-            "currentSize wins over spec.size"
-        );
-        assert_eq!(p.context[context::PATH], "/dev/carina/pvc-1");
-        assert_eq!(p.context[context::NODE], "node-a");
-        assert_eq!(p.context[context::MAJOR], "253");
-        assert_eq!(p.context[context::MINOR], "4");
-        assert_eq!(p.context[context::GROUP], "ssd");
-        assert_eq!(p.context[context::POLICY], "LVM");
-        assert_eq!(p.context[context::FS_TYPE], "xfs");
-        let p = provisioned(&v, None, Some("HOST"));
-        assert!(!p.context.contains_key(context::MAJOR));
-        assert!(!p.context.contains_key(context::FS_TYPE));
-    }
-
-    #[test]
-    fn compatibility_of_an_existing_object() {
-        let v = lv("a", "ssd", 12 * MIB);
-        assert_eq!(incompatible(&request(10 * MIB), &v, None), None);
-        assert!(incompatible(&request(20 * MIB), &v, None).is_some());
-        let mut named = request(10 * MIB);
-        named.parameters.group = Some("hdd".into());
-        assert!(
-            incompatible(&named, &v, None)
-                .expect("group")
-                .contains("hdd")
-        );
-        let mut exclusive = request(10 * MIB);
-        exclusive.parameters.exclusive = true;
-        assert!(incompatible(&exclusive, &v, None).is_some());
-        let mut block = request(10 * MIB);
-        block.block = true;
-        assert!(incompatible(&block, &v, Some("HOST")).is_some());
-        assert_eq!(incompatible(&block, &v, Some("LVM")), None);
-        let mut elsewhere = request(10 * MIB);
-        elsewhere.accessibility.requisite = vec![on("b")];
-        assert!(incompatible(&elsewhere, &v, None).is_some());
-        elsewhere.accessibility.requisite.push(on("a"));
-        assert_eq!(incompatible(&elsewhere, &v, None), None);
-    }
+    use carina_api::LogicVolumeStatus;
+    use tonic::Code;
 
     #[test]
     fn pinning() {
