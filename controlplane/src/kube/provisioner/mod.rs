@@ -62,10 +62,9 @@ use async_trait::async_trait;
 use carina_csi::names;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
-    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, TOPOLOGY_KEY, Topology,
-    VolumeRequest, sizes,
+    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
+    sizes,
 };
-use carina_proto::nodestorage as pb;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
@@ -73,8 +72,6 @@ use kube::api::{
 use kube::{Client, ResourceExt};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::nodes::placement::{self, NodeCapacity};
-use crate::nodes::spec::NodeSpec;
 use carina_api::{
     EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NodeStorageResource,
     TRACEPARENT_ANNOTATION,
@@ -83,6 +80,7 @@ use carina_csi::strategy::Strategy;
 
 mod error;
 mod outcome;
+mod placement;
 mod records;
 mod watch;
 
@@ -90,18 +88,16 @@ pub use error::status_error;
 use error::{api_error, retryable};
 use outcome::CreateOutcome::{Failed, Gone, Made};
 use outcome::{
-    ExpandOutcome, bytes, create_outcome, current_bytes, expand_outcome, failure, fs_type,
-    incompatible, is_gone, provisioned,
+    ExpandOutcome, create_outcome, current_bytes, expand_outcome, fs_type, incompatible, is_gone,
+    provisioned,
 };
-use records::{group_capacity, is_stale, node_spec, nsr_node, policy_name};
+pub use placement::FALLBACK_UNIT;
+use placement::{Target, place, policy_of};
+use records::{node_spec, nsr_node};
 use watch::watch_until;
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The unit sizes are rounded to when the node's allocation unit is not
-/// published (the node rounds further to its own unit).
-pub const FALLBACK_UNIT: u64 = 1 << 20;
 
 /// `csi.storage.k8s.io/pvc/name`, which external-provisioner adds with
 /// `--extra-create-metadata`.
@@ -155,108 +151,6 @@ impl KubeProvisioner {
 
     pub fn config(&self) -> &KubeProvisionerConfig {
         &self.config
-    }
-
-    /// The capacity of every node that published its groups, with the
-    /// volumes asked for but not yet made subtracted.
-    async fn node_capacities(&self) -> Result<Vec<(NodeSpec, Vec<pb::GroupCapacity>)>, CsiError> {
-        self.node_capacities_where(|_| true).await
-    }
-
-    /// [`Self::node_capacities`] of the records `keep` accepts.
-    async fn node_capacities_where(
-        &self,
-        keep: impl Fn(&NodeStorageResource) -> bool,
-    ) -> Result<Vec<(NodeSpec, Vec<pb::GroupCapacity>)>, CsiError> {
-        let nsrs = self
-            .nsrs
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| api_error("list NodeStorageResources", e))?;
-        let lvs = self
-            .lvs
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| api_error("list LogicVolumes", e))?;
-        let mut nodes: Vec<(NodeSpec, Vec<pb::GroupCapacity>)> = nsrs
-            .items
-            .iter()
-            .filter(|nsr| keep(nsr))
-            .filter_map(|nsr| {
-                let groups = &nsr.status.as_ref()?.groups;
-                (!groups.is_empty()).then(|| {
-                    (
-                        node_spec(&nsr_node(nsr)),
-                        groups.iter().map(group_capacity).collect(),
-                    )
-                })
-            })
-            .collect();
-        nodes.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-        subtract_pending(&mut nodes, &lvs.items);
-        Ok(nodes)
-    }
-
-    /// The policy of `group` on `node`, if the node published it.
-    async fn policy_of(&self, node: &str, group: &str) -> Result<Option<String>, CsiError> {
-        let nsr = self
-            .nsrs
-            .get_opt(node)
-            .await
-            .map_err(|e| api_error("get NodeStorageResource", e))?;
-        Ok(nsr
-            .as_ref()
-            .and_then(|n| n.status.as_ref())
-            .and_then(|s| s.groups.iter().find(|g| g.name == group))
-            .map(|g| g.policy.clone()))
-    }
-
-    /// Where a new volume goes: node, group, size, and the group's policy
-    /// when known.
-    async fn place(&self, req: &VolumeRequest) -> Result<Target, CsiError> {
-        let pinned = pinned_node(req);
-        // A node the capacity publisher cannot reach (Stale) is no choice
-        // for a new volume; a volume pinned to it (its pod is there) still
-        // goes there, and the bridge retries until the node is back.
-        let nodes = if pinned.is_some() {
-            self.node_capacities().await?
-        } else {
-            self.node_capacities_where(|nsr| !is_stale(nsr)).await?
-        };
-        let pinned_published = pinned
-            .as_deref()
-            .is_some_and(|p| nodes.iter().any(|(n, _)| n.name == p));
-        if let Some(node) = pinned.filter(|_| !pinned_published) {
-            return unpublished_target(req, node);
-        }
-        if nodes.is_empty() {
-            return Err(CsiError::Unavailable(
-                "no node has published its capacity (NodeStorageResource) yet".into(),
-            ));
-        }
-        let views: Vec<NodeCapacity<'_>> = nodes
-            .iter()
-            .map(|(node, groups)| NodeCapacity {
-                node,
-                groups: groups.clone(),
-            })
-            .collect();
-        let ranking = ranking_request(req);
-        let best = placement::rank(&ranking, &views, self.config.strategy)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| CsiError::ResourceExhausted("no node has room".into()))?;
-        let policy = nodes
-            .iter()
-            .find(|(n, _)| n.name == best.node)
-            .and_then(|(_, groups)| groups.iter().find(|g| g.device_group == best.group))
-            .map(|g| policy_name(g.policy()).to_string());
-        Ok(Target {
-            node: best.node,
-            group: best.group,
-            size_bytes: best.size_bytes,
-            policy,
-        })
     }
 
     /// Waits for the outcome of the create of `lv` (already checked
@@ -369,84 +263,6 @@ impl KubeProvisioner {
     }
 }
 
-/// Where a new volume goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Target {
-    node: String,
-    group: String,
-    size_bytes: u64,
-    policy: Option<String>,
-}
-
-/// Takes the volumes asked for but not made yet (no `volumeID`, no
-/// failure, not being deleted) off their group's room: the published
-/// capacity cannot show them yet.
-fn subtract_pending(nodes: &mut [(NodeSpec, Vec<pb::GroupCapacity>)], lvs: &[LogicVolume]) {
-    for lv in lvs {
-        let status = lv.status.as_ref();
-        let pending = lv.metadata.deletion_timestamp.is_none()
-            && status.and_then(|s| s.volume_id.as_ref()).is_none()
-            && status.and_then(failure).is_none();
-        if !pending {
-            continue;
-        }
-        let Some(size) = bytes(&lv.spec.size) else {
-            continue;
-        };
-        let group = nodes
-            .iter_mut()
-            .filter(|(n, _)| n.name == lv.spec.node_name)
-            .flat_map(|(_, groups)| groups.iter_mut())
-            .find(|g| g.device_group == lv.spec.device_group);
-        if let Some(g) = group {
-            g.allocatable_bytes = g.allocatable_bytes.saturating_sub(size);
-            g.largest_allocatable_bytes = g.largest_allocatable_bytes.min(g.allocatable_bytes);
-        }
-    }
-}
-
-/// The node a `WaitForFirstConsumer` request is pinned to: that of the
-/// first preferred topology, else that of the only requisite one.
-fn pinned_node(req: &VolumeRequest) -> Option<String> {
-    let first = match (
-        req.accessibility.preferred.first(),
-        req.accessibility.requisite.as_slice(),
-    ) {
-        (Some(p), _) => p,
-        (None, [only]) => only,
-        _ => return None,
-    };
-    first.get(TOPOLOGY_KEY).cloned()
-}
-
-/// The request placement ranks: a pinned request may only go to its node.
-fn ranking_request(req: &VolumeRequest) -> VolumeRequest {
-    let mut r = req.clone();
-    if let Some(first) = req.accessibility.preferred.first() {
-        r.accessibility.requisite = vec![first.clone()];
-        r.accessibility.preferred.clear();
-    }
-    r
-}
-
-/// A pinned node that has not published its capacity: it takes the volume
-/// when the request names the group; the node checks the room.
-fn unpublished_target(req: &VolumeRequest, node: String) -> Result<Target, CsiError> {
-    let Some(group) = req.parameters.group.clone() else {
-        return Err(CsiError::Unavailable(format!(
-            "node {node} has not published its capacity (NodeStorageResource) yet, \
-             and without parameters[{:?}] its group cannot be chosen",
-            carina_csi::params::DISK_GROUP
-        )));
-    };
-    Ok(Target {
-        node,
-        group,
-        size_bytes: sizes::allocation(&req.capacity, FALLBACK_UNIT)?,
-        policy: None,
-    })
-}
-
 /// The current span's W3C `traceparent`, if it belongs to a trace.
 fn traceparent() -> Option<String> {
     let mut headers = http::HeaderMap::new();
@@ -506,7 +322,7 @@ impl Provisioner for KubeProvisioner {
             tracing::info!(volume.name = %name, "an earlier LogicVolume is being deleted; waiting until it is gone");
             self.wait_gone(&name, lv.uid()).await?;
         }
-        let target = self.place(req).await?;
+        let target = place(&self.nsrs, &self.lvs, self.config.strategy, req).await?;
         tracing::info!(
             volume.name = %name,
             node.name = %target.node,
@@ -648,9 +464,7 @@ impl Provisioner for KubeProvisioner {
         {
             return Ok(None);
         }
-        let policy = self
-            .policy_of(&lv.spec.node_name, &lv.spec.device_group)
-            .await?;
+        let policy = policy_of(&self.nsrs, &lv.spec.node_name, &lv.spec.device_group).await?;
         Ok(Some(provisioned(&lv, None, policy.as_deref())))
     }
 
@@ -730,9 +544,7 @@ impl KubeProvisioner {
         lv: LogicVolume,
         req: &VolumeRequest,
     ) -> Result<ProvisionedVolume, CsiError> {
-        let policy = self
-            .policy_of(&lv.spec.node_name, &lv.spec.device_group)
-            .await?;
+        let policy = policy_of(&self.nsrs, &lv.spec.node_name, &lv.spec.device_group).await?;
         if let Some(why) = incompatible(req, &lv, policy.as_deref()) {
             return Err(CsiError::AlreadyExists(format!(
                 "volume {:?} exists as LogicVolume {:?} on node {} ({} in group {:?}) but {why}",
@@ -753,71 +565,8 @@ mod fixtures;
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{MIB, lv, on, request};
+    use super::fixtures::{MIB, request};
     use super::*;
-    use carina_api::LogicVolumeStatus;
-    use tonic::Code;
-
-    #[test]
-    fn pinning() {
-        let mut r = request(MIB);
-        assert_eq!(pinned_node(&r), None);
-        r.accessibility.requisite = vec![on("a"), on("b")];
-        assert_eq!(pinned_node(&r), None, "several requisite nodes: ranked");
-        r.accessibility.preferred = vec![on("b"), on("a")];
-        assert_eq!(pinned_node(&r).as_deref(), Some("b"));
-        let ranked = ranking_request(&r);
-        assert_eq!(ranked.accessibility.requisite, vec![on("b")]);
-        assert!(ranked.accessibility.preferred.is_empty());
-        r.accessibility.preferred.clear();
-        r.accessibility.requisite = vec![on("c")];
-        assert_eq!(pinned_node(&r).as_deref(), Some("c"));
-        // Unpublished: only with a named group, rounded to 1 MiB.
-        let e = unpublished_target(&request(MIB + 1), "c".into()).expect_err("no group");
-        assert_eq!(e.code(), Code::Unavailable);
-        let mut named = request(MIB + 1);
-        named.parameters.group = Some("ssd".into());
-        let t = unpublished_target(&named, "c".into()).expect("target");
-        assert_eq!(
-            (t.node.as_str(), t.group.as_str(), t.size_bytes),
-            ("c", "ssd", 2 * MIB)
-        );
-    }
-
-    #[test]
-    fn pending_volumes_take_room() {
-        let group = |name: &str, free: u64| pb::GroupCapacity {
-            device_group: name.into(),
-            policy: pb::Policy::Lvm as i32,
-            allocatable_bytes: free,
-            largest_allocatable_bytes: free,
-            allocation_unit_bytes: 4 * MIB,
-            ..Default::default()
-        };
-        let mut nodes = vec![
-            (
-                node_spec("a"),
-                vec![group("ssd", 100 * MIB), group("hdd", 100 * MIB)],
-            ),
-            (node_spec("b"), vec![group("ssd", 100 * MIB)]),
-        ];
-        let pending = lv("a", "ssd", 40 * MIB);
-        let mut made = lv("a", "ssd", 30 * MIB);
-        made.status = Some(LogicVolumeStatus {
-            volume_id: Some("x".into()),
-            ..LogicVolumeStatus::default()
-        });
-        let mut failed = lv("b", "ssd", 30 * MIB);
-        failed.status = Some(LogicVolumeStatus {
-            code: Some(Code::ResourceExhausted as i32),
-            ..LogicVolumeStatus::default()
-        });
-        subtract_pending(&mut nodes, &[pending.clone(), pending, made, failed]);
-        assert_eq!(nodes[0].1[0].allocatable_bytes, 20 * MIB);
-        assert_eq!(nodes[0].1[0].largest_allocatable_bytes, 20 * MIB);
-        assert_eq!(nodes[0].1[1].allocatable_bytes, 100 * MIB);
-        assert_eq!(nodes[1].1[0].allocatable_bytes, 100 * MIB);
-    }
 
     #[test]
     fn new_objects_carry_claim_finalizer_and_exclusivity() {
