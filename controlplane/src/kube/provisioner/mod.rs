@@ -42,7 +42,7 @@
 //! a retry finds it.
 //!
 //! **Delete** removes the object and waits until it is gone (the bridge
-//! removes [`LOGICVOLUME_FINALIZER`] once the node deleted the volume).
+//! removes [`carina_api::LOGICVOLUME_FINALIZER`] once the node deleted the volume).
 //! **Expand** patches `spec.size` and waits until `status.currentSize`
 //! covers the request. A failure code counts only when it is news: the
 //! status describes the new `metadata.generation` (`observedGeneration`),
@@ -53,9 +53,17 @@
 //! `/major` and `/minor` (block volumes), `/policy` (when the node's
 //! `NodeStorageResource` names the group's policy), `/path` (when the
 //! status carries `path`, as the bridge writes it, or the object the
-//! [`PATH_ANNOTATION`]), and `csi.storage.k8s.io/fstype` from the request.
+//! [`carina_api::PATH_ANNOTATION`]), and `csi.storage.k8s.io/fstype` from the request.
+//!
+//! **Files.** This one holds [`KubeProvisioner`], its config and the
+//! [`Provisioner`] impl that ties the steps together (the API calls of a
+//! create, delete, expand, get, list and capacity); `placement` chooses
+//! where a new volume goes from the published capacity records (`records`
+//! reads those); `object` builds the new `LogicVolume`; `outcome` holds the
+//! pure decisions on what an object's status means; `watch` waits for one;
+//! `error` maps codes and API errors to CSI answers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -65,20 +73,16 @@ use carina_csi::{
     CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
     sizes,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{
-    Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use carina_api::{
-    EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NodeStorageResource,
-    TRACEPARENT_ANNOTATION,
-};
+use carina_api::{LogicVolume, NodeStorageResource, TRACEPARENT_ANNOTATION};
 use carina_csi::strategy::Strategy;
 
 mod error;
+#[cfg(test)]
+mod fixtures;
+mod object;
 mod outcome;
 mod placement;
 mod records;
@@ -86,24 +90,20 @@ mod watch;
 
 pub use error::status_error;
 use error::{api_error, retryable};
+pub use object::{PVC_NAME_PARAMETER, PVC_NAMESPACE_PARAMETER};
+use object::{new_object, traceparent};
 use outcome::CreateOutcome::{Failed, Gone, Made};
 use outcome::{
     ExpandOutcome, create_outcome, current_bytes, expand_outcome, fs_type, incompatible, is_gone,
     provisioned,
 };
 pub use placement::FALLBACK_UNIT;
-use placement::{Target, place, policy_of};
+use placement::{place, policy_of};
 use records::{node_spec, nsr_node};
 use watch::watch_until;
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// `csi.storage.k8s.io/pvc/name`, which external-provisioner adds with
-/// `--extra-create-metadata`.
-pub const PVC_NAME_PARAMETER: &str = "csi.storage.k8s.io/pvc/name";
-/// `csi.storage.k8s.io/pvc/namespace`, likewise.
-pub const PVC_NAMESPACE_PARAMETER: &str = "csi.storage.k8s.io/pvc/namespace";
 
 /// Settings of a [`KubeProvisioner`].
 #[derive(Debug, Clone)]
@@ -261,48 +261,6 @@ impl KubeProvisioner {
             .map_err(|e| api_error("get LogicVolume", e))?;
         Ok(lv.filter(|lv| lv.spec.node_name == id.node))
     }
-}
-
-/// The current span's W3C `traceparent`, if it belongs to a trace.
-fn traceparent() -> Option<String> {
-    let mut headers = http::HeaderMap::new();
-    carina_proto::trace::inject(&tracing::Span::current().context(), &mut headers);
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-}
-
-/// The object for a new volume.
-fn new_object(name: &str, req: &VolumeRequest, target: &Target) -> LogicVolume {
-    let mut annotations = BTreeMap::new();
-    if let Some(tp) = traceparent() {
-        annotations.insert(TRACEPARENT_ANNOTATION.to_string(), tp);
-    }
-    if req.parameters.exclusive {
-        annotations.insert(EXCLUSIVE_ANNOTATION.to_string(), "true".to_string());
-    }
-    let other = &req.parameters.other;
-    let mut lv = LogicVolume::new(
-        name,
-        LogicVolumeSpec {
-            node_name: target.node.clone(),
-            size: Quantity(target.size_bytes.to_string()),
-            device_group: target.group.clone(),
-            pvc: other.get(PVC_NAME_PARAMETER).cloned().unwrap_or_default(),
-            name_space: other
-                .get(PVC_NAMESPACE_PARAMETER)
-                .cloned()
-                .unwrap_or_default(),
-        },
-    );
-    lv.metadata = ObjectMeta {
-        name: Some(name.to_string()),
-        finalizers: Some(vec![LOGICVOLUME_FINALIZER.to_string()]),
-        annotations: (!annotations.is_empty()).then_some(annotations),
-        ..ObjectMeta::default()
-    };
-    lv
 }
 
 #[async_trait]
@@ -557,42 +515,5 @@ impl KubeProvisioner {
         }
         tracing::info!(volume.name = %lv.name_any(), node.name = %lv.spec.node_name, "LogicVolume exists already");
         self.outcome(lv, req, policy).await
-    }
-}
-
-#[cfg(test)]
-mod fixtures;
-
-#[cfg(test)]
-mod tests {
-    use super::fixtures::{MIB, request};
-    use super::*;
-
-    #[test]
-    fn new_objects_carry_claim_finalizer_and_exclusivity() {
-        let mut r = request(10 * MIB);
-        r.parameters.exclusive = true;
-        r.parameters
-            .other
-            .insert(PVC_NAME_PARAMETER.into(), "data".into());
-        r.parameters
-            .other
-            .insert(PVC_NAMESPACE_PARAMETER.into(), "apps".into());
-        let t = Target {
-            node: "a".into(),
-            group: "raw".into(),
-            size_bytes: 12 * MIB,
-            policy: Some("RAW".into()),
-        };
-        let o = new_object("pvc-1", &r, &t);
-        assert_eq!(o.spec.size.0, (12 * MIB).to_string());
-        assert_eq!(
-            (o.spec.pvc.as_str(), o.spec.name_space.as_str()),
-            ("data", "apps")
-        );
-        assert_eq!(o.finalizers(), [LOGICVOLUME_FINALIZER.to_string()]);
-        assert_eq!(o.annotations()[EXCLUSIVE_ANNOTATION], "true");
-        // No OpenTelemetry layer here: no trace to carry.
-        assert!(!o.annotations().contains_key(TRACEPARENT_ANNOTATION));
     }
 }
