@@ -1,0 +1,342 @@
+//! The bridge's pure reconcile decisions: which node operation an object
+//! asks for ([`plan`]), whether its last failure was terminal for this
+//! generation ([`failed_for_good`]), and the whole status each outcome
+//! writes ([`failed_status`], [`made_status`], [`settled_status`]). No API
+//! or node calls here; `steps` carries the decisions out.
+
+use carina_api::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
+use carina_api::quantity::{bytes_quantity, quantity_bytes};
+use carina_api::{LogicVolume, LogicVolumeStatus};
+use carina_csi::volume_id::VolumeId;
+use carina_proto::code_name;
+use carina_proto::nodestorage as pb;
+use kube::ResourceExt;
+use tonic::Code;
+
+use super::error::{Error, Retry, retry_of};
+use crate::kube::status::condition;
+
+/// The condition type the bridge maintains.
+pub const READY: &str = "Ready";
+
+/// The node operations of the bridge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Create,
+    Resize,
+    Delete,
+}
+
+impl Op {
+    pub(super) fn rpc(self) -> &'static str {
+        match self {
+            Op::Create => "CreateLV",
+            Op::Resize => "ResizeLV",
+            Op::Delete => "DeleteLV",
+        }
+    }
+
+    pub(super) fn failed_reason(self) -> &'static str {
+        match self {
+            Op::Create => "CreateFailed",
+            Op::Resize => "ResizeFailed",
+            Op::Delete => "DeleteFailed",
+        }
+    }
+}
+
+/// What an object (holding the finalizer) asks of its node.
+#[derive(Debug)]
+pub(super) enum Plan {
+    /// Its last attempt failed for good; nothing until the spec changes.
+    Wait,
+    /// Its spec is unusable for `op`.
+    Invalid { op: Op, error: Error },
+    /// The volume is as large as asked: only the status to settle.
+    Settled,
+    /// `op` on the node, for `wanted` bytes.
+    Call { op: Op, wanted: u64 },
+}
+
+/// What `lv` asks of its node: `CreateLV` while `status.volumeID` is
+/// unset, else `ResizeLV` when `spec.size` exceeds `status.currentSize`.
+pub(super) fn plan(lv: &LogicVolume) -> Plan {
+    if failed_for_good(lv) {
+        return Plan::Wait;
+    }
+    let previous = lv.status.clone().unwrap_or_default();
+    let op = if previous.volume_id.is_none() {
+        Op::Create
+    } else {
+        Op::Resize
+    };
+    if lv.spec.node_name.is_empty() {
+        let error = Error::Spec {
+            field: "spec.nodeName",
+            reason: "empty".into(),
+        };
+        return Plan::Invalid { op, error };
+    }
+    let wanted = match quantity_bytes(&lv.spec.size) {
+        Ok(b) => b,
+        Err(e) => {
+            let error = Error::Spec {
+                field: "spec.size",
+                reason: e.to_string(),
+            };
+            return Plan::Invalid { op, error };
+        }
+    };
+    if op == Op::Resize {
+        let current = previous
+            .current_size
+            .as_ref()
+            .and_then(|q| quantity_bytes(q).ok());
+        if current.is_some_and(|c| c >= wanted) {
+            return Plan::Settled;
+        }
+    }
+    Plan::Call { op, wanted }
+}
+
+/// True when the last attempt at this generation ended with a terminal
+/// code: the provisioner has it, and only a new spec is worth a retry.
+pub(super) fn failed_for_good(lv: &LogicVolume) -> bool {
+    let Some(status) = &lv.status else {
+        return false;
+    };
+    status.status.as_deref() == Some(STATUS_FAILED)
+        && status.observed_generation.is_some()
+        && status.observed_generation == lv.metadata.generation
+        && status
+            .code
+            .is_some_and(|c| retry_of(Code::from_i32(c)) == Retry::Never)
+}
+
+/// The status after a failure with `code` and `message`: the volume fields
+/// of the previous status stay.
+pub(super) fn failed_status(lv: &LogicVolume, code: Code, message: &str) -> LogicVolumeStatus {
+    let previous = lv.status.clone().unwrap_or_default();
+    LogicVolumeStatus {
+        code: Some(code as i32),
+        message: Some(message.to_string()),
+        status: Some(STATUS_FAILED.to_string()),
+        conditions: vec![condition(
+            &previous.conditions,
+            READY,
+            false,
+            code_name(code),
+            message,
+            lv.metadata.generation,
+        )],
+        observed_generation: lv.metadata.generation,
+        ..previous
+    }
+}
+
+/// The status after the node made or resized `volume`; `message` says so.
+pub(super) fn made_status(
+    lv: &LogicVolume,
+    volume: &pb::LogicVolume,
+    message: &str,
+) -> LogicVolumeStatus {
+    let previous = lv.status.clone().unwrap_or_default();
+    let block = !volume.device_path.is_empty();
+    LogicVolumeStatus {
+        volume_id: Some(VolumeId::new(lv.name_any(), lv.spec.node_name.clone()).encode()),
+        code: Some(0),
+        message: Some(message.to_string()),
+        current_size: Some(bytes_quantity(volume.size_bytes)),
+        status: Some(STATUS_SUCCESS.to_string()),
+        device_major: block.then_some(volume.major),
+        device_minor: block.then_some(volume.minor),
+        conditions: vec![condition(
+            &previous.conditions,
+            READY,
+            true,
+            "Provisioned",
+            message,
+            lv.metadata.generation,
+        )],
+        observed_generation: lv.metadata.generation,
+        // One status write carries everything: a second request right
+        // after it would wait on a delayed ACK.
+        path: Some(if block {
+            volume.device_path.clone()
+        } else {
+            volume.host_path.clone()
+        })
+        .filter(|p| !p.is_empty()),
+    }
+}
+
+/// The status that records this generation as done with nothing to do on
+/// the node (after a failed resize whose size was taken back, or a change
+/// of other spec fields); `None` when the status says so already.
+pub(super) fn settled_status(lv: &LogicVolume) -> Option<LogicVolumeStatus> {
+    let previous = lv.status.clone().unwrap_or_default();
+    if previous.status.as_deref() == Some(STATUS_SUCCESS)
+        && previous.observed_generation == lv.metadata.generation
+    {
+        return None;
+    }
+    let message = "volume ready".to_string();
+    Some(LogicVolumeStatus {
+        code: Some(0),
+        message: Some(message.clone()),
+        status: Some(STATUS_SUCCESS.to_string()),
+        conditions: vec![condition(
+            &previous.conditions,
+            READY,
+            true,
+            "Provisioned",
+            &message,
+            lv.metadata.generation,
+        )],
+        observed_generation: lv.metadata.generation,
+        ..previous
+    })
+}
+
+/// Whether a `DeleteLV` error means there is nothing to delete: no such
+/// volume, or a name no volume can have.
+pub(super) fn nothing_to_delete(code: Code) -> bool {
+    matches!(code, Code::NotFound | Code::InvalidArgument)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn object(size: &str) -> LogicVolume {
+        let mut lv = LogicVolume::new(
+            "v",
+            carina_api::LogicVolumeSpec {
+                node_name: "n".into(),
+                size: Quantity(size.into()),
+                device_group: "g".into(),
+                pvc: String::new(),
+                name_space: String::new(),
+            },
+        );
+        lv.metadata.generation = Some(3);
+        lv
+    }
+
+    #[test]
+    fn terminal_failures_wait_for_a_new_generation() {
+        let mut lv = LogicVolume::new(
+            "v",
+            carina_api::LogicVolumeSpec {
+                node_name: "n".into(),
+                size: Quantity("1Gi".into()),
+                device_group: "g".into(),
+                pvc: String::new(),
+                name_space: String::new(),
+            },
+        );
+        lv.metadata.generation = Some(3);
+        lv.status = Some(LogicVolumeStatus {
+            code: Some(Code::ResourceExhausted as i32),
+            status: Some(STATUS_FAILED.into()),
+            observed_generation: Some(3),
+            ..LogicVolumeStatus::default()
+        });
+        assert!(failed_for_good(&lv));
+        lv.metadata.generation = Some(4);
+        assert!(!failed_for_good(&lv));
+        lv.metadata.generation = Some(3);
+        if let Some(s) = lv.status.as_mut() {
+            s.code = Some(Code::Unavailable as i32);
+        }
+        assert!(!failed_for_good(&lv));
+    }
+
+    #[test]
+    fn plans() {
+        let mut lv = object("1Gi");
+        assert!(matches!(
+            plan(&lv),
+            Plan::Call { op: Op::Create, wanted } if wanted == 1 << 30
+        ));
+        lv.status = Some(LogicVolumeStatus {
+            volume_id: Some("v@n".into()),
+            current_size: Some(Quantity("1Gi".into())),
+            ..LogicVolumeStatus::default()
+        });
+        assert!(matches!(plan(&lv), Plan::Settled));
+        lv.spec.size = Quantity("2Gi".into());
+        assert!(matches!(
+            plan(&lv),
+            Plan::Call { op: Op::Resize, wanted } if wanted == 2 << 30
+        ));
+        lv.spec.size = Quantity("lots".into());
+        match plan(&lv) {
+            Plan::Invalid { op, error } => {
+                assert_eq!(op, Op::Resize);
+                assert!(error.to_string().starts_with("spec.size: "), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut nowhere = object("1Gi");
+        nowhere.spec.node_name.clear();
+        match plan(&nowhere) {
+            Plan::Invalid { op, error } => {
+                assert_eq!(op, Op::Create);
+                assert_eq!(error.code(), Some(Code::InvalidArgument));
+            }
+            other => panic!("{other:?}"),
+        }
+        nowhere.status = Some(LogicVolumeStatus {
+            code: Some(Code::InvalidArgument as i32),
+            status: Some(STATUS_FAILED.into()),
+            observed_generation: Some(3),
+            ..LogicVolumeStatus::default()
+        });
+        assert!(matches!(plan(&nowhere), Plan::Wait));
+    }
+
+    #[test]
+    fn statuses_written() {
+        let mut lv = object("1Gi");
+        let volume = pb::LogicVolume {
+            size_bytes: 1 << 30,
+            device_group: "g".into(),
+            device_path: "/dev/carina/v".into(),
+            major: 253,
+            minor: 7,
+            ..Default::default()
+        };
+        let made = made_status(&lv, &volume, "made");
+        assert_eq!(made.volume_id.as_deref(), Some("v@n"));
+        assert_eq!(made.code, Some(0));
+        assert_eq!(made.status.as_deref(), Some(STATUS_SUCCESS));
+        assert_eq!((made.device_major, made.device_minor), (Some(253), Some(7)));
+        assert_eq!(made.path.as_deref(), Some("/dev/carina/v"));
+        assert_eq!(made.observed_generation, Some(3));
+        assert_eq!(made.conditions[0].type_, READY);
+        assert_eq!(made.conditions[0].status, "True");
+        lv.status = Some(made);
+        let failed = failed_status(&lv, Code::ResourceExhausted, "full");
+        assert_eq!(failed.code, Some(Code::ResourceExhausted as i32));
+        assert_eq!(failed.message.as_deref(), Some("full"));
+        assert_eq!(failed.status.as_deref(), Some(STATUS_FAILED));
+        assert_eq!(failed.conditions[0].status, "False");
+        assert_eq!(
+            failed.volume_id.as_deref(),
+            Some("v@n"),
+            "a failure keeps the volume fields"
+        );
+        assert!(
+            settled_status(&lv).is_none(),
+            "success of this generation is recorded"
+        );
+        lv.metadata.generation = Some(4);
+        let settled = settled_status(&lv).expect("a new generation to record");
+        assert_eq!(settled.observed_generation, Some(4));
+        assert_eq!(settled.message.as_deref(), Some("volume ready"));
+        assert!(nothing_to_delete(Code::NotFound));
+        assert!(!nothing_to_delete(Code::Unavailable));
+    }
+}

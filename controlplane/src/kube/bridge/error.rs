@@ -1,0 +1,123 @@
+//! Why a `LogicVolume` reconcile failed ([`Error`]), the gRPC code each
+//! failure writes to `status.code`, and how soon each is worth trying again
+//! ([`Retry`]). Pure; no API calls here.
+
+use carina_csi::CsiError;
+use carina_proto::tls::TlsError;
+use kube::runtime::finalizer;
+use tonic::Code;
+
+use crate::kube::endpoints::EndpointError;
+
+/// Why a `LogicVolume` (or [`crate::kube::bridge_side::run`]) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A field of the object is unusable.
+    #[error("{field}: {reason}")]
+    Spec { field: &'static str, reason: String },
+    /// The node's endpoint cannot be told.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The node answered with an error or could not be reached.
+    #[error(transparent)]
+    Node(CsiError),
+    /// Writing the object's status failed.
+    #[error("write the status of LogicVolume {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Adding or removing the finalizer failed, or the step inside did.
+    #[error(transparent)]
+    Finalizer(Box<finalizer::Error<Error>>),
+    /// The client TLS material does not make a client configuration.
+    #[error("TLS client configuration: {0}")]
+    Tls(#[from] TlsError),
+}
+
+/// How soon an error is worth trying again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retry {
+    /// Transient: with the per-object backoff.
+    Soon,
+    /// Unlikely to change by itself: every `slow_retry`.
+    Later,
+    /// The request itself is wrong: not again for this generation.
+    Never,
+}
+
+pub(super) fn retry_of(code: Code) -> Retry {
+    match code {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled => Retry::Soon,
+        Code::InvalidArgument
+        | Code::AlreadyExists
+        | Code::ResourceExhausted
+        | Code::OutOfRange => Retry::Never,
+        _ => Retry::Later,
+    }
+}
+
+impl Error {
+    /// The gRPC code written to `status.code` for this error; `None` for
+    /// errors of the Kubernetes API, which are not the node's answer.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Error::Spec { .. } => Some(Code::InvalidArgument),
+            Error::Endpoint(_) => Some(Code::Unavailable),
+            Error::Node(e) => Some(e.code()),
+            Error::Finalizer(e) => match &**e {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.code(),
+                _ => None,
+            },
+            Error::Status { .. } | Error::Tls(_) => None,
+        }
+    }
+
+    pub(super) fn retry(&self) -> Retry {
+        match self {
+            Error::Endpoint(EndpointError::Api { .. }) => Retry::Soon,
+            Error::Endpoint(_) => Retry::Later,
+            Error::Finalizer(e) => match &**e {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.retry(),
+                finalizer::Error::AddFinalizer(_) | finalizer::Error::RemoveFinalizer(_) => {
+                    Retry::Soon
+                }
+                _ => Retry::Later,
+            },
+            Error::Status { .. } => Retry::Soon,
+            _ => self.code().map_or(Retry::Soon, retry_of),
+        }
+    }
+
+    pub(super) fn is_cleanup(&self) -> bool {
+        matches!(self, Error::Finalizer(e) if matches!(**e, finalizer::Error::CleanupFailed(_)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_classes() {
+        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Aborted] {
+            assert_eq!(retry_of(code), Retry::Soon, "{code:?}");
+        }
+        for code in [
+            Code::ResourceExhausted,
+            Code::InvalidArgument,
+            Code::AlreadyExists,
+        ] {
+            assert_eq!(retry_of(code), Retry::Never, "{code:?}");
+        }
+        for code in [Code::Internal, Code::FailedPrecondition, Code::Unknown] {
+            assert_eq!(retry_of(code), Retry::Later, "{code:?}");
+        }
+        let cleanup = Error::Finalizer(Box::new(finalizer::Error::CleanupFailed(Error::Node(
+            CsiError::ResourceExhausted("x".into()),
+        ))));
+        assert!(cleanup.is_cleanup());
+        assert_eq!(cleanup.code(), Some(Code::ResourceExhausted));
+    }
+}

@@ -1,0 +1,212 @@
+//! The reconcile steps carried out: [`apply`] (`CreateLV` or `ResizeLV` on
+//! the node, then the status and an Event), [`cleanup`] (`DeleteLV`), and
+//! [`fail`] (the failure into the status and a Warning Event). Each node
+//! call runs in a span that continues the object's trace. What to do and
+//! what to write comes from `decide`.
+
+use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, TRACEPARENT_ANNOTATION};
+use carina_csi::CsiError;
+use carina_proto::code_name;
+use carina_proto::nodestorage as pb;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tonic::Code;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::context::Context;
+use super::decide::{
+    Op, Plan, failed_status, made_status, nothing_to_delete, plan, settled_status,
+};
+use super::error::Error;
+use crate::kube::endpoints::EndpointError;
+
+/// Makes `span` a child of the W3C `traceparent` (ignored when
+/// malformed, or when no OpenTelemetry layer is installed).
+fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    let mut headers = http::HeaderMap::new();
+    if let Ok(value) = http::HeaderValue::from_str(traceparent) {
+        headers.insert("traceparent", value);
+        let _ = span.set_parent(carina_proto::trace::extract(&headers));
+    }
+}
+
+/// A span for one node call of `lv`, continuing its trace.
+fn node_span(lv: &LogicVolume, op: Op) -> tracing::Span {
+    let span = tracing::info_span!(
+        "bridge.node_call",
+        otel.name = %format!("bridge {}", op.rpc()),
+        volume.name = %lv.name_any(),
+        node.name = %lv.spec.node_name,
+        volume.group = %lv.spec.device_group,
+    );
+    if let Some(traceparent) = lv.annotations().get(TRACEPARENT_ANNOTATION) {
+        continue_trace(&span, traceparent);
+    }
+    span
+}
+
+/// Writes the failure to the status, publishes a Warning Event, and
+/// hands `error` to the error policy.
+pub(super) async fn fail(
+    lv: &LogicVolume,
+    ctx: &Context,
+    op: Op,
+    error: Error,
+) -> Result<Action, Error> {
+    let code = error.code().unwrap_or(Code::Unknown);
+    let message = error.to_string();
+    let status = failed_status(lv, code, &message);
+    ctx.event(
+        lv,
+        EventType::Warning,
+        op.failed_reason(),
+        op,
+        &format!("{}: {message}", code_name(code)),
+    )
+    .await;
+    ctx.write_status(&lv.name_any(), &status).await?;
+    Err(error)
+}
+
+pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
+    let (op, wanted) = match plan(lv) {
+        Plan::Wait => return Ok(Action::await_change()),
+        Plan::Invalid { op, error } => return fail(lv, ctx, op, error).await,
+        Plan::Settled => return settled(lv, ctx).await,
+        Plan::Call { op, wanted } => (op, wanted),
+    };
+    let name = lv.name_any();
+    let endpoint = match ctx.endpoint(lv).await {
+        Ok(e) => e,
+        Err(e) => return fail(lv, ctx, op, e.into()).await,
+    };
+    let clients = &ctx.clients;
+    let result = async {
+        match op {
+            Op::Create => {
+                let req = pb::CreateLvRequest {
+                    name: name.clone(),
+                    device_group: lv.spec.device_group.clone(),
+                    size_bytes: wanted,
+                    exclusive: lv
+                        .annotations()
+                        .get(EXCLUSIVE_ANNOTATION)
+                        .is_some_and(|v| v == "true"),
+                };
+                let what = format!("CreateLV {name}");
+                clients
+                    .call(
+                        &endpoint,
+                        &what,
+                        |mut c| async move { c.create_lv(req).await },
+                    )
+                    .await
+                    .map(|r| r.volume)
+            }
+            _ => {
+                let req = pb::ResizeLvRequest {
+                    name: name.clone(),
+                    size_bytes: wanted,
+                };
+                let what = format!("ResizeLV {name}");
+                clients
+                    .call(
+                        &endpoint,
+                        &what,
+                        |mut c| async move { c.resize_lv(req).await },
+                    )
+                    .await
+                    .map(|r| r.volume)
+            }
+        }
+    }
+    .instrument(node_span(lv, op))
+    .await;
+    let volume = match result {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            let e = CsiError::Internal(format!(
+                "node {}: {} {name} answered without a volume",
+                endpoint.node,
+                op.rpc()
+            ));
+            return fail(lv, ctx, op, Error::Node(e)).await;
+        }
+        Err(e) => return fail(lv, ctx, op, Error::Node(e)).await,
+    };
+    let message = format!(
+        "{} bytes in device group {} on node {}",
+        volume.size_bytes, volume.device_group, endpoint.node
+    );
+    let status = made_status(lv, &volume, &message);
+    ctx.write_status(&name, &status).await?;
+    let (reason, what) = match op {
+        Op::Create => ("Created", "created"),
+        _ => ("Resized", "resized"),
+    };
+    tracing::info!(volume.name = %name, node.name = %endpoint.node, bytes = volume.size_bytes, "volume {what}");
+    ctx.event(
+        lv,
+        EventType::Normal,
+        reason,
+        op,
+        &format!("volume {what}: {message}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Nothing to do on the node: record that this generation is done (after
+/// a failed resize whose size was taken back, or a change of other spec
+/// fields).
+async fn settled(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
+    if let Some(status) = settled_status(lv) {
+        ctx.write_status(&lv.name_any(), &status).await?;
+    }
+    Ok(Action::await_change())
+}
+
+pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
+    let name = lv.name_any();
+    let endpoint = match ctx.endpoint(lv).await {
+        Ok(e) => e,
+        Err(EndpointError::NoNode { node }) => {
+            let note = format!(
+                "node {node:?} has no Node object: nothing left to delete the volume on; releasing the object"
+            );
+            tracing::warn!(volume.name = %name, node.name = %node, "{note}");
+            ctx.event(lv, EventType::Warning, "NodeGone", Op::Delete, &note)
+                .await;
+            return Ok(Action::await_change());
+        }
+        Err(e) => return fail(lv, ctx, Op::Delete, e.into()).await,
+    };
+    let req = pb::DeleteLvRequest { name: name.clone() };
+    let what = format!("DeleteLV {name}");
+    let result = ctx
+        .clients
+        .call(
+            &endpoint,
+            &what,
+            |mut c| async move { c.delete_lv(req).await },
+        )
+        .instrument(node_span(lv, Op::Delete))
+        .await;
+    match result {
+        Ok(_) => {
+            tracing::info!(volume.name = %name, node.name = %endpoint.node, "volume deleted");
+            let note = format!("volume deleted on node {}", endpoint.node);
+            ctx.event(lv, EventType::Normal, "Deleted", Op::Delete, &note)
+                .await;
+            Ok(Action::await_change())
+        }
+        // No such volume, or a name no volume can have: nothing to delete.
+        Err(e) if nothing_to_delete(e.code()) => {
+            tracing::info!(volume.name = %name, node.name = %endpoint.node, reason = %e, "no volume to delete");
+            Ok(Action::await_change())
+        }
+        Err(e) => fail(lv, ctx, Op::Delete, Error::Node(e)).await,
+    }
+}
