@@ -8,9 +8,11 @@
 //!   election.
 //! - [`nodes`]: what both share about nodes: node specs, placement, the
 //!   NodeStorage client pool.
+//! - [`policy`]: the one mapping between wire policies and their names.
 //! - [`serve`]: CSI Identity and Controller on a unix socket.
 
 pub mod direct;
 pub mod kube;
 pub mod nodes;
+pub mod policy;
 pub mod serve;

@@ -30,7 +30,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use carina_api::policy;
 use carina_csi::params::FsType;
 use carina_csi::strategy::Strategy;
 use carina_csi::volume_id::VolumeId;
@@ -270,7 +269,7 @@ fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> O
     if !placement::policy_suits(req, lv.policy()) {
         return Some(format!(
             "a {} volume cannot serve this access",
-            policy_name(lv.policy())
+            crate::policy::name(lv.policy())
         ));
     }
     let accessible = req.accessibility.requisite.is_empty()
@@ -279,15 +278,6 @@ fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> O
         return Some("its node is outside the requested accessible topology".to_string());
     }
     None
-}
-
-fn policy_name(p: pb::Policy) -> &'static str {
-    match p {
-        pb::Policy::Lvm => policy::LVM,
-        pb::Policy::Raw => policy::RAW,
-        pb::Policy::Host => policy::HOST,
-        pb::Policy::Unspecified => policy::UNSPECIFIED,
-    }
 }
 
 /// The control plane's view of a node's volume.
@@ -311,7 +301,7 @@ fn provisioned(
     ctx.insert(context::GROUP.to_string(), lv.device_group.clone());
     ctx.insert(
         context::POLICY.to_string(),
-        policy_name(lv.policy()).to_string(),
+        crate::policy::name(lv.policy()).to_string(),
     );
     if let Some(fs) = fs_type {
         ctx.insert(context::FS_TYPE.to_string(), fs.as_str().to_string());

@@ -39,7 +39,7 @@ use super::status::{condition, now, truncate};
 use crate::nodes::pool::NodeClients;
 use carina_api::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceStatus, VgGroup,
-    capacity_key, policy,
+    capacity_key,
 };
 
 /// Field manager of the capacity publisher's writes.
@@ -399,15 +399,6 @@ impl Record {
     }
 }
 
-fn policy_name(p: pb::Policy) -> &'static str {
-    match p {
-        pb::Policy::Lvm => policy::LVM,
-        pb::Policy::Raw => policy::RAW,
-        pb::Policy::Host => policy::HOST,
-        pb::Policy::Unspecified => policy::UNSPECIFIED,
-    }
-}
-
 fn quota_name(q: pb::QuotaMode) -> Option<String> {
     match q {
         pb::QuotaMode::ProjectQuota => Some("project".into()),
@@ -437,7 +428,7 @@ fn report_status(
         allocatable.insert(capacity_key(&g.device_group), gib(g.allocatable_bytes));
         groups.push(DeviceGroupCapacity {
             name: g.device_group.clone(),
-            policy: policy_name(g.policy()).to_string(),
+            policy: crate::policy::name(g.policy()).to_string(),
             total_bytes: g.total_bytes,
             free_bytes: g.free_bytes,
             reserve_bytes: g.reserve_bytes,

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams};
 
 use super::error::api_error;
 use super::outcome::{bytes, failure};
-use super::records::{group_capacity, is_stale, node_spec, nsr_node, policy_name};
+use super::records::{group_capacity, is_stale, node_spec, nsr_node};
 use crate::nodes::placement::{self, NodeCapacity};
 use crate::nodes::spec::NodeSpec;
 
@@ -137,7 +137,7 @@ fn choose(
         .iter()
         .find(|(n, _)| n.name == best.node)
         .and_then(|(_, groups)| groups.iter().find(|g| g.device_group == best.group))
-        .map(|g| policy_name(g.policy()).to_string());
+        .map(|g| crate::policy::name(g.policy()).to_string());
     Ok(Target {
         node: best.node,
         group: best.group,

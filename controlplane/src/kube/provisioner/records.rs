@@ -3,7 +3,6 @@
 //! groups in the form [`crate::nodes::placement`] reads, and policy names
 //! both ways. Pure functions; no API calls here.
 
-use carina_api::policy;
 use carina_api::{DeviceGroupCapacity, NodeStorageResource};
 use carina_csi::{TOPOLOGY_KEY, Topology};
 use carina_proto::nodestorage as pb;
@@ -40,29 +39,11 @@ pub(super) fn node_spec(name: &str) -> NodeSpec {
     }
 }
 
-fn parse_policy(policy: &str) -> pb::Policy {
-    match policy {
-        policy::LVM => pb::Policy::Lvm,
-        policy::RAW => pb::Policy::Raw,
-        policy::HOST => pb::Policy::Host,
-        _ => pb::Policy::Unspecified,
-    }
-}
-
-pub(super) fn policy_name(p: pb::Policy) -> &'static str {
-    match p {
-        pb::Policy::Lvm => policy::LVM,
-        pb::Policy::Raw => policy::RAW,
-        pb::Policy::Host => policy::HOST,
-        pb::Policy::Unspecified => policy::UNSPECIFIED,
-    }
-}
-
 /// A published group in the form placement reads.
 pub(super) fn group_capacity(g: &DeviceGroupCapacity) -> pb::GroupCapacity {
     pb::GroupCapacity {
         device_group: g.name.clone(),
-        policy: parse_policy(&g.policy) as i32,
+        policy: crate::policy::from_name(&g.policy) as i32,
         total_bytes: g.total_bytes,
         free_bytes: g.free_bytes,
         reserve_bytes: g.reserve_bytes,
