@@ -1,0 +1,45 @@
+//! Carrying out the steps for block access: staging only makes sure the
+//! staging directory exists (no filesystem is mounted), and publishing
+//! bind-mounts the device node onto a target file. What to do was decided
+//! by [`super::plan`]; a failed step removes the file it created.
+
+use std::path::Path;
+
+use carina_sys::mount::{self, MountTable};
+
+use crate::error::CsiError;
+use crate::types::LocalVolume;
+
+use super::observe::canonical_or_self;
+use super::plan::{other_publications, single_writer};
+use super::target::{create_dir, create_file, undo_create_on_error};
+
+/// Creates the staging directory, which stays empty for block access.
+pub(super) async fn stage(staging: &Path) -> Result<(), CsiError> {
+    create_dir(staging).await.map(|_| ())
+}
+
+/// Bind-mounts `device` onto the file `target`; a single writer is refused
+/// first if the device node shows elsewhere.
+pub(super) async fn publish(
+    vol: &LocalVolume,
+    device: &Path,
+    target: &Path,
+    options: &[String],
+    create: bool,
+    exclusive: bool,
+) -> Result<(), CsiError> {
+    if exclusive {
+        let table = MountTable::read().await?;
+        let device = canonical_or_self(device).await?;
+        if let Some((major, minor, root)) = table.locate(&device) {
+            let others = other_publications(&table, (major, minor, &root), &[target]);
+            single_writer(vol, &others)?;
+        }
+    }
+    let created = create && create_file(target).await?;
+    let result = mount::bind_mount(device, target, options)
+        .await
+        .map_err(CsiError::from);
+    undo_create_on_error(result, target, created).await
+}

@@ -1,0 +1,76 @@
+//! Carrying out the steps for mount access: formatting a blank device and
+//! mounting it at the staging path, bind-mounting a directory volume there,
+//! and bind-mounting the staged filesystem onto a publish target. What to
+//! do was decided by [`super::plan`]; a failed step removes the directory
+//! it created.
+
+use std::path::Path;
+
+use carina_sys::format::{self, FsType};
+use carina_sys::mount::{self, MountEntry, MountTable};
+
+use crate::error::CsiError;
+use crate::types::LocalVolume;
+
+use super::plan::{other_publications, single_writer};
+use super::target::{create_dir, undo_create_on_error};
+
+/// Formats `device` if blank (with `fs`, ext4 if none) and mounts it at
+/// `staging` with `flags`.
+pub(super) async fn stage_device(
+    device: &Path,
+    staging: &Path,
+    fs: Option<FsType>,
+    flags: &[String],
+    create: bool,
+) -> Result<(), CsiError> {
+    let created = create && create_dir(staging).await?;
+    let result = async {
+        let fs = format::ensure_filesystem(device, fs).await?;
+        mount::mount(device, staging, fs.fs.as_str(), flags).await?;
+        Ok::<_, CsiError>(())
+    }
+    .await;
+    undo_create_on_error(result, staging, created).await
+}
+
+/// Bind-mounts the directory volume `dir` at `staging` with `flags`.
+pub(super) async fn stage_directory(
+    dir: &Path,
+    staging: &Path,
+    flags: &[String],
+    create: bool,
+) -> Result<(), CsiError> {
+    let created = create && create_dir(staging).await?;
+    let result = mount::bind_mount(dir, staging, flags)
+        .await
+        .map_err(CsiError::from);
+    undo_create_on_error(result, staging, created).await
+}
+
+/// Bind-mounts the filesystem `staged` at `staging` onto the directory
+/// `target`; a single writer is refused first if it shows elsewhere.
+pub(super) async fn publish(
+    vol: &LocalVolume,
+    staged: &MountEntry,
+    staging: &Path,
+    target: &Path,
+    options: &[String],
+    create: bool,
+    exclusive: bool,
+) -> Result<(), CsiError> {
+    if exclusive {
+        let table = MountTable::read().await?;
+        let others = other_publications(
+            &table,
+            (staged.major, staged.minor, &staged.root),
+            &[&staged.mount_point, target],
+        );
+        single_writer(vol, &others)?;
+    }
+    let created = create && create_dir(target).await?;
+    let result = mount::bind_mount(staging, target, options)
+        .await
+        .map_err(CsiError::from);
+    undo_create_on_error(result, target, created).await
+}

@@ -1,0 +1,654 @@
+//! The CSI Node service over a [`LocalVolumes`] back end.
+//!
+//! - **Stage** (`STAGE_UNSTAGE_VOLUME`): a block volume with mount access is
+//!   formatted if blank (fs type from `volume_capability.mount.fs_type`,
+//!   else `volume_context["csi.storage.k8s.io/fstype"]`, else ext4) and
+//!   mounted at the staging path with the mount flags; with block access
+//!   nothing is mounted there. A directory volume is bind-mounted there.
+//! - **Publish**: mount access bind-mounts the staging path onto the target
+//!   directory (read-only when `readonly` or the mode is
+//!   `SINGLE_NODE_READER_ONLY`); block access bind-mounts the device node
+//!   onto a target file. The service creates the target and removes it on
+//!   unpublish; the CO creates its parent (and the staging directory, which
+//!   is created here too if missing, and never removed).
+//! - **Expand** grows a mounted filesystem to its device; **stats** are
+//!   statvfs (or the device size for block access) plus a volume condition.
+//!
+//! Every answer is decided from what the kernel says now (mountinfo,
+//! stat), never from memory, so each call is idempotent and survives a
+//! restart: staged or published again with the same arguments is OK, with
+//! incompatible ones `ALREADY_EXISTS`. A second call on a volume id whose
+//! first call is still running is `ABORTED`.
+//!
+//! Codes: missing or malformed fields `INVALID_ARGUMENT` (naming the
+//! field), a volume that is not on this node `NOT_FOUND`, a state that does
+//! not allow the call (not staged, device of another kind, an occupied
+//! device) `FAILED_PRECONDITION`, command failures `INTERNAL` with the
+//! command line and stderr.
+//!
+//! The files of this module: `validate` checks the request at the edge,
+//! `observe` reads what the kernel says, `plan` decides from that what a
+//! stage or publish takes (pure functions), `filesystem` and `block` carry
+//! the step out for mount and block access (`target` creates and removes
+//! the paths), and `stats` answers stats and expansion. This file holds the
+//! service and its RPCs, which run those in that order.
+
+mod block;
+mod filesystem;
+mod observe;
+mod plan;
+mod stats;
+mod target;
+mod validate;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use carina_proto::csi;
+use carina_proto::csi::node_service_capability::rpc::Type as RpcType;
+use carina_sys::mount;
+use tonic::{Code, Request, Response, Status};
+
+use crate::TOPOLOGY_KEY;
+use crate::busy::{BusyNames, Held, busy_message};
+use crate::error::CsiError;
+use crate::types::{LocalVolume, LocalVolumes};
+
+use observe::{inspect, source};
+use plan::{PublishStep, StageStep, plan_publish, plan_stage, publish_options};
+use validate::{
+    Access, absolute, capability, publish_read_only, publish_staging, requested_fs, required,
+    required_bytes,
+};
+
+/// The Node service; serve it with
+/// `carina_proto::csi::node_server::NodeServer::new(NodeService::new(..))`.
+#[derive(Debug)]
+pub struct NodeService<L> {
+    volumes: Arc<L>,
+    busy: BusyNames,
+}
+
+impl<L> Clone for NodeService<L> {
+    fn clone(&self) -> Self {
+        NodeService {
+            volumes: self.volumes.clone(),
+            busy: self.busy.clone(),
+        }
+    }
+}
+
+impl<L: LocalVolumes> NodeService<L> {
+    pub fn new(volumes: L) -> Self {
+        Self::from_arc(Arc::new(volumes))
+    }
+
+    /// A service sharing `volumes` with its caller.
+    pub fn from_arc(volumes: Arc<L>) -> Self {
+        NodeService {
+            volumes,
+            busy: BusyNames::default(),
+        }
+    }
+
+    /// Takes the volume id for one call, or `ABORTED` if a call holds it.
+    fn lock(&self, volume_id: &str) -> Result<Held, CsiError> {
+        self.busy
+            .try_hold(volume_id)
+            .ok_or_else(|| CsiError::Aborted(busy_message(volume_id)))
+    }
+
+    /// The volume, or `NOT_FOUND` if it is not on this node.
+    async fn local(&self, volume_id: &str) -> Result<LocalVolume, CsiError> {
+        self.volumes.find(volume_id).await?.ok_or_else(|| {
+            CsiError::NotFound(format!(
+                "volume {volume_id:?} does not exist on node {:?}",
+                self.volumes.node_id()
+            ))
+        })
+    }
+
+    async fn stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), CsiError> {
+        required("volume_id", &req.volume_id)?;
+        let staging = absolute("staging_target_path", &req.staging_target_path)?;
+        let cap = capability("volume_capability", req.volume_capability.as_ref())?;
+        let requested_fs = requested_fs(&cap, &req.volume_context)?;
+        let _busy = self.lock(&req.volume_id)?;
+        let vol = self.local(&req.volume_id).await?;
+        let src = source(&vol).await?;
+        let at = inspect(&staging, &vol.kind, &src).await?;
+        match plan_stage(&vol, &cap, requested_fs, &staging, &at)? {
+            StageStep::Done => Ok(()),
+            StageStep::MakeDir => block::stage(&staging).await,
+            StageStep::MountDevice {
+                device,
+                fs,
+                flags,
+                create_dir,
+            } => filesystem::stage_device(device, &staging, fs, flags, create_dir).await,
+            StageStep::BindDirectory {
+                dir,
+                flags,
+                create_dir,
+            } => filesystem::stage_directory(dir, &staging, flags, create_dir).await,
+        }
+    }
+
+    async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
+        required("volume_id", &req.volume_id)?;
+        let staging = absolute("staging_target_path", &req.staging_target_path)?;
+        let _busy = self.lock(&req.volume_id)?;
+        // Not looked up: a CO must be able to clean up after the volume
+        // itself is gone. The staging directory belongs to the CO.
+        mount::unmount_all(&staging).await?;
+        Ok(())
+    }
+
+    async fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), CsiError> {
+        required("volume_id", &req.volume_id)?;
+        let target = absolute("target_path", &req.target_path)?;
+        let staging = publish_staging(&req.staging_target_path)?;
+        let cap = capability("volume_capability", req.volume_capability.as_ref())?;
+        if target == staging {
+            return Err(CsiError::invalid(
+                "target_path",
+                "must differ from staging_target_path",
+            ));
+        }
+        let read_only = publish_read_only(req.readonly, &cap);
+        let options = publish_options(read_only);
+        let _busy = self.lock(&req.volume_id)?;
+        let vol = self.local(&req.volume_id).await?;
+        let src = source(&vol).await?;
+        let parent = target.parent().unwrap_or(std::path::Path::new("/"));
+        if !observe::stat(parent).await?.is_some_and(|m| m.is_dir()) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "the parent directory of target_path, {}, does not exist (the CO creates it)",
+                parent.display()
+            )));
+        }
+        let at = inspect(&target, &vol.kind, &src).await?;
+        // Mount access publishes the staged filesystem, so it must be there.
+        let staged = match cap.access {
+            Access::Mount { .. } => Some(inspect(&staging, &vol.kind, &src).await?),
+            Access::Block => None,
+        };
+        let step = plan_publish(
+            &vol,
+            &cap,
+            read_only,
+            &target,
+            &staging,
+            &at,
+            staged.as_ref(),
+        )?;
+        match step {
+            PublishStep::Done => Ok(()),
+            PublishStep::BindStaging {
+                staged,
+                create_dir,
+                single_writer,
+            } => {
+                filesystem::publish(
+                    &vol,
+                    staged,
+                    &staging,
+                    &target,
+                    &options,
+                    create_dir,
+                    single_writer,
+                )
+                .await
+            }
+            PublishStep::BindDevice {
+                device,
+                create_file,
+                single_writer,
+            } => block::publish(&vol, device, &target, &options, create_file, single_writer).await,
+        }
+    }
+
+    async fn unpublish(&self, req: csi::NodeUnpublishVolumeRequest) -> Result<(), CsiError> {
+        required("volume_id", &req.volume_id)?;
+        let target = absolute("target_path", &req.target_path)?;
+        let _busy = self.lock(&req.volume_id)?;
+        // Not looked up, like unstage: cleaning up must work without it.
+        mount::unmount_all(&target).await?;
+        target::remove_target(&target).await
+    }
+
+    async fn stats(
+        &self,
+        req: csi::NodeGetVolumeStatsRequest,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, CsiError> {
+        required("volume_id", &req.volume_id)?;
+        required("volume_path", &req.volume_path)?;
+        let vol = self.local(&req.volume_id).await?;
+        stats::volume_stats(&vol, &req.volume_path).await
+    }
+
+    async fn expand(
+        &self,
+        req: csi::NodeExpandVolumeRequest,
+    ) -> Result<csi::NodeExpandVolumeResponse, CsiError> {
+        required("volume_id", &req.volume_id)?;
+        required("volume_path", &req.volume_path)?;
+        let cap = match &req.volume_capability {
+            Some(c) => Some(capability("volume_capability", Some(c))?),
+            None => None,
+        };
+        let required_bytes = required_bytes(req.capacity_range.as_ref())?;
+        let _busy = self.lock(&req.volume_id)?;
+        let vol = self.local(&req.volume_id).await?;
+        stats::expand(&vol, &req.volume_path, cap, required_bytes).await
+    }
+
+    fn info(&self) -> csi::NodeGetInfoResponse {
+        let node = self.volumes.node_id().to_string();
+        csi::NodeGetInfoResponse {
+            node_id: node.clone(),
+            max_volumes_per_node: i64::try_from(self.volumes.max_volumes()).unwrap_or(i64::MAX),
+            accessible_topology: Some(csi::Topology {
+                segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node)]),
+            }),
+        }
+    }
+}
+
+/// The Node RPCs this service implements.
+pub const NODE_CAPABILITIES: [RpcType; 5] = [
+    RpcType::StageUnstageVolume,
+    RpcType::ExpandVolume,
+    RpcType::GetVolumeStats,
+    RpcType::VolumeCondition,
+    // The node accepts SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER,
+    // as the controller does; the spec asks both sides to say so.
+    RpcType::SingleNodeMultiWriter,
+];
+
+/// Answers a call, logging node-side failures at ERROR and the caller's
+/// mistakes (and expected states) at INFO, inside the RPC's span.
+fn answer<T>(result: Result<T, CsiError>) -> Result<Response<T>, Status> {
+    match result {
+        Ok(v) => Ok(Response::new(v)),
+        Err(e) => {
+            let status = Status::from(e);
+            match status.code() {
+                Code::Internal | Code::Unknown | Code::DeadlineExceeded | Code::Unavailable => {
+                    tracing::error!(code = ?status.code(), error = %status.message(), "failed")
+                }
+                code => tracing::info!(code = ?code, error = %status.message(), "refused"),
+            }
+            Err(status)
+        }
+    }
+}
+
+#[async_trait]
+impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
+    #[tracing::instrument(name = "Node/NodeStageVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        answer(
+            self.stage(request.into_inner())
+                .await
+                .map(|()| csi::NodeStageVolumeResponse {}),
+        )
+    }
+
+    #[tracing::instrument(name = "Node/NodeUnstageVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        answer(
+            self.unstage(request.into_inner())
+                .await
+                .map(|()| csi::NodeUnstageVolumeResponse {}),
+        )
+    }
+
+    #[tracing::instrument(name = "Node/NodePublishVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        answer(
+            self.publish(request.into_inner())
+                .await
+                .map(|()| csi::NodePublishVolumeResponse {}),
+        )
+    }
+
+    #[tracing::instrument(name = "Node/NodeUnpublishVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        answer(
+            self.unpublish(request.into_inner())
+                .await
+                .map(|()| csi::NodeUnpublishVolumeResponse {}),
+        )
+    }
+
+    #[tracing::instrument(name = "Node/NodeGetVolumeStats", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        answer(self.stats(request.into_inner()).await)
+    }
+
+    #[tracing::instrument(name = "Node/NodeExpandVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        answer(self.expand(request.into_inner()).await)
+    }
+
+    #[tracing::instrument(name = "Node/NodeGetCapabilities", skip_all)]
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        let capabilities = NODE_CAPABILITIES
+            .iter()
+            .map(|t| csi::NodeServiceCapability {
+                r#type: Some(csi::node_service_capability::Type::Rpc(
+                    csi::node_service_capability::Rpc { r#type: *t as i32 },
+                )),
+            })
+            .collect();
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    #[tracing::instrument(name = "Node/NodeGetInfo", skip_all)]
+    async fn node_get_info(
+        &self,
+        _request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(self.info()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context;
+    use crate::types::LocalKind;
+    use csi::node_server::Node;
+    use csi::volume_capability::access_mode::Mode;
+    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::sync::Notify;
+
+    /// Volumes in memory; `find` can be held until released.
+    #[derive(Default)]
+    struct Fake {
+        volumes: HashMap<String, LocalVolume>,
+        hold: AtomicBool,
+        entered: Notify,
+        release: Notify,
+    }
+
+    #[async_trait]
+    impl LocalVolumes for Fake {
+        fn node_id(&self) -> &str {
+            "node-a"
+        }
+        fn max_volumes(&self) -> u64 {
+            7
+        }
+        async fn find(&self, volume_id: &str) -> Result<Option<LocalVolume>, CsiError> {
+            if self.hold.load(Ordering::SeqCst) {
+                self.entered.notify_one();
+                self.release.notified().await;
+            }
+            Ok(self.volumes.get(volume_id).cloned())
+        }
+    }
+
+    fn fake() -> Fake {
+        let mut f = Fake::default();
+        f.volumes.insert(
+            "v1@node-a".into(),
+            LocalVolume {
+                volume_id: "v1@node-a".into(),
+                kind: LocalKind::Block {
+                    device: "/dev/null-carina-test".into(),
+                },
+                size_bytes: 1 << 30,
+            },
+        );
+        f
+    }
+
+    fn mount_cap(mode: Mode, fs: &str) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: fs.into(),
+                ..Default::default()
+            })),
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    fn stage_req(id: &str, cap: Option<csi::VolumeCapability>) -> csi::NodeStageVolumeRequest {
+        csi::NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: "/carina-test/staging".into(),
+            volume_capability: cap,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_requests_name_the_field() {
+        let node = NodeService::new(fake());
+        let ok_cap = || Some(mount_cap(Mode::SingleNodeWriter, "ext4"));
+        let cases: Vec<(csi::NodeStageVolumeRequest, Code, &str)> = vec![
+            (stage_req("", ok_cap()), Code::InvalidArgument, "volume_id"),
+            (
+                csi::NodeStageVolumeRequest {
+                    staging_target_path: String::new(),
+                    ..stage_req("v1@node-a", ok_cap())
+                },
+                Code::InvalidArgument,
+                "staging_target_path",
+            ),
+            (
+                csi::NodeStageVolumeRequest {
+                    staging_target_path: "relative/path".into(),
+                    ..stage_req("v1@node-a", ok_cap())
+                },
+                Code::InvalidArgument,
+                "staging_target_path",
+            ),
+            (
+                stage_req("v1@node-a", None),
+                Code::InvalidArgument,
+                "volume_capability",
+            ),
+            (
+                stage_req(
+                    "v1@node-a",
+                    Some(mount_cap(Mode::MultiNodeMultiWriter, "ext4")),
+                ),
+                Code::InvalidArgument,
+                "volume_capability.access_mode.mode",
+            ),
+            (
+                stage_req("v1@node-a", Some(mount_cap(Mode::Unknown, "ext4"))),
+                Code::InvalidArgument,
+                "volume_capability.access_mode.mode",
+            ),
+            (
+                stage_req(
+                    "v1@node-a",
+                    Some(mount_cap(Mode::SingleNodeWriter, "btrfs")),
+                ),
+                Code::InvalidArgument,
+                "volume_capability.mount.fs_type",
+            ),
+            (
+                stage_req(
+                    "v1@node-a",
+                    Some(csi::VolumeCapability {
+                        access_type: None,
+                        access_mode: Some(AccessMode { mode: 1 }),
+                    }),
+                ),
+                Code::InvalidArgument,
+                "volume_capability.access_type",
+            ),
+            (
+                csi::NodeStageVolumeRequest {
+                    volume_context: HashMap::from([(context::FS_TYPE.into(), "zfs".into())]),
+                    ..stage_req("v1@node-a", Some(mount_cap(Mode::SingleNodeWriter, "")))
+                },
+                Code::InvalidArgument,
+                "volume_context[\"csi.storage.k8s.io/fstype\"]",
+            ),
+            (
+                stage_req("v9@node-b", ok_cap()),
+                Code::NotFound,
+                "does not exist on node \"node-a\"",
+            ),
+        ];
+        for (req, code, text) in cases {
+            let err = node
+                .node_stage_volume(Request::new(req.clone()))
+                .await
+                .expect_err("refused");
+            assert_eq!(err.code(), code, "{req:?}: {err:?}");
+            assert!(err.message().contains(text), "{req:?}: {}", err.message());
+        }
+
+        let publish = |target: &str, staging: &str| csi::NodePublishVolumeRequest {
+            volume_id: "v1@node-a".into(),
+            target_path: target.into(),
+            staging_target_path: staging.into(),
+            volume_capability: Some(csi::VolumeCapability {
+                access_type: Some(AccessType::Block(BlockVolume {})),
+                access_mode: Some(AccessMode { mode: 1 }),
+            }),
+            ..Default::default()
+        };
+        for (req, field) in [
+            (publish("", "/s"), "target_path"),
+            (publish("t", "/s"), "target_path"),
+            (publish("/t", ""), "staging_target_path"),
+            (publish("/s", "/s"), "target_path"),
+        ] {
+            let err = node
+                .node_publish_volume(Request::new(req))
+                .await
+                .expect_err("refused");
+            assert_eq!(err.code(), Code::InvalidArgument);
+            assert!(err.message().starts_with(field), "{}", err.message());
+        }
+
+        let err = node
+            .node_unpublish_volume(Request::new(csi::NodeUnpublishVolumeRequest {
+                volume_id: "v1@node-a".into(),
+                target_path: String::new(),
+            }))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument);
+        let err = node
+            .node_get_volume_stats(Request::new(csi::NodeGetVolumeStatsRequest {
+                volume_id: "v1@node-a".into(),
+                ..Default::default()
+            }))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().starts_with("volume_path"));
+        // Not found comes before the path check, as csi-sanity expects.
+        let err = node
+            .node_expand_volume(Request::new(csi::NodeExpandVolumeRequest {
+                volume_id: "gone@node-a".into(),
+                volume_path: "some/path".into(),
+                ..Default::default()
+            }))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::NotFound);
+    }
+
+    #[tokio::test]
+    async fn second_call_on_a_busy_volume_is_aborted() {
+        let f = fake();
+        f.hold.store(true, Ordering::SeqCst);
+        let f = Arc::new(f);
+        let node = NodeService::from_arc(f.clone());
+        let first = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                node.node_stage_volume(Request::new(stage_req(
+                    "v1@node-a",
+                    Some(mount_cap(Mode::SingleNodeWriter, "")),
+                )))
+                .await
+            })
+        };
+        f.entered.notified().await;
+        let err = node
+            .node_unstage_volume(Request::new(csi::NodeUnstageVolumeRequest {
+                volume_id: "v1@node-a".into(),
+                staging_target_path: "/carina-test/staging".into(),
+            }))
+            .await
+            .expect_err("busy");
+        assert_eq!(err.code(), Code::Aborted, "{err:?}");
+        f.hold.store(false, Ordering::SeqCst);
+        f.release.notify_one();
+        // The first call goes on (and fails: the fake device does not exist).
+        let first = first.await.expect("joined").expect_err("no such device");
+        assert_eq!(first.code(), Code::FailedPrecondition, "{first:?}");
+        // Released: the id is free again.
+        let err = node
+            .node_stage_volume(Request::new(stage_req(
+                "v1@node-a",
+                Some(mount_cap(Mode::SingleNodeWriter, "")),
+            )))
+            .await
+            .expect_err("no such device");
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn info_and_capabilities() {
+        let node = NodeService::new(fake());
+        let info = node
+            .node_get_info(Request::new(csi::NodeGetInfoRequest {}))
+            .await
+            .expect("info")
+            .into_inner();
+        assert_eq!(info.node_id, "node-a");
+        assert_eq!(info.max_volumes_per_node, 7);
+        assert_eq!(
+            info.accessible_topology.expect("topology").segments,
+            HashMap::from([(TOPOLOGY_KEY.to_string(), "node-a".to_string())])
+        );
+        let caps: Vec<i32> = node
+            .node_get_capabilities(Request::new(csi::NodeGetCapabilitiesRequest {}))
+            .await
+            .expect("caps")
+            .into_inner()
+            .capabilities
+            .into_iter()
+            .filter_map(|c| c.r#type)
+            .map(|csi::node_service_capability::Type::Rpc(r)| r.r#type)
+            .collect();
+        assert_eq!(caps, [1, 3, 2, 4, 5]);
+    }
+}
