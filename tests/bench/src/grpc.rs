@@ -230,8 +230,6 @@ pub async fn node_memory() -> Result<Vec<Entry>> {
         .arg(&key)
         .arg("--tls-ca")
         .arg(&ca_file)
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -253,7 +251,13 @@ pub async fn node_memory() -> Result<Vec<Entry>> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut c = c.context("carina-node did not come up")?;
+    let mut c = match (c, child.try_wait()?) {
+        (Some(c), _) => c,
+        (None, Some(status)) => {
+            bail!("carina-node exited at start ({status}); run it by hand to see why")
+        }
+        (None, None) => bail!("carina-node did not come up within 10 s"),
+    };
     c.capacity(pb::CapacityRequest::default()).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = rss_mib(pid)?;
