@@ -68,6 +68,22 @@ pub fn satisfies(range: &CapacityRange, size: u64) -> bool {
     size >= range.required_bytes && (range.limit_bytes == 0 || size <= range.limit_bytes)
 }
 
+/// Why an existing volume of `size` (`None`: unknown) does not satisfy
+/// `range`, in the words every provisioner uses; `None` if it does.
+pub fn unsatisfied(range: &CapacityRange, size: Option<u64>) -> Option<String> {
+    if size.is_some_and(|s| satisfies(range, s)) {
+        return None;
+    }
+    let limit = match range.limit_bytes {
+        0 => "unlimited".to_string(),
+        l => l.to_string(),
+    };
+    Some(format!(
+        "the request asks for {}..{limit} bytes",
+        range.required_bytes
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,5 +149,18 @@ mod tests {
         assert!(satisfies(&r(10, 0), 12));
         assert!(!satisfies(&r(10, 11), 12));
         assert!(!satisfies(&r(13, 0), 12));
+    }
+
+    #[test]
+    fn unsatisfied_says_the_range() {
+        assert_eq!(unsatisfied(&r(MIB, 0), Some(MIB)), None);
+        assert_eq!(
+            unsatisfied(&r(MIB, 2 * MIB), Some(4 * MIB)).as_deref(),
+            Some("the request asks for 1048576..2097152 bytes")
+        );
+        assert_eq!(
+            unsatisfied(&r(MIB, 0), None).as_deref(),
+            Some("the request asks for 1048576..unlimited bytes")
+        );
     }
 }

@@ -245,15 +245,8 @@ fn fs_type(req: &VolumeRequest) -> Option<FsType> {
 
 /// Why an existing volume does not satisfy `req`, if it does not.
 fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> Option<String> {
-    if !sizes::satisfies(&req.capacity, lv.size_bytes) {
-        return Some(format!(
-            "the request asks for {}..{} bytes",
-            req.capacity.required_bytes,
-            match req.capacity.limit_bytes {
-                0 => "unlimited".to_string(),
-                l => l.to_string(),
-            }
-        ));
+    if let Some(why) = sizes::unsatisfied(&req.capacity, Some(lv.size_bytes)) {
+        return Some(why);
     }
     if let Some(g) = &req.parameters.group
         && *g != lv.device_group

@@ -125,16 +125,8 @@ pub(super) fn incompatible(
     lv: &LogicVolume,
     policy: Option<&str>,
 ) -> Option<String> {
-    let size = current_bytes(lv);
-    if !size.is_some_and(|s| sizes::satisfies(&req.capacity, s)) {
-        return Some(format!(
-            "the request asks for {}..{} bytes",
-            req.capacity.required_bytes,
-            match req.capacity.limit_bytes {
-                0 => "unlimited".to_string(),
-                l => l.to_string(),
-            }
-        ));
+    if let Some(why) = sizes::unsatisfied(&req.capacity, current_bytes(lv)) {
+        return Some(why);
     }
     if let Some(g) = &req.parameters.group
         && *g != lv.spec.device_group
