@@ -307,6 +307,20 @@ pub async fn disks_with_our_partitions(disks: &[Disk]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// The disk, partition and ownership of our volume `name`, or
+/// `VolumeNotFound`.
+fn find_volume<'v>(
+    views: &'v [DiskView],
+    name: &str,
+) -> Result<(&'v DiskView, &'v Part, &'v Owner)> {
+    views
+        .iter()
+        .find_map(|v| v.find(name).map(|(p, o)| (v, p, o)))
+        .ok_or_else(|| Error::VolumeNotFound {
+            name: name.to_string(),
+        })
+}
+
 #[async_trait]
 impl Backend for RawGroup {
     fn config(&self) -> &GroupConfig {
@@ -364,18 +378,10 @@ impl Backend for RawGroup {
         Ok(out)
     }
 
-    async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
+    async fn resize(&self, name: &str, size: u64) -> Result<Volume> {
         // Rounded to UNIT_BYTES and larger than the volume: the engine's checks.
-        let size = size_bytes;
         let views = self.views().await?;
-        let Some((view, part, owner)) = views
-            .iter()
-            .find_map(|v| v.find(name).map(|(p, o)| (v, p, o)))
-        else {
-            return Err(Error::VolumeNotFound {
-                name: name.to_string(),
-            });
-        };
+        let (view, part, owner) = find_volume(&views, name)?;
         let current = view.bytes(part.entry.size);
         let refuse = |reason: String| Error::FailedPrecondition {
             operation: "resize",
@@ -449,14 +455,7 @@ impl Backend for RawGroup {
 
     async fn delete(&self, name: &str) -> Result<()> {
         let views = self.views().await?;
-        let Some((view, part, owner)) = views
-            .iter()
-            .find_map(|v| v.find(name).map(|(p, o)| (v, p, o)))
-        else {
-            return Err(Error::VolumeNotFound {
-                name: name.to_string(),
-            });
-        };
+        let (view, part, owner) = find_volume(&views, name)?;
         let number = part.entry.number;
         let path = &view.disk.path;
         let node = self.volume(view, part, owner).await?.device_path;
