@@ -214,6 +214,11 @@ impl Engine {
     #[instrument(skip(self), err(level = "info"), fields(volume.name = %name))]
     pub async fn get_volume(&self, name: &str) -> Result<Volume> {
         names::check_volume_name(name)?;
+        self.existing(name).await
+    }
+
+    /// The volume of that name, or `VolumeNotFound`.
+    async fn existing(&self, name: &str) -> Result<Volume> {
         self.find(name).await?.ok_or_else(|| Error::VolumeNotFound {
             name: name.to_string(),
         })
@@ -238,12 +243,7 @@ impl Engine {
         names::check_volume_name(name)?;
         names::check_size("size_bytes", size_bytes)?;
         let _guard = self.inner.locks.try_lock(name)?;
-        let existing = self
-            .find(name)
-            .await?
-            .ok_or_else(|| Error::VolumeNotFound {
-                name: name.to_string(),
-            })?;
+        let existing = self.existing(name).await?;
         let slot = self.slot(&existing.group).await?;
         let rounded = slot.backend.round_size(size_bytes).ok_or_else(|| {
             Error::invalid(
@@ -281,12 +281,7 @@ impl Engine {
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         names::check_volume_name(name)?;
         let _guard = self.inner.locks.try_lock(name)?;
-        let existing = self
-            .find(name)
-            .await?
-            .ok_or_else(|| Error::VolumeNotFound {
-                name: name.to_string(),
-            })?;
+        let existing = self.existing(name).await?;
         let slot = self.slot(&existing.group).await?;
         {
             let _m = slot.mutate.lock().await;
