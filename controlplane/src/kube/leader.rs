@@ -173,6 +173,10 @@ impl LeaderElector {
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut observed: Option<Observed> = None;
         let mut last_renewal: Option<Instant> = None;
+        // Whether the last attempt failed: its write may still have landed
+        // (a lost answer, a timeout), so this replica may hold the lease
+        // without knowing.
+        let mut outcome_unknown = false;
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -192,7 +196,7 @@ impl LeaderElector {
             // on the answer would hold the lease without knowing, so no one
             // releases it and the standby waits for it to expire. The
             // attempt is bounded by `budget`; it finishes, then the lease is
-            // released if it was won.
+            // released if it was won or if its outcome is unknown.
             let mut stopping = false;
             let attempt = {
                 let call =
@@ -206,6 +210,7 @@ impl LeaderElector {
                     }
                 }
             };
+            outcome_unknown = attempt.is_err();
             match attempt {
                 Ok(true) => {
                     last_renewal = Some(Instant::now());
@@ -236,7 +241,9 @@ impl LeaderElector {
             }
         }
         let was_leader = leading.send_replace(false);
-        if was_leader {
+        // Release reads the lease first and clears only a holder that is
+        // this replica, so it is safe when in doubt.
+        if was_leader || outcome_unknown {
             match self
                 .with_timeout("release", self.config.renew_deadline, self.release())
                 .await
@@ -481,6 +488,8 @@ pub async fn while_leading<F, Fut>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
 
     #[test]
@@ -552,5 +561,95 @@ mod tests {
             .await
             .expect("while_leading returns on shutdown")
             .expect("no panic");
+    }
+
+    /// A stand-in for the apiserver's Lease endpoints: it keeps one Lease,
+    /// and answers a create only after `create_delay`, once the write has
+    /// landed (an answer lost or late, as behind a slow network).
+    fn lease_server(create_delay: Duration) -> (Client, Arc<Mutex<Option<Lease>>>) {
+        let stored: Arc<Mutex<Option<Lease>>> = Arc::default();
+        let state = Arc::clone(&stored);
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let state = Arc::clone(&state);
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect_bytes().await?;
+                let reply = |code: u16, value: serde_json::Value| {
+                    http::Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(value.to_string().into_bytes()))
+                };
+                let current = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let response = match parts.method {
+                    http::Method::GET => match current {
+                        Some(lease) => reply(200, serde_json::to_value(lease)?),
+                        None => reply(
+                            404,
+                            serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                                "status": "Failure", "reason": "NotFound", "code": 404,
+                                "message": "leases not found"}),
+                        ),
+                    },
+                    http::Method::POST | http::Method::PUT => {
+                        let mut lease: Lease = serde_json::from_slice(&body)?;
+                        lease.metadata.resource_version = Some("1".into());
+                        *state.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease.clone());
+                        if parts.method == http::Method::POST {
+                            tokio::time::sleep(create_delay).await;
+                        }
+                        reply(200, serde_json::to_value(lease)?)
+                    }
+                    _ => reply(405, serde_json::json!({})),
+                };
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response?)
+            }
+        });
+        (Client::new(service, "kube-system"), stored)
+    }
+
+    /// A shutdown during an acquire whose answer comes too late: the
+    /// write landed, so the replica holds the lease without knowing, and
+    /// it must release it rather than leave it to expire.
+    #[tokio::test]
+    async fn a_shutdown_after_an_unanswered_acquire_releases_the_lease() {
+        let config = LeaseConfig {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_millis(500),
+            retry_period: Duration::from_millis(100),
+            ..LeaseConfig::new("kube-system", "carina-controller", "replica-a")
+        };
+        let (client, stored) = lease_server(Duration::from_secs(30));
+        let elector = LeaderElector::new(client, config).expect("valid config");
+        let (leading, led) = watch::channel(false);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            elector
+                .run(leading, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        // Wait until the create has landed, then stop during its wait.
+        let landed = async {
+            while stored.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), landed)
+            .await
+            .expect("the acquire is sent");
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("run returns once the attempt timed out and the release is done")
+            .expect("no panic");
+        assert!(!*led.borrow(), "never published as leading");
+        let holder = stored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|l| l.spec.as_ref()?.holder_identity.clone());
+        assert_eq!(holder, None, "the lease it won unknowingly is released");
     }
 }
