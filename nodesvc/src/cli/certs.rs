@@ -180,32 +180,28 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> CliError {
 /// Node and role names become file names: keep them to DNS-label
 /// characters.
 fn check_file_stem(flag: &str, value: &str) -> Result<(), CliError> {
+    check_label(flag, value, true)
+}
+
+fn check_trust_domain(td: &str) -> Result<(), CliError> {
+    check_label("trust domain", td, false)
+}
+
+/// `value` is not empty and has only letters, digits, '-', '.' and '_',
+/// and with `stem` neither '.' nor '-' first; `what` names it in the error.
+fn check_label(what: &str, value: &str, stem: bool) -> Result<(), CliError> {
     let ok = !value.is_empty()
-        && !value.starts_with(['.', '-'])
+        && !(stem && value.starts_with(['.', '-']))
         && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
     if ok {
-        Ok(())
-    } else {
-        Err(CliError::Usage(format!(
-            "{flag} {value:?}: use letters, digits, '-', '.', '_' (not first)"
-        )))
+        return Ok(());
     }
-}
-
-fn check_trust_domain(td: &str) -> Result<(), CliError> {
-    let ok = !td.is_empty()
-        && td
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CliError::Usage(format!(
-            "trust domain {td:?}: use letters, digits, '-', '.', '_'"
-        )))
-    }
+    let first = if stem { " (not first)" } else { "" };
+    Err(CliError::Usage(format!(
+        "{what} {value:?}: use letters, digits, '-', '.', '_'{first}"
+    )))
 }
 
 #[cfg(test)]
