@@ -36,20 +36,17 @@ use carina_api::quantity::quantity_bytes;
 use carina_csi::names::local_name as object_name;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
-use carina_proto::csi::controller_client::ControllerClient;
-use carina_proto::csi::volume_capability::access_mode::Mode;
-use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{
     KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, await_object, register_node,
 };
+use carina_tests::csi::{Csi, make, mount_cap, on};
 use carina_tests::kube::KubeCluster;
 use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, lvm, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tonic::Code;
-use tonic::transport::Channel;
 
 const A: &str = "node-a";
 const B: &str = "node-b";
@@ -59,8 +56,6 @@ const DISK_BYTES: u64 = 2 << 30;
 const WAIT: Duration = Duration::from_secs(60);
 /// The Lease of the replicas (namespace `kube-system`).
 const LEASE: &str = "carina-controller";
-
-type Csi = ControllerClient<Channel>;
 
 /// One node: its process, its volume group and the disk under it (dropped
 /// in that order).
@@ -274,36 +269,12 @@ impl E2e {
     }
 }
 
-fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-    }
-}
-
-fn on(node: &str) -> csi::Topology {
-    csi::Topology {
-        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
-    }
-}
-
 /// `CreateVolume` as external-provisioner sends it for a claim of
 /// `bytes` in `group`; pinned to `node` (requisite and preferred) as for a
 /// `WaitForFirstConsumer` claim the scheduler placed there, or free
 /// (`Immediate`) when `None`.
 fn create(name: &str, bytes: u64, group: &str, node: Option<&str>) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
-        name: name.to_string(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
         parameters: HashMap::from([(
             "carina.storage.io/disk-group-name".to_string(),
             group.to_string(),
@@ -312,18 +283,8 @@ fn create(name: &str, bytes: u64, group: &str, node: Option<&str>) -> csi::Creat
             requisite: vec![on(n)],
             preferred: vec![on(n)],
         }),
-        ..Default::default()
+        ..carina_tests::csi::create(name, bytes, "ext4")
     }
-}
-
-async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
-    let name = req.name.clone();
-    csi.create_volume(req)
-        .await
-        .with_context(|| format!("CreateVolume {name}"))?
-        .into_inner()
-        .volume
-        .with_context(|| format!("CreateVolume {name}: no volume"))
 }
 
 /// The node of the volume's accessible topology.
@@ -441,7 +402,7 @@ async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
                 required_bytes: (128 * MIB) as i64,
                 limit_bytes: 0,
             }),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_cap("ext4")),
             ..Default::default()
         })
         .await
