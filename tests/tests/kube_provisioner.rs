@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use carina_api::{
-    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResource,
-    NodeStorageResourceSpec, NodeStorageResourceStatus, TRACEPARENT_ANNOTATION,
+    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResourceStatus,
+    TRACEPARENT_ANNOTATION,
 };
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
@@ -33,6 +33,7 @@ use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
+use carina_tests::cluster::publish_node_storage;
 use carina_tests::csi::{Csi, ServedController, make, mount_cap, node_of, on};
 use carina_tests::grpc::unix_channel;
 use carina_tests::kube::KubeCluster;
@@ -40,7 +41,7 @@ use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
 use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
@@ -232,14 +233,6 @@ impl Drop for AbortOnDrop {
 /// Publishes a node's capacity: one LVM group `ssd` with `free` bytes
 /// (4 MiB unit) and, on node-b, an HOST group `host` after it.
 async fn publish(client: &Client, node: &str, free: u64) -> Result<()> {
-    let api: Api<NodeStorageResource> = Api::all(client.clone());
-    let nsr = NodeStorageResource::new(
-        node,
-        NodeStorageResourceSpec {
-            node_name: node.into(),
-        },
-    );
-    api.create(&PostParams::default(), &nsr).await?;
     let group = |name: &str, policy: &str, free: u64, unit: u64| DeviceGroupCapacity {
         name: name.into(),
         policy: policy.into(),
@@ -259,13 +252,7 @@ async fn publish(client: &Client, node: &str, free: u64) -> Result<()> {
         groups,
         ..NodeStorageResourceStatus::default()
     };
-    api.patch_status(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await?;
-    Ok(())
+    publish_node_storage(client, node, status).await
 }
 
 /// The CSI Controller over a `KubeProvisioner`, on its own socket.

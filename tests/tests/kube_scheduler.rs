@@ -38,18 +38,17 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use carina_api::{
-    DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResource,
-    NodeStorageResourceSpec, NodeStorageResourceStatus, capacity_key,
+    DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResourceStatus, capacity_key,
 };
 use carina_csi::strategy::Strategy;
 use carina_scheduler::cache::Cache;
 use carina_scheduler::{Extender, server};
+use carina_tests::cluster::{publish_node_storage, ready_node_status};
 use carina_tests::kube::{Component, KubeCluster};
 use carina_tests::process::{ChildGuard, tail, workspace_binary};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    Container, Event, Namespace, Node, NodeCondition, NodeStatus, PersistentVolume,
-    PersistentVolumeClaim, Pod,
+    Container, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -188,22 +187,7 @@ async fn add_node(client: &Client, name: &str) -> Result<()> {
         ..Node::default()
     };
     nodes.create(&PostParams::default(), &node).await?;
-    let resources = BTreeMap::from([
-        ("cpu".to_string(), Quantity("32".into())),
-        ("memory".to_string(), Quantity("64Gi".into())),
-        ("pods".to_string(), Quantity("110".into())),
-    ]);
-    let status = NodeStatus {
-        capacity: Some(resources.clone()),
-        allocatable: Some(resources),
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            ..NodeCondition::default()
-        }]),
-        ..NodeStatus::default()
-    };
+    let status = ready_node_status("32", "64Gi");
     nodes
         .patch_status(
             name,
@@ -221,17 +205,6 @@ async fn publish_capacity(
     group: &str,
     allocatable: u64,
 ) -> Result<()> {
-    let api: Api<NodeStorageResource> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &NodeStorageResource::new(
-            node,
-            NodeStorageResourceSpec {
-                node_name: node.into(),
-            },
-        ),
-    )
-    .await?;
     let status = NodeStorageResourceStatus {
         sync_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
         capacity: BTreeMap::from([(
@@ -255,13 +228,7 @@ async fn publish_capacity(
         }],
         ..NodeStorageResourceStatus::default()
     };
-    api.patch_status(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await?;
-    Ok(())
+    publish_node_storage(client, node, status).await
 }
 
 async fn add_class(client: &Client, name: &str, group: &str) -> Result<()> {
