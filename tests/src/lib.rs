@@ -11,6 +11,7 @@ pub mod engine;
 pub mod grpc;
 pub mod kube;
 pub mod process;
+pub mod spans;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
