@@ -6,22 +6,13 @@
 use std::time::Duration;
 
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{Client, TestNode, host_config, host_engine};
+use carina_tests::grpc::{Client, TestNode, create_lv, host_config, host_engine};
 use carina_tests::{MountGuard, have_root, unique};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
 /// Guards against hangs only; the awaited events happen in milliseconds.
 const HANG_GUARD: Duration = Duration::from_secs(30);
-
-fn create(name: &str, group: &str, size: u64) -> pb::CreateLvRequest {
-    pb::CreateLvRequest {
-        name: name.into(),
-        device_group: group.into(),
-        size_bytes: size,
-        exclusive: false,
-    }
-}
 
 async fn node(group: &str) -> (TestNode, carina_tests::grpc::EngineDirs) {
     let (engine, dirs) = host_engine(group, None).await.expect("engine");
@@ -36,7 +27,7 @@ async fn create_get_resize_list_delete() {
     let mut c = node.client("controller").await.expect("client");
 
     let created = c
-        .create_lv(create("vol-1", &group, 3 * MIB + 1))
+        .create_lv(create_lv("vol-1", &group, 3 * MIB + 1))
         .await
         .expect("CreateLV")
         .into_inner();
@@ -59,7 +50,7 @@ async fn create_get_resize_list_delete() {
 
     // Same arguments again: the same volume, not created.
     let again = c
-        .create_lv(create("vol-1", &group, 3 * MIB + 1))
+        .create_lv(create_lv("vol-1", &group, 3 * MIB + 1))
         .await
         .expect("repeat")
         .into_inner();
@@ -68,7 +59,7 @@ async fn create_get_resize_list_delete() {
 
     // Same name, other size: ALREADY_EXISTS.
     let e = c
-        .create_lv(create("vol-1", &group, 8 * MIB))
+        .create_lv(create_lv("vol-1", &group, 8 * MIB))
         .await
         .expect_err("different arguments");
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
@@ -144,7 +135,7 @@ async fn list_pages_through_every_volume() {
     let mut want = Vec::new();
     for i in 0..7 {
         let name = format!("v{i:02}");
-        c.create_lv(create(&name, &group, MIB))
+        c.create_lv(create_lv(&name, &group, MIB))
             .await
             .expect("create");
         want.push(name);
@@ -203,11 +194,11 @@ async fn bad_requests_name_the_field() {
     let (node, _dirs) = node(&group).await;
     let mut c = node.client("controller").await.expect("client");
     let cases = [
-        (create("", &group, MIB), "name:"),
-        (create("-x", &group, MIB), "name:"),
-        (create("v", "", MIB), "device_group:"),
-        (create("v", &group, 0), "size_bytes:"),
-        (create("v", &group, u64::MAX), "size_bytes:"),
+        (create_lv("", &group, MIB), "name:"),
+        (create_lv("-x", &group, MIB), "name:"),
+        (create_lv("v", "", MIB), "device_group:"),
+        (create_lv("v", &group, 0), "size_bytes:"),
+        (create_lv("v", &group, u64::MAX), "size_bytes:"),
     ];
     for (req, field) in cases {
         let e = c.create_lv(req).await.expect_err(field);
@@ -215,7 +206,7 @@ async fn bad_requests_name_the_field() {
         assert!(e.message().starts_with(field), "{}", e.message());
     }
     let e = c
-        .create_lv(create("v", "no-such-group", MIB))
+        .create_lv(create_lv("v", "no-such-group", MIB))
         .await
         .expect_err("unknown group");
     assert_eq!(e.code(), Code::InvalidArgument);
@@ -266,7 +257,7 @@ async fn capacity_and_watch_follow_a_create() {
     assert_eq!(first.reason, pb::ChangeReason::Current as i32);
     assert_eq!(first.groups[0].volume_count, 0);
 
-    c.create_lv(create("watched", &group, 4 * MIB))
+    c.create_lv(create_lv("watched", &group, 4 * MIB))
         .await
         .expect("create");
     let update = tokio::time::timeout(HANG_GUARD, watch.message())
@@ -437,7 +428,7 @@ async fn metrics_endpoint_counts_calls() {
     let group = unique("g");
     let (node, _dirs) = node(&group).await;
     let mut c = node.client("controller").await.expect("client");
-    c.create_lv(create("m1", &group, MIB))
+    c.create_lv(create_lv("m1", &group, MIB))
         .await
         .expect("create");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -514,7 +505,7 @@ async fn concurrent_creates_never_overcommit() {
 
     let calls = (0..100).map(|i| {
         let mut c = client.clone();
-        let req = create(&format!("burst-{i:03}"), &group, size);
+        let req = create_lv(&format!("burst-{i:03}"), &group, size);
         async move { c.create_lv(req).await }
     });
     let results = futures::future::join_all(calls).await;

@@ -10,7 +10,7 @@ use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{
     ClientTls, DEFAULT_TRUST_DOMAIN, client_config_without_cert, connect, connect_with_config,
 };
-use carina_tests::grpc::{TestNode, host_engine, server_cert};
+use carina_tests::grpc::{TestNode, create_lv, host_engine, server_cert};
 use carina_tests::unique;
 use tonic::Code;
 
@@ -125,12 +125,7 @@ async fn reader_may_read_but_not_create() {
         .await
         .expect("reader may list");
     let e = reader
-        .create_lv(pb::CreateLvRequest {
-            name: "v".into(),
-            device_group: group,
-            size_bytes: MIB,
-            exclusive: false,
-        })
+        .create_lv(create_lv("v", &group, MIB))
         .await
         .expect_err("reader may not create");
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");

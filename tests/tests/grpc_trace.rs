@@ -7,7 +7,7 @@ use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::telemetry::{self, TelemetryConfig};
 use carina_proto::tls::connect;
 use carina_proto::trace::traced;
-use carina_tests::grpc::{TestNode, host_engine, start_engine};
+use carina_tests::grpc::{TestNode, create_lv, host_engine, start_engine};
 use carina_tests::spans::SpanCollector;
 use carina_tests::{LoopDisk, VgGuard, have_root, unique};
 use opentelemetry::trace::{SpanKind, TraceContextExt, TracerProvider as _};
@@ -94,12 +94,7 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
     let trace_id = caller.context().span().span_context().trace_id();
     let name = unique("lv");
     client
-        .create_lv(pb::CreateLvRequest {
-            name: name.clone(),
-            device_group: group.clone(),
-            size_bytes: 8 << 20,
-            exclusive: false,
-        })
+        .create_lv(create_lv(&name, &group, 8 << 20))
         .instrument(caller)
         .await
         .expect("CreateLV");
