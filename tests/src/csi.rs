@@ -1,6 +1,6 @@
-//! The CSI Controller as the sidecars see it: served in-process on a unix
-//! socket over any provisioner, and the request pieces and calls the
-//! controller tests share.
+//! CSI as the sidecars and kubelet see it: a server on a unix socket of
+//! its own (the Controller over any provisioner, or whatever a test
+//! serves), and the request pieces and calls the controller tests share.
 //!
 //! ```ignore
 //! let mut served = ServedController::start(provisioner, "carina-csi-sock-").await?;
@@ -9,6 +9,8 @@
 //! ```
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -18,6 +20,7 @@ use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -26,32 +29,40 @@ use crate::grpc::unix_channel;
 /// A client of the CSI Controller service.
 pub type Csi = ControllerClient<Channel>;
 
-/// CSI Identity and Controller over a provisioner, served on a socket in a
-/// directory of its own. Dropping it stops the server, then removes the
+/// What a server passed to [`ServedCsi::start`] waits for to stop.
+pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A CSI server on `csi.sock` in a temporary directory of its own, and a
+/// channel to it. Dropping it stops the server, then removes the
 /// directory.
 #[derive(Debug)]
-pub struct ServedController {
-    pub csi: Csi,
-    /// The socket's channel, for clients of the other services on it.
+pub struct ServedCsi {
     pub channel: Channel,
     stop: Option<oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
 }
 
-impl ServedController {
-    /// Serves `provisioner` on `csi.sock` in a new temporary directory
-    /// named with `prefix`.
-    pub async fn start(provisioner: impl Provisioner, prefix: &str) -> Result<ServedController> {
+impl ServedCsi {
+    /// Binds the socket in a new directory named with `prefix`, spawns
+    /// `serve(listener, shutdown)` and connects to it.
+    pub async fn start<F, Fut>(prefix: &str, serve: F) -> Result<ServedCsi>
+    where
+        F: FnOnce(UnixListener, Shutdown) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
         let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
         let sock = dir.path().join("csi.sock");
         let listener = bind_unix(&format!("unix://{}", sock.display()))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(serve_controller(listener, Arc::new(provisioner), async {
-            let _ = stopped.await;
-        }));
+        tokio::spawn(serve(
+            listener,
+            Box::pin(async {
+                let _ = stopped.await;
+            }),
+        ));
         let channel = unix_channel(sock).await?;
-        Ok(ServedController {
-            csi: ControllerClient::new(channel.clone()),
+        Ok(ServedCsi {
             channel,
             stop: Some(stop),
             _dir: dir,
@@ -59,11 +70,35 @@ impl ServedController {
     }
 }
 
-impl Drop for ServedController {
+impl Drop for ServedCsi {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// CSI Identity and Controller over a provisioner, as [`ServedCsi`], and a
+/// Controller client.
+#[derive(Debug)]
+pub struct ServedController {
+    pub csi: Csi,
+    pub server: ServedCsi,
+}
+
+impl ServedController {
+    /// Serves `provisioner` on a socket in a new directory named with
+    /// `prefix`.
+    pub async fn start(provisioner: impl Provisioner, prefix: &str) -> Result<ServedController> {
+        let provisioner = Arc::new(provisioner);
+        let server = ServedCsi::start(prefix, |listener, shutdown| {
+            serve_controller(listener, provisioner, shutdown)
+        })
+        .await?;
+        Ok(ServedController {
+            csi: ControllerClient::new(server.channel.clone()),
+            server,
+        })
     }
 }
 

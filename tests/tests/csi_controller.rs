@@ -266,7 +266,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         return Ok(());
     }
     let mut c = Cluster::start(Strategy::Spreadout, true).await?;
-    let probe = IdentityClient::new(c.controller.channel.clone())
+    let probe = IdentityClient::new(c.controller.server.channel.clone())
         .probe(csi::ProbeRequest {})
         .await?
         .into_inner();
