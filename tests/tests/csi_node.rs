@@ -21,7 +21,7 @@ use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use carina_tests::csi::ServedCsi;
 use carina_tests::grpc::{host_engine, start_engine};
-use carina_tests::{LoopDisk, VgGuard, have_root, run, unique};
+use carina_tests::{LoopDisk, VgGuard, have_root, run, stat_fs, unique};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -290,15 +290,7 @@ fn stats_req(id: &str, path: &Path) -> csi::NodeGetVolumeStatsRequest {
 
 /// `(total, available, used)` bytes and inodes, as `stat -f` reports them.
 fn statfs(path: &Path) -> ((i64, i64, i64), (i64, i64, i64)) {
-    let out = run(
-        "stat",
-        &["-f", "-c", "%S %b %f %a %c %d", &path.to_string_lossy()],
-    )
-    .expect("stat -f");
-    let n: Vec<i64> = out
-        .split_whitespace()
-        .map(|w| w.parse().expect("number"))
-        .collect();
+    let n: Vec<i64> = stat_fs(path, "%S %b %f %a %c %d");
     let (bsize, blocks, free, avail, files, ffree) = (n[0], n[1], n[2], n[3], n[4], n[5]);
     (
         (blocks * bsize, avail * bsize, (blocks - free) * bsize),
