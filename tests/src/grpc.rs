@@ -219,6 +219,20 @@ pub fn create_lv(name: &str, group: &str, size: u64) -> pb::CreateLvRequest {
     }
 }
 
+/// The node's volume `name`, `None` when it has none (`NOT_FOUND`).
+pub async fn get_lv(client: &mut Client, name: &str) -> Result<Option<pb::LogicVolume>> {
+    match client
+        .get_lv(pb::GetLvRequest {
+            name: name.to_string(),
+        })
+        .await
+    {
+        Ok(r) => Ok(r.into_inner().volume),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+        Err(s) => Err(anyhow::Error::from(s).context(format!("GetLV {name}"))),
+    }
+}
+
 /// `config.json` text with one HOST group `group` at `root`.
 pub fn host_config(group: &str, root: &Path, reserve_bytes: u64) -> String {
     format!(

@@ -38,7 +38,7 @@ use carina_csi::volume_id::VolumeId;
 use carina_node::engine::{Config, Engine};
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{EngineDirs, TestNode, host_config, host_engine, server_cert};
+use carina_tests::grpc::{self, EngineDirs, TestNode, host_config, host_engine, server_cert};
 use carina_tests::kube::KubeCluster;
 use carina_tests::spans::SpanCollector;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -238,17 +238,7 @@ fn volume_count(nsr: &NodeStorageResource, group: &str) -> Option<u32> {
 }
 
 async fn get_lv(node: &TestNode, name: &str) -> Result<Option<pb::LogicVolume>> {
-    let mut client = node.client("controller").await?;
-    match client
-        .get_lv(pb::GetLvRequest {
-            name: name.to_string(),
-        })
-        .await
-    {
-        Ok(r) => Ok(r.into_inner().volume),
-        Err(s) if s.code() == Code::NotFound => Ok(None),
-        Err(s) => Err(s.into()),
-    }
+    grpc::get_lv(&mut node.client("controller").await?, name).await
 }
 
 async fn group_names(engine: &Engine) -> Vec<String> {

@@ -41,6 +41,7 @@ use carina_tests::cluster::{
     KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, await_object, register_node,
 };
 use carina_tests::csi::{Csi, make, mount_cap, on};
+use carina_tests::grpc::get_lv;
 use carina_tests::kube::KubeCluster;
 use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, lvm, unique};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -199,16 +200,9 @@ impl E2e {
     async fn get_lv(&self, node: &str, name: &str) -> Result<Option<pb::LogicVolume>> {
         let n = self.node(node);
         let mut client = self.pki.node_client(node, &n.args.endpoint()).await?;
-        match client
-            .get_lv(pb::GetLvRequest {
-                name: name.to_string(),
-            })
+        get_lv(&mut client, name)
             .await
-        {
-            Ok(r) => Ok(r.into_inner().volume),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(anyhow::Error::from(s).context(format!("GetLV {name} on {node}"))),
-        }
+            .with_context(|| format!("on {node}"))
     }
 
     /// Asserts that exactly `expected` (object names) are on `node`, in
