@@ -41,7 +41,9 @@ use carina_api::{
     DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResourceStatus, capacity_key,
 };
 use carina_csi::strategy::Strategy;
+use carina_csi::{DRIVER_NAME, TOPOLOGY_KEY};
 use carina_scheduler::cache::Cache;
+use carina_scheduler::request::SELECTED_NODE_ANNOTATION;
 use carina_scheduler::{Extender, server};
 use carina_tests::cluster::{publish_node_storage, ready_node_status};
 use carina_tests::kube::{Component, KubeCluster};
@@ -65,9 +67,6 @@ use tokio::task::JoinHandle;
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(90);
-const DRIVER: &str = "carina.storage.io";
-const TOPOLOGY_KEY: &str = "topology.carina.storage.io/node";
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const FIELD_MANAGER: &str = "carina-tests";
 
 /// The extender serving on loopback; stopped on drop.
@@ -237,7 +236,7 @@ async fn add_class(client: &Client, name: &str, group: &str) -> Result<()> {
             name: Some(name.into()),
             ..ObjectMeta::default()
         },
-        provisioner: DRIVER.into(),
+        provisioner: DRIVER_NAME.into(),
         parameters: Some(BTreeMap::from([(
             "carina.storage.io/disk-group-name".to_string(),
             group.to_string(),
@@ -384,7 +383,7 @@ fn provision_selected_claims(client: Client) -> JoinHandle<()> {
 }
 
 async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
-    let Some(node) = pvc.annotations().get(SELECTED_NODE).cloned() else {
+    let Some(node) = pvc.annotations().get(SELECTED_NODE_ANNOTATION).cloned() else {
         return Ok(());
     };
     let spec = pvc.spec.clone().unwrap_or_default();
@@ -430,7 +429,7 @@ async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
             "persistentVolumeReclaimPolicy": "Delete",
             "storageClassName": class,
             "claimRef": {"namespace": ns, "name": pvc.name_any(), "uid": uid},
-            "csi": {"driver": DRIVER, "volumeHandle": volume,
+            "csi": {"driver": DRIVER_NAME, "volumeHandle": volume,
                     "volumeAttributes": {"carina.storage.io/node": node}},
             "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                 {"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}]}]}},
@@ -505,7 +504,10 @@ async fn kube_scheduler_places_pods_where_carina_volumes_fit() -> Result<()> {
         .get("packed")
         .await?;
     assert_eq!(
-        packed.annotations().get(SELECTED_NODE).map(String::as_str),
+        packed
+            .annotations()
+            .get(SELECTED_NODE_ANNOTATION)
+            .map(String::as_str),
         Some("node-a")
     );
 
