@@ -5,8 +5,7 @@
 //! let spans = SpanCollector::default();
 //! let provider = spans.provider();
 //! // ... a subscriber with a layer over provider.tracer("test") ...
-//! provider.force_flush()?;
-//! assert!(spans.finished().iter().any(|s| s.name == "lvm.lvcreate"));
+//! assert!(spans.flush(&provider).iter().any(|s| s.name == "lvm.lvcreate"));
 //! ```
 
 use std::sync::{Arc, Mutex};
@@ -27,10 +26,16 @@ impl SpanCollector {
             .build()
     }
 
-    /// The spans exported so far (flush the provider first).
-    pub fn finished(&self) -> Vec<SpanData> {
+    /// Flushes `provider`, then every span exported so far.
+    pub fn flush(&self, provider: &SdkTracerProvider) -> Vec<SpanData> {
+        provider.force_flush().expect("flush");
         self.0.lock().expect("not poisoned").clone()
     }
+}
+
+/// The names of `spans`, for messages.
+pub fn names(spans: &[SpanData]) -> Vec<String> {
+    spans.iter().map(|s| s.name.to_string()).collect()
 }
 
 impl SpanExporter for SpanCollector {

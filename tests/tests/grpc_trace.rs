@@ -8,7 +8,7 @@ use carina_proto::telemetry::{self, TelemetryConfig};
 use carina_proto::tls::connect;
 use carina_proto::trace::traced;
 use carina_tests::grpc::{TestNode, create_lv, host_engine, start_engine};
-use carina_tests::spans::SpanCollector;
+use carina_tests::spans::{SpanCollector, names as span_names};
 use carina_tests::{LoopDisk, VgGuard, have_root, unique};
 use opentelemetry::trace::{SpanKind, TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::trace::SpanData;
@@ -41,10 +41,9 @@ async fn server_spans_continue_the_callers_trace() {
         .await
         .expect("Capacity");
     node.stop().await.expect("stop");
-    provider.force_flush().expect("flush");
 
-    let spans = spans.finished();
-    let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+    let spans = spans.flush(&provider);
+    let names = span_names(&spans);
     let server = spans
         .iter()
         .find(|s| s.name == "carina.nodestorage.v1.NodeStorage/Capacity")
@@ -103,10 +102,9 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         .await
         .expect("DeleteLV");
     node.stop().await.expect("stop");
-    provider.force_flush().expect("flush");
 
-    let spans = spans.finished();
-    let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+    let spans = spans.flush(&provider);
+    let names = span_names(&spans);
     let in_trace: Vec<&SpanData> = spans
         .iter()
         .filter(|s| s.span_context.trace_id() == trace_id)

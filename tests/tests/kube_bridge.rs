@@ -428,9 +428,8 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
     }
 
     // The node's handling of CreateLV continued the object's trace.
-    provider.force_flush()?;
     let traced: Vec<String> = spans
-        .finished()
+        .flush(&provider)
         .iter()
         .filter(|s| s.span_context.trace_id().to_string() == TRACE_ID)
         .map(|s| s.name.to_string())
