@@ -148,6 +148,17 @@ pub async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::V
         .with_context(|| format!("CreateVolume {name}: no volume"))
 }
 
+/// `DeleteVolume` of `volume_id`, failing with the id when the call fails.
+pub async fn delete(csi: &mut Csi, volume_id: &str) -> Result<()> {
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: volume_id.to_string(),
+        ..Default::default()
+    })
+    .await
+    .with_context(|| format!("DeleteVolume {volume_id}"))?;
+    Ok(())
+}
+
 /// The node a volume was made on, as its volume context names it (empty
 /// when it does not).
 pub fn node_of(v: &csi::Volume) -> &str {

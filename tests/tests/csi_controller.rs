@@ -21,7 +21,7 @@ use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
-use carina_tests::csi::{Csi, ServedController, make, node_of, on};
+use carina_tests::csi::{Csi, ServedController, delete, make, node_of, on};
 use carina_tests::grpc::{Client as NodeClient, TestNode, server_cert, start_engine};
 use carina_tests::{LoopDisk, MountGuard, have_root};
 use tonic::Code;
@@ -547,14 +547,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         "x@node-x",
         "a b@node-a",
     ] {
-        c.controller
-            .csi
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_string(),
-                ..Default::default()
-            })
-            .await
-            .with_context(|| format!("delete {id}"))?;
+        delete(&mut c.controller.csi, id).await?;
     }
     assert!(!c.lvs().await?[0].iter().any(|v| v.name == "pvc-xfs"));
     assert!(!Path::new(&xfs.volume_context[context::PATH]).exists());

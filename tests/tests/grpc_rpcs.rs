@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{Client, TestNode, create_lv, host_config, host_engine};
+use carina_tests::grpc::{Client, TestNode, create_lv, get_lv, host_config, host_engine};
 use carina_tests::{MountGuard, have_root, unique};
 use tonic::Code;
 
@@ -18,6 +18,27 @@ async fn node(group: &str) -> (TestNode, carina_tests::grpc::EngineDirs) {
     let (engine, dirs) = host_engine(group, None).await.expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");
     (node, dirs)
+}
+
+fn resize(name: &str, size: u64) -> pb::ResizeLvRequest {
+    pb::ResizeLvRequest {
+        name: name.into(),
+        size_bytes: size,
+    }
+}
+
+fn delete(name: &str) -> pb::DeleteLvRequest {
+    pb::DeleteLvRequest { name: name.into() }
+}
+
+/// The capacity of every group, as the node reports it.
+async fn capacity(client: &Client) -> pb::CapacityResponse {
+    client
+        .clone()
+        .capacity(pb::CapacityRequest::default())
+        .await
+        .expect("Capacity")
+        .into_inner()
 }
 
 #[tokio::test]
@@ -64,33 +85,18 @@ async fn create_get_resize_list_delete() {
         .expect_err("different arguments");
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
 
-    let got = c
-        .get_lv(pb::GetLvRequest {
-            name: "vol-1".into(),
-        })
-        .await
-        .expect("GetLV")
-        .into_inner();
-    assert_eq!(got.volume.as_ref(), Some(&v));
+    let got = get_lv(&mut c, "vol-1").await.expect("GetLV");
+    assert_eq!(got.as_ref(), Some(&v));
 
     let grown = c
-        .resize_lv(pb::ResizeLvRequest {
-            name: "vol-1".into(),
-            size_bytes: 16 * MIB,
-        })
+        .resize_lv(resize("vol-1", 16 * MIB))
         .await
         .expect("ResizeLV")
         .into_inner()
         .volume
         .expect("volume");
     assert_eq!(grown.size_bytes, 16 * MIB);
-    let shrink = c
-        .resize_lv(pb::ResizeLvRequest {
-            name: "vol-1".into(),
-            size_bytes: MIB,
-        })
-        .await
-        .expect_err("shrink");
+    let shrink = c.resize_lv(resize("vol-1", MIB)).await.expect_err("shrink");
     assert_eq!(shrink.code(), Code::FailedPrecondition, "{shrink:?}");
 
     let listed = c
@@ -101,23 +107,14 @@ async fn create_get_resize_list_delete() {
     assert_eq!(listed.volumes, vec![grown.clone()]);
     assert!(listed.next_page_token.is_empty());
 
-    c.delete_lv(pb::DeleteLvRequest {
-        name: "vol-1".into(),
-    })
-    .await
-    .expect("DeleteLV");
+    c.delete_lv(delete("vol-1")).await.expect("DeleteLV");
     assert!(!dirs.root.join("vol-1").exists());
-    let gone = c
-        .get_lv(pb::GetLvRequest {
-            name: "vol-1".into(),
-        })
+    let gone = get_lv(&mut c, "vol-1")
         .await
-        .expect_err("deleted");
-    assert_eq!(gone.code(), Code::NotFound);
+        .expect("GetLV of a deleted volume");
+    assert_eq!(gone, None, "NOT_FOUND after delete");
     let again = c
-        .delete_lv(pb::DeleteLvRequest {
-            name: "vol-1".into(),
-        })
+        .delete_lv(delete("vol-1"))
         .await
         .expect_err("nothing to delete");
     assert_eq!(again.code(), Code::NotFound);
@@ -211,13 +208,7 @@ async fn bad_requests_name_the_field() {
         .expect_err("unknown group");
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("no-such-group"), "{}", e.message());
-    let e = c
-        .resize_lv(pb::ResizeLvRequest {
-            name: "v".into(),
-            size_bytes: 0,
-        })
-        .await
-        .expect_err("zero size");
+    let e = c.resize_lv(resize("v", 0)).await.expect_err("zero size");
     assert!(e.message().starts_with("size_bytes:"), "{}", e.message());
 }
 
@@ -228,11 +219,7 @@ async fn capacity_and_watch_follow_a_create() {
     let mut c = node.client("controller").await.expect("client");
     let mut reader = node.client("reader").await.expect("reader");
 
-    let before = reader
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("Capacity")
-        .into_inner();
+    let before = capacity(&reader).await;
     assert_eq!(before.node_name, "node-a");
     assert_eq!(before.reason, pb::ChangeReason::Current as i32);
     assert_eq!(before.groups.len(), 1);
@@ -333,11 +320,7 @@ async fn disks_config_and_bcache() {
         .expect("ApplyConfig")
         .into_inner();
     assert_eq!(applied.device_groups, vec![second.clone()]);
-    let cap = c
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("capacity")
-        .into_inner();
+    let cap = capacity(&c).await;
     let names: Vec<_> = cap.groups.iter().map(|g| g.device_group.clone()).collect();
     assert_eq!(names, vec![second.clone()]);
     drop(dirs);
@@ -488,14 +471,7 @@ async fn concurrent_creates_never_overcommit() {
     let node = TestNode::start(engine, "node-a").await.expect("server");
     let client: Client = node.client("controller").await.expect("client");
 
-    let before = client
-        .clone()
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("capacity")
-        .into_inner()
-        .groups
-        .remove(0);
+    let before = capacity(&client).await.groups.remove(0);
     let size = 3 * MIB;
     assert!(
         before.allocatable_bytes < 100 * size,
@@ -527,14 +503,7 @@ async fn concurrent_creates_never_overcommit() {
         before.allocatable_bytes
     );
 
-    let after = client
-        .clone()
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("capacity")
-        .into_inner()
-        .groups
-        .remove(0);
+    let after = capacity(&client).await.groups.remove(0);
     let engine = node.engine.capacity(None).await.expect("engine capacity");
     assert_eq!(after.volume_count as u64, ok);
     assert_eq!(engine[0].volume_count as u64, ok);

@@ -34,7 +34,7 @@ use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
 use carina_tests::cluster::publish_node_storage;
-use carina_tests::csi::{Csi, ServedController, make, mount_cap, node_of, on};
+use carina_tests::csi::{Csi, ServedController, delete, make, mount_cap, node_of, on};
 use carina_tests::grpc::unix_channel;
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
@@ -639,11 +639,7 @@ async fn delete_waits_for_the_finalizer(
 ) -> Result<()> {
     let v = make(csi, create("pvc-delete", 10 * MIB)).await?;
     let start = Instant::now();
-    csi.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        ..Default::default()
-    })
-    .await?;
+    delete(csi, &v.volume_id).await?;
     let returned = Instant::now();
     let released = record
         .get("gone/pvc-delete")
@@ -666,12 +662,7 @@ async fn delete_waits_for_the_finalizer(
         "pvc-again@node-a".into(),
         "Bad Name@node-a".into(),
     ] {
-        csi.delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("DeleteVolume {id}"))?;
+        delete(csi, &id).await?;
     }
     assert!(
         lvs.get_opt("pvc-again").await?.is_some(),
