@@ -190,11 +190,12 @@ fn check_trust_domain(td: &str) -> Result<(), CliError> {
 /// `value` is not empty and has only letters, digits, '-', '.' and '_',
 /// and with `stem` neither '.' nor '-' first; `what` names it in the error.
 fn check_label(what: &str, value: &str, stem: bool) -> Result<(), CliError> {
-    let ok = !value.is_empty()
-        && !(stem && value.starts_with(['.', '-']))
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+    let ok = match value.as_bytes().first() {
+        None => false,
+        Some(b'.' | b'-') if stem => false,
+        Some(_) => value.bytes().all(allowed),
+    };
     if ok {
         return Ok(());
     }
