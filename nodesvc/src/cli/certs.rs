@@ -224,6 +224,35 @@ mod tests {
     }
 
     #[test]
+    fn names_and_trust_domains_keep_to_label_characters() {
+        let usage = |r: Result<(), CliError>| match r {
+            Err(CliError::Usage(m)) => m,
+            other => panic!("a usage error, got {other:?}"),
+        };
+        for ok in ["node-a", "a.b_c", "0"] {
+            check_file_stem("--node", ok).expect(ok);
+            check_trust_domain(ok).expect(ok);
+        }
+        for bad in ["", "a/b", "a b", "ü"] {
+            usage(check_file_stem("--node", bad));
+            usage(check_trust_domain(bad));
+        }
+        // Only file names refuse a leading dot or dash.
+        for lead in [".a", "-a"] {
+            let m = usage(check_file_stem("--role", lead));
+            assert_eq!(
+                m,
+                format!("--role {lead:?}: use letters, digits, '-', '.', '_' (not first)")
+            );
+            check_trust_domain(lead).expect(lead);
+        }
+        assert_eq!(
+            usage(check_trust_domain("a b")),
+            r#"trust domain "a b": use letters, digits, '-', '.', '_'"#
+        );
+    }
+
+    #[test]
     fn init_then_issue() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
