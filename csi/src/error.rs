@@ -114,7 +114,7 @@ impl From<FormatError> for CsiError {
             FormatError::Occupied { .. } | FormatError::TooSmall { .. } => {
                 CsiError::FailedPrecondition(e.to_string())
             }
-            FormatError::Io { .. } => CsiError::Internal(e.to_string()),
+            FormatError::Io(_) => CsiError::Internal(e.to_string()),
         }
     }
 }

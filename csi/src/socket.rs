@@ -4,8 +4,9 @@
 
 use std::io;
 use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use carina_sys::IoError;
 use tokio::net::UnixListener;
 
 /// Errors of parsing a CSI endpoint and binding its socket.
@@ -13,13 +14,8 @@ use tokio::net::UnixListener;
 pub enum SocketError {
     #[error("CSI endpoint {endpoint:?}: {reason}")]
     Endpoint { endpoint: String, reason: String },
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// The socket path of a CSI endpoint: `unix:///path`, `unix:/path` or a
@@ -49,17 +45,9 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, SocketError> {
 /// a missing parent directory is created. Call it inside the runtime.
 pub fn bind(endpoint: &str) -> Result<UnixListener, SocketError> {
     let path = socket_path(endpoint)?;
-    let io_err = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| SocketError::Io {
-            action,
-            path,
-            source,
-        }
-    };
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_socket() => {
-            std::fs::remove_file(&path).map_err(io_err("remove stale socket", &path))?;
+            std::fs::remove_file(&path).map_err(IoError::map("remove stale socket", &path))?;
         }
         Ok(_) => {
             return Err(SocketError::Endpoint {
@@ -68,12 +56,12 @@ pub fn bind(endpoint: &str) -> Result<UnixListener, SocketError> {
             });
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("inspect", &path)(e)),
+        Err(e) => return Err(IoError::new("inspect", path, e).into()),
     }
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err("create directory", parent))?;
+        std::fs::create_dir_all(parent).map_err(IoError::map("create directory", parent))?;
     }
-    UnixListener::bind(&path).map_err(io_err("bind", &path))
+    Ok(UnixListener::bind(&path).map_err(IoError::map("bind", &path))?)
 }
 
 #[cfg(test)]

@@ -343,19 +343,12 @@ fn to_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::testing::*;
-    use carina_csi::DRIVER_NAME;
     use serde_json::{Value, json};
 
     const GIB: u64 = 1 << 30;
 
     fn extender(strategy: Strategy) -> Extender<crate::objects::MemoryObjects> {
-        let objects = objects();
-        objects.insert_class(class(
-            "ssd",
-            DRIVER_NAME,
-            &[("carina.storage.io/disk-group-name", "ssd")],
-        ));
-        objects.insert_class(class("other", "example.com/csi", &[]));
+        let objects = ssd_and_other_classes();
         for (node, gib) in [("a", 100), ("b", 200), ("c", 300)] {
             objects.insert_node_storage(nsr(node, vec![lvm_group("ssd", gib * GIB)]));
         }

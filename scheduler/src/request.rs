@@ -421,11 +421,7 @@ mod tests {
     #[test]
     fn unbound_claims_ask_for_volumes_in_placement_order() {
         let objects = objects();
-        objects.insert_class(class(
-            "ssd",
-            DRIVER_NAME,
-            &[("carina.storage.io/disk-group-name", "ssd")],
-        ));
+        objects.insert_class(group_class("ssd", "ssd"));
         objects.insert_class(class("any", DRIVER_NAME, &[]));
         objects.insert_class(class(
             "disk",
@@ -465,11 +461,7 @@ mod tests {
     #[test]
     fn bound_claims_pin_and_conflicting_pins_refuse() {
         let objects = objects();
-        objects.insert_class(class(
-            "ssd",
-            DRIVER_NAME,
-            &[("carina.storage.io/disk-group-name", "ssd")],
-        ));
+        objects.insert_class(group_class("ssd", "ssd"));
         objects.insert_claim(bound_claim("ns", "a", "pv-a"));
         objects.insert_claim(bound_claim("ns", "b", "pv-b"));
         objects.insert_claim(bound_claim("ns", "c", "pv-c"));

@@ -224,7 +224,6 @@ fn ready_since(status: &LogicVolumeStatus) -> Option<&Time> {
 mod tests {
     use super::*;
     use crate::testing::*;
-    use carina_csi::DRIVER_NAME;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     const GIB: u64 = 1 << 30;
@@ -268,13 +267,7 @@ mod tests {
 
     #[test]
     fn claims_with_a_node_and_no_logic_volume() {
-        let objects = objects();
-        objects.insert_class(class(
-            "ssd",
-            DRIVER_NAME,
-            &[("carina.storage.io/disk-group-name", "ssd")],
-        ));
-        objects.insert_class(class("other", "example.com/csi", &[]));
+        let objects = ssd_and_other_classes();
         // Annotated by the scheduler.
         objects.insert_claim(selected(claim("ns", "a", Some("ssd"), "1Gi"), "n1"));
         // Used by a pod bound to n2.

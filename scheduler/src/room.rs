@@ -508,6 +508,22 @@ mod tests {
         }
     }
 
+    /// A disk of `gib` GiB in the RAW group "raw".
+    fn raw_disk(name: &str, gib: u64) -> Disk {
+        Disk {
+            name: name.into(),
+            size: gib * GIB,
+            device_group: "raw".into(),
+            ..Disk::default()
+        }
+    }
+
+    /// What a RAW disk of `gib` GiB can hold: 1 MiB at each end goes to
+    /// the GPT and alignment.
+    fn raw_area(gib: u64) -> u64 {
+        gib * GIB - 2 * MIB
+    }
+
     #[test]
     fn lvm_rounds_to_the_unit_and_fits_exactly() {
         let s = status(vec![group("ssd", "LVM", 12 * MIB, 12 * MIB)], vec![]);
@@ -555,17 +571,18 @@ mod tests {
 
     #[test]
     fn raw_disks_first_fit_and_whole_disks() {
-        let disk = |name: &str, gib: u64| Disk {
-            name: name.into(),
-            size: gib * GIB,
-            device_group: "raw".into(),
-            ..Disk::default()
-        };
-        let area = |gib: u64| gib * GIB - 2 * MIB;
-        let mut g = group("raw", "RAW", area(10) + area(20) + area(30), area(30));
+        let mut g = group(
+            "raw",
+            "RAW",
+            raw_area(10) + raw_area(20) + raw_area(30),
+            raw_area(30),
+        );
         g.total_bytes = g.free_bytes;
         g.allocation_unit_bytes = MIB;
-        let s = status(vec![g], vec![disk("a", 20), disk("b", 10), disk("c", 30)]);
+        let s = status(
+            vec![g],
+            vec![raw_disk("a", 20), raw_disk("b", 10), raw_disk("c", 30)],
+        );
         let mut room = NodeRoom::from_status(&s);
         assert_eq!(room.groups[0].disks.len(), 3);
         let mut whole = vol(Some("raw"), 15 * GIB);
@@ -591,19 +608,17 @@ mod tests {
 
     #[test]
     fn raw_used_space_fills_small_disks_first() {
-        let disk = |name: &str, gib: u64| Disk {
-            name: name.into(),
-            size: gib * GIB,
-            device_group: "raw".into(),
-            ..Disk::default()
-        };
-        let area = |gib: u64| gib * GIB - 2 * MIB;
-        let mut g = group("raw", "RAW", area(20) + area(10) - 4 * GIB, area(20));
-        g.total_bytes = area(10) + area(20);
-        let s = status(vec![g], vec![disk("a", 10), disk("b", 20)]);
+        let mut g = group(
+            "raw",
+            "RAW",
+            raw_area(20) + raw_area(10) - 4 * GIB,
+            raw_area(20),
+        );
+        g.total_bytes = raw_area(10) + raw_area(20);
+        let s = status(vec![g], vec![raw_disk("a", 10), raw_disk("b", 20)]);
         let room = NodeRoom::from_status(&s);
         let disks = &room.groups[0].disks;
-        assert_eq!(disks[0].free, area(10) - 4 * GIB);
+        assert_eq!(disks[0].free, raw_area(10) - 4 * GIB);
         assert!(!disks[0].untouched);
         assert!(disks[1].untouched);
     }

@@ -60,6 +60,24 @@ pub fn class(name: &str, provisioner: &str, params: &[(&str, &str)]) -> StorageC
     }
 }
 
+/// Carina's class `name`, whose volumes go to device group `group`.
+pub fn group_class(name: &str, group: &str) -> StorageClass {
+    class(
+        name,
+        DRIVER_NAME,
+        &[("carina.storage.io/disk-group-name", group)],
+    )
+}
+
+/// Objects with two classes: Carina's `ssd` (group `ssd`) and another
+/// driver's `other`.
+pub fn ssd_and_other_classes() -> MemoryObjects {
+    let objects = objects();
+    objects.insert_class(group_class("ssd", "ssd"));
+    objects.insert_class(class("other", "example.com/csi", &[]));
+    objects
+}
+
 pub fn claim(
     namespace: &str,
     name: &str,

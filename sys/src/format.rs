@@ -12,6 +12,7 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::IoError;
 use crate::command::{Cmd, CommandError};
 
 /// The smallest device `mkfs.xfs` accepts (xfsprogs 5.19 and later).
@@ -68,13 +69,8 @@ pub enum FormatError {
         size_bytes: u64,
         min_bytes: u64,
     },
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// What `blkid -p` found on a device that is not blank.
@@ -221,20 +217,12 @@ pub async fn grow_filesystem(
 /// The size of a block device (or file) in bytes.
 pub async fn device_size(device: &Path) -> Result<u64, FormatError> {
     let path = device.to_path_buf();
-    let size = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         std::fs::File::open(&path).and_then(|mut f| f.seek(SeekFrom::End(0)))
     })
     .await
-    .map_err(|join| FormatError::Io {
-        action: "measure",
-        path: device.to_path_buf(),
-        source: std::io::Error::other(join),
-    })?;
-    size.map_err(|source| FormatError::Io {
-        action: "measure",
-        path: device.to_path_buf(),
-        source,
-    })
+    .unwrap_or_else(|join| Err(std::io::Error::other(join)))
+    .map_err(|e| IoError::new("measure", device, e).into())
 }
 
 #[cfg(test)]

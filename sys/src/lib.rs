@@ -12,6 +12,7 @@
 //!   grown in place and detached (the ioctls are the workspace's only
 //!   `unsafe` code, allowed at each call site).
 //! - [`blockdev`]: whether a block device is mounted or held open.
+//! - [`IoError`]: the failed file or device operation all of them report.
 //!
 //! Callers give these modules plain values (paths, sizes, options) and get
 //! plain values back; what a result means for a CSI request or a device
@@ -20,6 +21,9 @@
 pub mod blockdev;
 pub mod command;
 pub mod format;
+mod io_error;
 pub mod loopdev;
 pub mod mount;
 pub mod statvfs;
+
+pub use io_error::IoError;

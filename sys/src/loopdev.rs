@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::IoError;
 use crate::command::{Cmd, CommandError};
 
 /// Errors of attaching, detaching, resizing and listing loop devices.
@@ -23,13 +24,8 @@ pub enum LoopError {
     #[error(transparent)]
     Command(#[from] CommandError),
     /// An ioctl, open or read failed; `action` names it (`LOOP_CONFIGURE`).
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// Output of `losetup` could not be understood.
     #[error("cannot parse {what}: {reason}")]
     Parse { what: &'static str, reason: String },
@@ -44,11 +40,7 @@ pub enum LoopError {
 
 impl LoopError {
     fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        LoopError::Io {
-            action,
-            path: path.into(),
-            source,
-        }
+        LoopError::Io(IoError::new(action, path, source))
     }
 
     fn task(task: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {

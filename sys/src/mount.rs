@@ -13,6 +13,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
+use crate::IoError;
 use crate::command::{Cmd, CommandError};
 
 /// Where the kernel lists this process's mounts.
@@ -26,28 +27,13 @@ const MAX_STACKED: usize = 16;
 pub enum MountError {
     #[error(transparent)]
     Command(#[from] CommandError),
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("{MOUNTINFO} line {line}: {reason}")]
     Parse { line: usize, reason: String },
     /// Mounts still stacked on a path after [`MAX_STACKED`] unmounts.
     #[error("{} is still a mount point after {MAX_STACKED} unmounts", path.display())]
     StillMounted { path: PathBuf },
-}
-
-impl MountError {
-    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
-        MountError::Io {
-            action,
-            path: path.to_path_buf(),
-            source,
-        }
-    }
 }
 
 /// One line of `/proc/self/mountinfo`, with paths unescaped.
@@ -171,7 +157,7 @@ impl MountTable {
     pub async fn read() -> Result<MountTable, MountError> {
         let text = tokio::fs::read_to_string(MOUNTINFO)
             .await
-            .map_err(|e| MountError::io("read", Path::new(MOUNTINFO), e))?;
+            .map_err(IoError::map("read", MOUNTINFO))?;
         Ok(MountTable {
             entries: parse_mountinfo(&text)?,
         })
@@ -222,7 +208,7 @@ pub async fn canonical(path: &Path) -> Result<Option<PathBuf>, MountError> {
     match tokio::fs::canonicalize(path).await {
         Ok(p) => Ok(Some(p)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(MountError::io("resolve", path, e)),
+        Err(e) => Err(IoError::new("resolve", path, e).into()),
     }
 }
 

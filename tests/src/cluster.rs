@@ -5,7 +5,9 @@
 //! restartable [`Service`] that is ready once its unix socket accepts
 //! connections; and the Kubernetes side of a node: a `Node` object that
 //! points at the node's NodeStorage endpoint ([`register_node`]) and the
-//! wait for its capacity record ([`await_capacity`]).
+//! wait for its capacity record ([`await_capacity`]), or for tests without
+//! node processes a Ready status ([`ready_node_status`]) and a capacity
+//! record written directly ([`publish_node_storage`]).
 //!
 //! ```ignore
 //! let pki = Pki::write(&dir.join("pki"))?;
@@ -24,7 +26,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use carina_api::{NODE_ENDPOINT_ANNOTATION, NodeStorageResource};
+use carina_api::{
+    NODE_ENDPOINT_ANNOTATION, NodeStorageResource, NodeStorageResourceSpec,
+    NodeStorageResourceStatus,
+};
 use carina_controlplane::kube::capacity::READY;
 use carina_proto::devcerts::{CertifiedKey, DevCa, Validity};
 use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
@@ -488,11 +493,6 @@ pub async fn register_node(client: &kube::Client, name: &str, endpoint: &str) ->
     api.create(&PostParams::default(), &node)
         .await
         .with_context(|| format!("create Node {name}"))?;
-    let resources = BTreeMap::from([
-        ("cpu".to_string(), Quantity("4".into())),
-        ("memory".to_string(), Quantity("8Gi".into())),
-        ("pods".to_string(), Quantity("110".into())),
-    ]);
     let status = NodeStatus {
         addresses: Some(vec![
             NodeAddress {
@@ -504,6 +504,26 @@ pub async fn register_node(client: &kube::Client, name: &str, endpoint: &str) ->
                 address: name.into(),
             },
         ]),
+        ..ready_node_status("4", "8Gi")
+    };
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "status": status })),
+    )
+    .await
+    .with_context(|| format!("write the status of Node {name}"))
+}
+
+/// A Node status as a kubelet reports it: `Ready=True`, and `cpu`,
+/// `memory` and 110 pods both as capacity and allocatable.
+pub fn ready_node_status(cpu: &str, memory: &str) -> NodeStatus {
+    let resources = BTreeMap::from([
+        ("cpu".to_string(), Quantity(cpu.into())),
+        ("memory".to_string(), Quantity(memory.into())),
+        ("pods".to_string(), Quantity("110".into())),
+    ]);
+    NodeStatus {
         capacity: Some(resources.clone()),
         allocatable: Some(resources),
         conditions: Some(vec![NodeCondition {
@@ -513,14 +533,34 @@ pub async fn register_node(client: &kube::Client, name: &str, endpoint: &str) ->
             ..NodeCondition::default()
         }]),
         ..NodeStatus::default()
-    };
+    }
+}
+
+/// Creates the `NodeStorageResource` of `node` and writes `status` into
+/// it, as the capacity publisher does for a node without one running.
+pub async fn publish_node_storage(
+    client: &kube::Client,
+    node: &str,
+    status: NodeStorageResourceStatus,
+) -> Result<()> {
+    let api: Api<NodeStorageResource> = Api::all(client.clone());
+    let nsr = NodeStorageResource::new(
+        node,
+        NodeStorageResourceSpec {
+            node_name: node.into(),
+        },
+    );
+    api.create(&PostParams::default(), &nsr)
+        .await
+        .with_context(|| format!("create NodeStorageResource {node}"))?;
     api.patch_status(
-        name,
+        node,
         &PatchParams::default(),
-        &Patch::Merge(&serde_json::json!({ "status": status })),
+        &Patch::Merge(serde_json::json!({ "status": status })),
     )
     .await
-    .with_context(|| format!("write the status of Node {name}"))
+    .with_context(|| format!("write the status of NodeStorageResource {node}"))?;
+    Ok(())
 }
 
 /// Waits, by watch, until the `NodeStorageResource` of `node` is `Ready`

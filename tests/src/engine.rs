@@ -5,7 +5,8 @@
 //!
 //! ```ignore
 //! let Some(f) = EngineFixture::new("lifecycle", "LVM", &[256 * MIB], 0).await else { return };
-//! let v = f.engine.create_volume(f.req("vol-a", 10 * MIB)).await?;
+//! let v = f.create(f.req("vol-a", 10 * MIB)).await;
+//! let err = f.refused(f.req("huge", 10 << 30)).await;
 //! ```
 //!
 //! Fields drop in order: the engine, then the LVM volume group (and the
@@ -13,7 +14,9 @@
 //! file system, not on disks: their tests build their configuration and
 //! call [`engine_for`].
 
-use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
+use carina_node::engine::{
+    Config, CreateRequest, Engine, EngineOptions, Error, GroupCapacity, Volume,
+};
 
 use crate::{LoopDisk, VgGuard, disk_group_config, have_root, unique};
 
@@ -84,25 +87,96 @@ impl EngineFixture {
         }
     }
 
+    /// [`create`] on this engine.
+    pub async fn create(&self, req: CreateRequest) -> Volume {
+        create(&self.engine, req).await
+    }
+
+    /// [`refused`] on this engine.
+    pub async fn refused(&self, req: CreateRequest) -> Error {
+        refused(&self.engine, req).await
+    }
+
+    /// [`resize_refused`] on this engine.
+    pub async fn resize_refused(&self, name: &str, size: u64) -> Error {
+        resize_refused(&self.engine, name, size).await
+    }
+
     /// The names of the group's volumes, sorted.
     pub async fn names(&self) -> Vec<String> {
-        self.engine
-            .list_volumes(Some(&self.group))
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|v| v.name)
-            .collect()
+        names(&self.engine, &self.group).await
+    }
+
+    /// The group's capacity now.
+    pub async fn capacity(&self) -> GroupCapacity {
+        capacity(&self.engine, &self.group).await
     }
 
     /// The group's allocatable bytes now.
     pub async fn allocatable(&self) -> u64 {
-        self.engine
-            .capacity(Some(&self.group))
-            .await
-            .expect("capacity")[0]
-            .allocatable_bytes
+        self.capacity().await.allocatable_bytes
     }
+}
+
+/// The volume `req` asks for; a refusal fails the test, naming the volume.
+pub async fn create(engine: &Engine, req: CreateRequest) -> Volume {
+    let name = req.name.clone();
+    engine
+        .create_volume(req)
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"))
+}
+
+/// Why the engine refuses `req`; a volume made fails the test.
+pub async fn refused(engine: &Engine, req: CreateRequest) -> Error {
+    match engine.create_volume(req).await {
+        Ok(v) => panic!("create {} should be refused, made {v:?}", v.name),
+        Err(e) => e,
+    }
+}
+
+/// Why the engine refuses to resize `name` to `size` bytes; a resize that
+/// succeeds fails the test.
+pub async fn resize_refused(engine: &Engine, name: &str, size: u64) -> Error {
+    match engine.resize_volume(name, size).await {
+        Ok(v) => panic!("resize {name} to {size} should be refused, got {v:?}"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts that `engine` knows no volume `name`: get and delete both answer
+/// `VolumeNotFound`.
+pub async fn assert_not_found(engine: &Engine, name: &str) {
+    let got = engine.get_volume(name).await;
+    assert!(
+        matches!(got, Err(Error::VolumeNotFound { .. })),
+        "get {name}: {got:?}"
+    );
+    let deleted = engine.delete_volume(name).await;
+    assert!(
+        matches!(deleted, Err(Error::VolumeNotFound { .. })),
+        "delete {name}: {deleted:?}"
+    );
+}
+
+/// The names of `group`'s volumes on `engine`, sorted.
+pub async fn names(engine: &Engine, group: &str) -> Vec<String> {
+    engine
+        .list_volumes(Some(group))
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|v| v.name)
+        .collect()
+}
+
+/// `group`'s capacity on `engine` now.
+pub async fn capacity(engine: &Engine, group: &str) -> GroupCapacity {
+    engine
+        .capacity(Some(group))
+        .await
+        .expect("capacity")
+        .remove(0)
 }
 
 /// An engine over one `policy` group named `group` on `disks`. LVM detects

@@ -20,6 +20,7 @@ use carina_node::engine::{Config, Engine, EngineOptions};
 use carina_node::server::NodeServer;
 use carina_node::server::metrics::Metrics;
 use carina_proto::devcerts::{CertifiedKey, DevCa, Validity};
+use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{
     ClientTls, DEFAULT_TRUST_DOMAIN, ReloadingServerConfig, ServerTlsFiles, connect,
@@ -205,6 +206,30 @@ impl Drop for TestNode {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// A shared (not whole-disk) CreateLV of `size` bytes in `group`.
+pub fn create_lv(name: &str, group: &str, size: u64) -> pb::CreateLvRequest {
+    pb::CreateLvRequest {
+        name: name.into(),
+        device_group: group.into(),
+        size_bytes: size,
+        exclusive: false,
+    }
+}
+
+/// The node's volume `name`, `None` when it has none (`NOT_FOUND`).
+pub async fn get_lv(client: &mut Client, name: &str) -> Result<Option<pb::LogicVolume>> {
+    match client
+        .get_lv(pb::GetLvRequest {
+            name: name.to_string(),
+        })
+        .await
+    {
+        Ok(r) => Ok(r.into_inner().volume),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+        Err(s) => Err(anyhow::Error::from(s).context(format!("GetLV {name}"))),
     }
 }
 

@@ -6,10 +6,12 @@
 //! needs (root, a loop device) fails instead of skipping.
 
 pub mod cluster;
+pub mod csi;
 pub mod engine;
 pub mod grpc;
 pub mod kube;
 pub mod process;
+pub mod spans;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,6 +73,30 @@ pub fn run(program: &str, args: &[&str]) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The size of the block device `dev` in bytes, as the kernel reports it.
+pub fn blockdev_size(dev: &Path) -> u64 {
+    run("blockdev", &["--getsize64", &dev.to_string_lossy()])
+        .expect("blockdev")
+        .trim()
+        .parse()
+        .expect("number")
+}
+
+/// What `stat -f -c format` prints for the file system holding `path`
+/// (`%S %b %f %a`: block size, blocks, free, available), as numbers in
+/// order: the kernel's view, independent of Carina's.
+pub fn stat_fs<T>(path: &Path, format: &str) -> Vec<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Debug,
+{
+    run("stat", &["-f", "-c", format, &path.to_string_lossy()])
+        .expect("stat -f")
+        .split_whitespace()
+        .map(|w| w.parse().expect("number"))
+        .collect()
 }
 
 /// A sparse file attached to a loop device (with partition scanning).

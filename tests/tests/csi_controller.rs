@@ -9,26 +9,22 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use carina_controlplane::direct::DirectProvisioner;
 use carina_controlplane::nodes::spec::{NodeList, NodeSpec};
-use carina_controlplane::serve::{bind_unix, serve_controller};
 use carina_csi::strategy::Strategy;
-use carina_csi::{TOPOLOGY_KEY, Topology, context};
+use carina_csi::{Topology, context};
 use carina_proto::csi;
-use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::identity_client::IdentityClient;
 use carina_proto::csi::volume_capability::AccessType;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{Client as NodeClient, TestNode, server_cert, start_engine, unix_channel};
+use carina_tests::csi::{Csi, ServedController, delete, make, node_of, on};
+use carina_tests::grpc::{Client as NodeClient, TestNode, server_cert, start_engine};
 use carina_tests::{LoopDisk, MountGuard, have_root};
-use tokio::sync::oneshot;
 use tonic::Code;
-use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 const A: &str = "node-a";
@@ -36,29 +32,17 @@ const B: &str = "node-b";
 const A_BYTES: u64 = 256 * MIB;
 const B_BYTES: u64 = 512 * MIB;
 
-type Csi = ControllerClient<Channel>;
-
 /// Two nodes, the controller on a unix socket, and clients of all three.
 /// Fields drop in order: servers before the file systems they serve.
 struct Cluster {
-    csi: Csi,
-    channel: Channel,
+    controller: ServedController,
     nodes: Vec<TestNode>,
     node_clients: Vec<NodeClient>,
-    stop: Option<oneshot::Sender<()>>,
     _disk: Option<LoopDisk>,
     _mounts: Vec<MountGuard>,
     _dirs: Vec<tempfile::TempDir>,
     /// HOST group roots of node-a and node-b.
     roots: Vec<PathBuf>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
 }
 
 fn host_group(root: &Path) -> String {
@@ -120,28 +104,15 @@ impl Cluster {
         )?;
         let provisioner =
             DirectProvisioner::new(list, nodes[0].client_tls("controller")?, strategy);
-
-        let sock_dir = tempfile::Builder::new()
-            .prefix("carina-csi-sock-")
-            .tempdir()?;
-        let sock = sock_dir.path().join("csi.sock");
-        let listener = bind_unix(&format!("unix://{}", sock.display()))?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(serve_controller(listener, Arc::new(provisioner), async {
-            let _ = stopped.await;
-        }));
-        let channel = unix_channel(sock).await?;
-        dirs.push(sock_dir);
+        let controller = ServedController::start(provisioner, "carina-csi-sock-").await?;
         let mut node_clients = Vec::new();
         for n in &nodes {
             node_clients.push(n.client("reader").await?);
         }
         Ok(Cluster {
-            csi: ControllerClient::new(channel.clone()),
-            channel,
+            controller,
             nodes,
             node_clients,
-            stop: Some(stop),
             _disk: disk,
             _mounts: mounts,
             _dirs: dirs,
@@ -212,36 +183,9 @@ fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
+/// A volume for a mount of the driver's default filesystem.
 fn create(name: &str, required: u64) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: range(required as i64, 0),
-        volume_capabilities: vec![cap(Mode::SingleNodeWriter, mount(""))],
-        ..Default::default()
-    }
-}
-
-fn on(node: &str) -> csi::Topology {
-    csi::Topology {
-        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
-    }
-}
-
-async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
-    let name = req.name.clone();
-    csi.create_volume(req)
-        .await
-        .with_context(|| format!("CreateVolume {name}"))?
-        .into_inner()
-        .volume
-        .context("no volume")
-}
-
-fn node_of(v: &csi::Volume) -> &str {
-    v.volume_context
-        .get(context::NODE)
-        .map(String::as_str)
-        .unwrap_or_default()
+    carina_tests::csi::create(name, required, "")
 }
 
 /// The node a strategy picks from the allocatable bytes of `host` on
@@ -267,6 +211,7 @@ async fn placements(strategy: Strategy, count: usize, expected: &[&str]) -> Resu
         let free = c.allocatable().await?;
         let want = predict(strategy, &free, 100 * MIB);
         let result = c
+            .controller
             .csi
             .create_volume(create(&format!("{strategy}-{i}"), 100 * MIB))
             .await;
@@ -321,7 +266,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         return Ok(());
     }
     let mut c = Cluster::start(Strategy::Spreadout, true).await?;
-    let probe = IdentityClient::new(c.channel.clone())
+    let probe = IdentityClient::new(c.controller.server.channel.clone())
         .probe(csi::ProbeRequest {})
         .await?
         .into_inner();
@@ -342,7 +287,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         requisite: vec![on(A), on(B)],
         preferred: vec![on(A)],
     });
-    let xfs = make(&mut c.csi, req.clone()).await?;
+    let xfs = make(&mut c.controller.csi, req.clone()).await?;
     assert_eq!(xfs.volume_id, "pvc-xfs@node-a", "the preferred node first");
     assert_eq!(
         xfs.capacity_bytes,
@@ -362,20 +307,26 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
 
     // The same request again: the same volume, nothing new on any node.
     let before = c.lvs().await?;
-    let again = make(&mut c.csi, req.clone()).await?;
+    let again = make(&mut c.controller.csi, req.clone()).await?;
     assert_eq!(again.volume_id, xfs.volume_id);
     assert_eq!(again.capacity_bytes, xfs.capacity_bytes);
     assert_eq!(c.lvs().await?, before);
     // The same name with a size it does not satisfy, or another group.
     let mut bigger = req.clone();
     bigger.capacity_range = range(20 * MIB as i64, 20 * MIB as i64);
-    let e = c.csi.create_volume(bigger).await.expect_err("incompatible");
+    let e = c
+        .controller
+        .csi
+        .create_volume(bigger)
+        .await
+        .expect_err("incompatible");
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
     let mut other_group = req.clone();
     other_group
         .parameters
         .insert("carina.storage.io/disk-group-name".into(), "raw".into());
     let e = c
+        .controller
         .csi
         .create_volume(other_group)
         .await
@@ -387,7 +338,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
     let mut raw = create("pvc-raw", 16 * MIB);
     raw.volume_capabilities = vec![cap(Mode::SingleNodeWriter, block())];
     raw.parameters = params(&[("carina.storage.io/exclusively-raw-disk", "true")]);
-    let whole = make(&mut c.csi, raw.clone()).await?;
+    let whole = make(&mut c.controller.csi, raw.clone()).await?;
     assert_eq!(
         whole.volume_id, "pvc-raw@node-b",
         "only node-b has a RAW group"
@@ -411,7 +362,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         .context("on node-b")?;
     assert!(b_raw.exclusive);
     assert_eq!(
-        make(&mut c.csi, raw).await?.volume_id,
+        make(&mut c.controller.csi, raw).await?.volume_id,
         whole.volume_id,
         "idempotent"
     );
@@ -421,12 +372,17 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         ("carina.storage.io/disk-group-name", "raw"),
         ("carina.storage.io/exclusively-raw-disk", "true"),
     ]);
-    let e = c.csi.create_volume(second).await.expect_err("no free disk");
+    let e = c
+        .controller
+        .csi
+        .create_volume(second)
+        .await
+        .expect_err("no free disk");
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     // "false" is accepted and means a normal volume.
     let mut plain = create("pvc-plain", MIB);
     plain.parameters = params(&[("carina.storage.io/exclusively-raw-disk", "false")]);
-    make(&mut c.csi, plain).await?;
+    make(&mut c.controller.csi, plain).await?;
 
     // Sizes: rounded to the unit, never above limit_bytes.
     for (name, required, limit, want) in [
@@ -437,13 +393,14 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
     ] {
         let mut r = create(name, 0);
         r.capacity_range = range(required, limit);
-        let v = make(&mut c.csi, r).await?;
+        let v = make(&mut c.controller.csi, r).await?;
         assert_eq!(v.capacity_bytes, want, "{name}");
         assert!(limit == 0 || v.capacity_bytes <= limit, "{name}");
     }
 
     // Expand: grows on the node; node expansion for mounts, not for block.
     let grown = c
+        .controller
         .csi
         .controller_expand_volume(csi::ControllerExpandVolumeRequest {
             volume_id: xfs.volume_id.clone(),
@@ -462,6 +419,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         .context("on a")?;
     assert_eq!(on_a.size_bytes, 20 * MIB + 4096);
     let same = c
+        .controller
         .csi
         .controller_expand_volume(csi::ControllerExpandVolumeRequest {
             volume_id: whole.volume_id.clone(),
@@ -485,6 +443,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
             ..Default::default()
         };
     let ok = c
+        .controller
         .csi
         .validate_volume_capabilities(validate(
             &xfs.volume_id,
@@ -501,6 +460,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         (&xfs.volume_id, block(), Mode::SingleNodeWriter),
     ] {
         let r = c
+            .controller
             .csi
             .validate_volume_capabilities(validate(id, vec![cap(mode, access)]))
             .await?
@@ -521,6 +481,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
     };
     for (i, node) in [A, B].into_iter().enumerate() {
         let r = c
+            .controller
             .csi
             .get_capacity(get(Some(on(node)), "host"))
             .await?
@@ -528,9 +489,15 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         assert_eq!(r.available_capacity, free[i] as i64, "{node}");
         assert_eq!(r.maximum_volume_size, Some(free[i] as i64), "{node}");
     }
-    let all = c.csi.get_capacity(get(None, "host")).await?.into_inner();
+    let all = c
+        .controller
+        .csi
+        .get_capacity(get(None, "host"))
+        .await?
+        .into_inner();
     assert_eq!(all.available_capacity, (free[0] + free[1]) as i64);
     let unknown = c
+        .controller
         .csi
         .get_capacity(get(Some(on("node-x")), ""))
         .await?
@@ -549,6 +516,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
     let mut token = String::new();
     loop {
         let page = c
+            .controller
             .csi
             .list_volumes(csi::ListVolumesRequest {
                 max_entries: 3,
@@ -579,13 +547,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         "x@node-x",
         "a b@node-a",
     ] {
-        c.csi
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_string(),
-                ..Default::default()
-            })
-            .await
-            .with_context(|| format!("delete {id}"))?;
+        delete(&mut c.controller.csi, id).await?;
     }
     assert!(!c.lvs().await?[0].iter().any(|v| v.name == "pvc-xfs"));
     assert!(!Path::new(&xfs.volume_context[context::PATH]).exists());
@@ -596,6 +558,7 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
     c.node_clients.pop();
     b.stop().await?;
     let e = c
+        .controller
         .csi
         .create_volume(create("pvc-while-b-is-down", MIB))
         .await
@@ -641,7 +604,7 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
         return Ok(());
     }
     let mut c = Cluster::start(Strategy::Spreadout, false).await?;
-    let existing = make(&mut c.csi, create("pvc-existing", MIB)).await?;
+    let existing = make(&mut c.controller.csi, create("pvc-existing", MIB)).await?;
     let before = c.lvs().await?;
 
     let with = |f: &dyn Fn(&mut csi::CreateVolumeRequest)| {
@@ -950,7 +913,7 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
     assert!(table.len() >= 20);
     let mut wrong = Vec::new();
     for (what, call, want) in table {
-        let got = code_of(&mut c.csi, call).await;
+        let got = code_of(&mut c.controller.csi, call).await;
         if got != want {
             wrong.push(format!("{what}: want {want:?}, got {got:?}"));
         }

@@ -12,16 +12,16 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use carina_node::csi_local::serve::{CsiNodeServer, bind};
+use carina_node::csi_local::serve::CsiNodeServer;
 use carina_node::engine::{CreateRequest, Engine};
 use carina_proto::csi;
 use carina_proto::csi::identity_client::IdentityClient;
 use carina_proto::csi::node_client::NodeClient;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
-use carina_tests::grpc::{host_engine, start_engine, unix_channel};
-use carina_tests::{LoopDisk, VgGuard, have_root, run, unique};
-use tokio::sync::oneshot;
+use carina_tests::csi::ServedCsi;
+use carina_tests::grpc::{host_engine, start_engine};
+use carina_tests::{LoopDisk, VgGuard, have_root, run, stat_fs, unique};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -86,8 +86,7 @@ fn mounts_under(root: &Path) -> Vec<PathBuf> {
 struct CsiNode {
     node: NodeClient<Channel>,
     identity: IdentityClient<Channel>,
-    stop: Option<oneshot::Sender<()>>,
-    _sock: tempfile::TempDir,
+    _server: ServedCsi,
 }
 
 impl CsiNode {
@@ -158,35 +157,18 @@ impl CsiNode {
     }
 
     async fn start(engine: Engine) -> CsiNode {
-        let sock_dir = tempfile::Builder::new()
-            .prefix("carina-csi-sock-")
-            .tempdir()
-            .expect("socket dir");
-        let path = sock_dir.path().join("csi.sock");
-        let listener = bind(&path.display().to_string()).expect("bind");
-        let (stop, stopped) = oneshot::channel::<()>();
         let server = CsiNodeServer::new(engine, NODE)
             .max_volumes(100)
             .grace_period(Duration::from_secs(5));
-        tokio::spawn(server.serve(listener, async {
-            let _ = stopped.await;
-        }));
-        let channel = unix_channel(path)
-            .await
-            .expect("connect over the unix socket");
+        let served = ServedCsi::start("carina-csi-sock-", |listener, shutdown| {
+            server.serve(listener, shutdown)
+        })
+        .await
+        .expect("serve and connect over the unix socket");
         CsiNode {
-            node: NodeClient::new(channel.clone()),
-            identity: IdentityClient::new(channel),
-            stop: Some(stop),
-            _sock: sock_dir,
-        }
-    }
-}
-
-impl Drop for CsiNode {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            node: NodeClient::new(served.channel.clone()),
+            identity: IdentityClient::new(served.channel.clone()),
+            _server: served,
         }
     }
 }
@@ -308,15 +290,7 @@ fn stats_req(id: &str, path: &Path) -> csi::NodeGetVolumeStatsRequest {
 
 /// `(total, available, used)` bytes and inodes, as `stat -f` reports them.
 fn statfs(path: &Path) -> ((i64, i64, i64), (i64, i64, i64)) {
-    let out = run(
-        "stat",
-        &["-f", "-c", "%S %b %f %a %c %d", &path.to_string_lossy()],
-    )
-    .expect("stat -f");
-    let n: Vec<i64> = out
-        .split_whitespace()
-        .map(|w| w.parse().expect("number"))
-        .collect();
+    let n: Vec<i64> = stat_fs(path, "%S %b %f %a %c %d");
     let (bsize, blocks, free, avail, files, ffree) = (n[0], n[1], n[2], n[3], n[4], n[5]);
     (
         (blocks * bsize, avail * bsize, (blocks - free) * bsize),

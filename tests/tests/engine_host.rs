@@ -5,9 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use carina_node::engine::quota;
-use carina_node::engine::{CreateRequest, Engine, Error, Policy, QuotaMode, Volume};
-use carina_tests::engine::engine_for;
-use carina_tests::{LoopDisk, MountGuard, have_root, in_ci, run, unique};
+use carina_node::engine::{CreateRequest, Engine, Error, GroupCapacity, Policy, QuotaMode, Volume};
+use carina_tests::engine::{
+    assert_not_found, capacity, create, engine_for, refused, resize_refused,
+};
+use carina_tests::{LoopDisk, MountGuard, have_root, in_ci, run, stat_fs, unique};
 
 const MIB: u64 = 1 << 20;
 const UNIT: u64 = 4096;
@@ -133,6 +135,11 @@ impl Host {
         })
     }
 
+    /// One group at `rel` keeping `reserve` bytes, on a 64 MiB ext4.
+    async fn ext4(test: &str, rel: &str, reserve: u64) -> Option<Host> {
+        Host::new(test, "ext4", 64 * MIB, &[(rel, reserve)]).await
+    }
+
     fn group(&self) -> &str {
         &self.groups[0].0
     }
@@ -144,6 +151,11 @@ impl Host {
     /// Replaces the engine by a new one over the same configuration.
     async fn restart(&mut self) {
         self.engine = start(&self.config).await;
+    }
+
+    /// The first group's capacity now.
+    async fn capacity(&self) -> GroupCapacity {
+        capacity(&self.engine, self.group()).await
     }
 
     fn req(&self, name: &str, size: u64) -> CreateRequest {
@@ -170,15 +182,7 @@ fn is_mount_point(path: &Path) -> bool {
 /// What the file system says, independently of the engine:
 /// (frsize, blocks, free blocks, available blocks).
 fn statfs(path: &Path) -> (u64, u64, u64, u64) {
-    let out = run(
-        "stat",
-        &["-f", "-c", "%S %b %f %a", &path.to_string_lossy()],
-    )
-    .expect("stat -f");
-    let n: Vec<u64> = out
-        .split_whitespace()
-        .map(|s| s.parse().expect("number"))
-        .collect();
+    let n: Vec<u64> = stat_fs(path, "%S %b %f %a");
     (n[0], n[1], n[2], n[3])
 }
 
@@ -202,22 +206,12 @@ fn names(volumes: &[Volume]) -> Vec<&str> {
 
 #[tokio::test]
 async fn host_lifecycle_is_idempotent() {
-    let Some(h) = Host::new(
-        "host_lifecycle_is_idempotent",
-        "ext4",
-        64 * MIB,
-        &[("vols", 0)],
-    )
-    .await
-    else {
+    let Some(h) = Host::ext4("host_lifecycle_is_idempotent", "vols", 0).await else {
         return;
     };
     let e = &h.engine;
 
-    let v = e
-        .create_volume(h.req("vol-a", 5 * MIB + 1))
-        .await
-        .expect("create");
+    let v = create(e, h.req("vol-a", 5 * MIB + 1)).await;
     assert_eq!(v.size_bytes, 5 * MIB + UNIT, "rounded up to 4 KiB");
     assert_eq!(v.policy, Policy::Host);
     assert_eq!(v.group, h.group());
@@ -242,22 +236,10 @@ async fn host_lifecycle_is_idempotent() {
     );
 
     // The same request again, and one that rounds to the same size.
-    assert_eq!(
-        e.create_volume(h.req("vol-a", 5 * MIB + 1))
-            .await
-            .expect("repeat"),
-        v
-    );
-    assert_eq!(
-        e.create_volume(h.req("vol-a", 5 * MIB + 2))
-            .await
-            .expect("repeat"),
-        v
-    );
-    let err = e
-        .create_volume(h.req("vol-a", 6 * MIB))
-        .await
-        .expect_err("other size");
+    for size in [5 * MIB + 1, 5 * MIB + 2] {
+        assert_eq!(create(e, h.req("vol-a", size)).await, v, "a repeat");
+    }
+    let err = refused(e, h.req("vol-a", 6 * MIB)).await;
     assert!(
         matches!(
             err,
@@ -278,54 +260,34 @@ async fn host_lifecycle_is_idempotent() {
         e.resize_volume("vol-a", 8 * MIB).await.expect("same size"),
         grown
     );
-    let err = e.resize_volume("vol-a", 4 * MIB).await.expect_err("shrink");
+    let err = resize_refused(e, "vol-a", 4 * MIB).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
 
-    let cap = &e.capacity(Some(h.group())).await.expect("capacity")[0];
+    let cap = h.capacity().await;
     assert_eq!(cap.volume_count, 1);
     assert_eq!(cap.free_bytes, expected_free(h.root(), 8 * MIB));
 
     e.delete_volume("vol-a").await.expect("delete");
     assert!(!h.root().join("vol-a").exists());
     assert!(!h.root().join(".carina/vol-a.json").exists());
-    assert!(matches!(
-        e.get_volume("vol-a").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
-    assert!(matches!(
-        e.delete_volume("vol-a").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
+    assert_not_found(e, "vol-a").await;
     assert!(e.list_volumes(None).await.expect("list").is_empty());
 }
 
 #[tokio::test]
 async fn host_exhaustion_is_refused_and_leaves_nothing() {
-    let Some(h) = Host::new(
-        "host_exhaustion_is_refused_and_leaves_nothing",
-        "ext4",
-        64 * MIB,
-        &[("vols", 0)],
-    )
-    .await
+    let Some(h) = Host::ext4("host_exhaustion_is_refused_and_leaves_nothing", "vols", 0).await
     else {
         return;
     };
     let e = &h.engine;
-    let cap = e
-        .capacity(Some(h.group()))
-        .await
-        .expect("capacity")
-        .remove(0);
+    let cap = h.capacity().await;
     assert_eq!(cap.free_bytes, expected_free(h.root(), 0));
     assert_eq!(cap.allocatable_bytes, cap.free_bytes, "no reserve");
     assert_eq!(cap.largest_allocatable_bytes, cap.allocatable_bytes);
     assert!(cap.allocatable_bytes > 40 * MIB, "{cap:?}");
 
-    let err = e
-        .create_volume(h.req("too-big", cap.allocatable_bytes + 1))
-        .await
-        .expect_err("more than allocatable");
+    let err = refused(e, h.req("too-big", cap.allocatable_bytes + 1)).await;
     assert!(
         matches!(
             err,
@@ -340,35 +302,19 @@ async fn host_exhaustion_is_refused_and_leaves_nothing() {
     );
 
     let fill = cap.allocatable_bytes / UNIT * UNIT;
-    e.create_volume(h.req("fill", fill))
-        .await
-        .expect("everything allocatable");
-    let after = e
-        .capacity(Some(h.group()))
-        .await
-        .expect("capacity")
-        .remove(0);
+    create(e, h.req("fill", fill)).await;
+    let after = h.capacity().await;
     assert_eq!(after.free_bytes, expected_free(h.root(), fill));
     assert!(after.allocatable_bytes < MIB, "{after:?}");
-    let err = e
-        .create_volume(h.req("one-more", after.allocatable_bytes + 1))
-        .await
-        .expect_err("full");
+    let err = refused(e, h.req("one-more", after.allocatable_bytes + 1)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let err = e
-        .resize_volume("fill", fill + after.allocatable_bytes + 1)
-        .await
-        .expect_err("growth does not fit");
+    let err = resize_refused(e, "fill", fill + after.allocatable_bytes + 1).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     assert_eq!(e.get_volume("fill").await.expect("get").size_bytes, fill);
     assert_eq!(names(&e.list_volumes(None).await.expect("list")), ["fill"]);
 
     e.delete_volume("fill").await.expect("delete");
-    let back = e
-        .capacity(Some(h.group()))
-        .await
-        .expect("capacity")
-        .remove(0);
+    let back = h.capacity().await;
     assert_eq!(back.free_bytes, expected_free(h.root(), 0));
     assert!(back.allocatable_bytes >= fill, "{back:?}");
 }
@@ -395,21 +341,16 @@ async fn host_reserve_is_never_allocated() {
         exclusive: false,
     };
 
-    let cap = e.capacity(Some(keep)).await.expect("capacity").remove(0);
+    let cap = capacity(e, keep).await;
     assert_eq!(cap.reserve_bytes, 16 * MIB);
     assert_eq!(cap.free_bytes, expected_free(keep_root, 0));
     assert_eq!(cap.allocatable_bytes, cap.free_bytes - 16 * MIB);
     // Fits the free space, but not without eating into the reserve.
-    let err = e
-        .create_volume(req(keep, "into-reserve", cap.allocatable_bytes + UNIT))
-        .await
-        .expect_err("reserve kept");
+    let err = refused(e, req(keep, "into-reserve", cap.allocatable_bytes + UNIT)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     let most = cap.allocatable_bytes / UNIT * UNIT;
-    e.create_volume(req(keep, "most", most))
-        .await
-        .expect("up to the reserve");
-    let after = e.capacity(Some(keep)).await.expect("capacity").remove(0);
+    create(e, req(keep, "most", most)).await;
+    let after = capacity(e, keep).await;
     assert!(
         after.free_bytes >= 16 * MIB,
         "reserve still free: {after:?}"
@@ -421,13 +362,10 @@ async fn host_reserve_is_never_allocated() {
     assert!(after.allocatable_bytes < MIB, "{after:?}");
 
     // A reserve larger than the file system: nothing allocatable, no underflow.
-    let cap = e.capacity(Some(greedy)).await.expect("capacity").remove(0);
+    let cap = capacity(e, greedy).await;
     assert_eq!(cap.allocatable_bytes, 0);
     assert_eq!(cap.largest_allocatable_bytes, 0);
-    let err = e
-        .create_volume(req(greedy, "tiny", UNIT))
-        .await
-        .expect_err("all reserved");
+    let err = refused(e, req(greedy, "tiny", UNIT)).await;
     assert!(
         matches!(
             err,
@@ -442,14 +380,7 @@ async fn host_reserve_is_never_allocated() {
 
 #[tokio::test]
 async fn host_foreign_entries_are_never_touched() {
-    let Some(h) = Host::new(
-        "host_foreign_entries_are_never_touched",
-        "ext4",
-        64 * MIB,
-        &[("vols", 0)],
-    )
-    .await
-    else {
+    let Some(h) = Host::ext4("host_foreign_entries_are_never_touched", "vols", 0).await else {
         return;
     };
     let root = h.root();
@@ -475,23 +406,14 @@ async fn host_foreign_entries_are_never_touched() {
     let root = h.root();
     assert!(e.list_volumes(None).await.expect("list").is_empty());
     for name in ["stranger", "impostor"] {
-        assert!(matches!(
-            e.get_volume(name).await,
-            Err(Error::VolumeNotFound { .. })
-        ));
-        assert!(matches!(
-            e.delete_volume(name).await,
-            Err(Error::VolumeNotFound { .. })
-        ));
+        assert_not_found(e, name).await;
         assert!(matches!(
             e.resize_volume(name, 8 * MIB).await,
             Err(Error::VolumeNotFound { .. })
         ));
     }
-    let err = e
-        .create_volume(h.req("stranger", 4 * MIB))
-        .await
-        .expect_err("taken by someone else");
+    // Taken by someone else.
+    let err = refused(e, h.req("stranger", 4 * MIB)).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
     assert!(
         !root.join(".carina/stranger.json").exists(),
@@ -499,16 +421,10 @@ async fn host_foreign_entries_are_never_touched() {
     );
 
     // One of ours, holding a link out of the root, deleted.
-    let v = e
-        .create_volume(h.req("ours", 4 * MIB))
-        .await
-        .expect("create");
+    let v = create(e, h.req("ours", 4 * MIB)).await;
     let dir = v.host_path.expect("a directory");
     std::os::unix::fs::symlink(&outside, dir.join("escape")).expect("symlink");
-    assert_eq!(
-        e.capacity(Some(h.group())).await.expect("capacity")[0].volume_count,
-        1
-    );
+    assert_eq!(h.capacity().await.volume_count, 1);
     e.delete_volume("ours").await.expect("delete");
     assert!(!dir.exists());
 
@@ -527,11 +443,10 @@ async fn host_foreign_entries_are_never_touched() {
 
 #[tokio::test]
 async fn host_new_engine_finds_volumes_and_restores_directories() {
-    let Some(mut h) = Host::new(
+    let Some(mut h) = Host::ext4(
         "host_new_engine_finds_volumes_and_restores_directories",
-        "ext4",
-        64 * MIB,
-        &[("deep/nested/root", 0)],
+        "deep/nested/root",
+        0,
     )
     .await
     else {
@@ -541,16 +456,8 @@ async fn host_new_engine_finds_volumes_and_restores_directories() {
         h.root().join(".carina").is_dir(),
         "start made root and markers"
     );
-    let a = h
-        .engine
-        .create_volume(h.req("vol-a", 4 * MIB))
-        .await
-        .expect("create");
-    let b = h
-        .engine
-        .create_volume(h.req("vol-b", 8 * MIB))
-        .await
-        .expect("create");
+    let a = create(&h.engine, h.req("vol-a", 4 * MIB)).await;
+    let b = create(&h.engine, h.req("vol-b", 8 * MIB)).await;
     std::fs::write(h.root().join("vol-a/file"), "kept").expect("write");
     std::fs::remove_dir(h.root().join("vol-b")).expect("lose b's directory");
 
@@ -566,48 +473,28 @@ async fn host_new_engine_finds_volumes_and_restores_directories() {
         std::fs::read_to_string(h.root().join("vol-a/file")).expect("read"),
         "kept"
     );
-    let cap = &e.capacity(Some(h.group())).await.expect("capacity")[0];
+    let cap = h.capacity().await;
     assert_eq!(cap.volume_count, 2);
     assert_eq!(cap.free_bytes, expected_free(h.root(), 12 * MIB));
     // The new engine knows them: repeat, conflict and delete all work.
-    assert_eq!(
-        e.create_volume(h.req("vol-a", 4 * MIB))
-            .await
-            .expect("repeat"),
-        a
-    );
-    assert!(matches!(
-        e.create_volume(h.req("vol-b", 4 * MIB)).await,
-        Err(Error::AlreadyExists { .. })
-    ));
+    assert_eq!(create(e, h.req("vol-a", 4 * MIB)).await, a, "a repeat");
+    let err = refused(e, h.req("vol-b", 4 * MIB)).await;
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
     e.delete_volume("vol-a").await.expect("delete");
     e.delete_volume("vol-b").await.expect("delete");
 }
 
 #[tokio::test]
 async fn host_capacity_reports_accounting_only() {
-    let Some(h) = Host::new(
-        "host_capacity_reports_accounting_only",
-        "ext4",
-        64 * MIB,
-        &[("vols", 3 * MIB)],
-    )
-    .await
-    else {
+    let Some(h) = Host::ext4("host_capacity_reports_accounting_only", "vols", 3 * MIB).await else {
         return;
     };
     let e = &h.engine;
-    e.create_volume(h.req("vol-a", 2 * MIB))
-        .await
-        .expect("create");
+    create(e, h.req("vol-a", 2 * MIB)).await;
     // This kernel has no quota support, so the file system is mounted
     // without prjquota and sizes are only accounted: say so.
     assert_eq!(quota::detect(h.root()).expect("detect"), None);
-    let cap = e
-        .capacity(Some(h.group()))
-        .await
-        .expect("capacity")
-        .remove(0);
+    let cap = h.capacity().await;
     let (frsize, blocks, _, _) = statfs(h.root());
     assert_eq!(cap.quota, QuotaMode::AccountingOnly);
     assert_eq!(cap.policy, Policy::Host);
@@ -632,13 +519,8 @@ async fn data_survives_remount(test: &str, fstype: &'static str, size: u64) {
     let Some(mut h) = Host::new(test, fstype, size, &[("vols", 0)]).await else {
         return;
     };
-    let v = h
-        .engine
-        .create_volume(h.req("data", 16 * MIB))
-        .await
-        .expect("create");
-    let cap = h.engine.capacity(Some(h.group())).await.expect("capacity");
-    assert_eq!(cap[0].quota, QuotaMode::AccountingOnly);
+    let v = create(&h.engine, h.req("data", 16 * MIB)).await;
+    assert_eq!(h.capacity().await.quota, QuotaMode::AccountingOnly);
     let dir = v.host_path.clone().expect("a directory");
     let dir_s = dir.to_string_lossy().into_owned();
     let payload: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();

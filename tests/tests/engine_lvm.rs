@@ -1,9 +1,9 @@
 //! Engine tests for LVM groups on real loop devices (loop activation when
 //! the kernel has no device-mapper).
 
-use carina_node::engine::{CreateRequest, Error, Policy};
-use carina_tests::engine::{EngineFixture, engine_over};
-use carina_tests::{MountGuard, lvm, run};
+use carina_node::engine::{Error, Policy, Volume};
+use carina_tests::engine::{EngineFixture, assert_not_found, engine_over};
+use carina_tests::{MountGuard, blockdev_size, lvm, run};
 
 const MIB: u64 = 1 << 20;
 
@@ -11,21 +11,13 @@ async fn lvm_fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<EngineFi
     EngineFixture::new(test, "LVM", sizes, reserve).await
 }
 
-fn req(name: &str, group: &str, size: u64) -> CreateRequest {
-    CreateRequest {
-        name: name.into(),
-        group: group.into(),
-        size_bytes: size,
-        exclusive: false,
-    }
-}
-
-fn blockdev_size(dev: &std::path::Path) -> u64 {
-    run("blockdev", &["--getsize64", &dev.to_string_lossy()])
-        .expect("blockdev")
-        .trim()
-        .parse()
-        .expect("number")
+/// The volume's block device, as an argument for mkfs and mount.
+fn dev_arg(v: &Volume) -> String {
+    v.device_path
+        .as_deref()
+        .expect("a block device")
+        .to_string_lossy()
+        .into_owned()
 }
 
 #[tokio::test]
@@ -33,22 +25,13 @@ async fn lifecycle_create_get_list_grow_delete() {
     let Some(f) = lvm_fixture("lifecycle", &[256 * MIB], 0).await else {
         return;
     };
-    let cap0 = f
-        .engine
-        .capacity(Some(&f.group))
-        .await
-        .expect("capacity")
-        .remove(0);
+    let cap0 = f.capacity().await;
     assert_eq!(cap0.policy, Policy::Lvm);
     assert_eq!(cap0.volume_count, 0);
     assert!(cap0.total_bytes > 200 * MIB, "{cap0:?}");
 
     // 10 MiB rounds up to the 4 MiB extent size: 12 MiB.
-    let v = f
-        .engine
-        .create_volume(req("vol-a", &f.group, 10 * MIB))
-        .await
-        .expect("create");
+    let v = f.create(f.req("vol-a", 10 * MIB)).await;
     assert_eq!(v.size_bytes, 12 * MIB);
     assert_eq!(v.policy, Policy::Lvm);
     let dev = v.device_path.clone().expect("block device");
@@ -61,32 +44,16 @@ async fn lifecycle_create_get_list_grow_delete() {
 
     let got = f.engine.get_volume("vol-a").await.expect("get");
     assert_eq!(got, v);
-    let b = f
-        .engine
-        .create_volume(req("vol-b", &f.group, 4 * MIB))
-        .await
-        .expect("create b");
-    let names: Vec<_> = f
-        .engine
-        .list_volumes(None)
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    assert_eq!(names, ["vol-a", "vol-b"]);
+    let b = f.create(f.req("vol-b", 4 * MIB)).await;
+    assert_eq!(f.names().await, ["vol-a", "vol-b"]);
 
-    let cap1 = f.engine.capacity(None).await.expect("capacity").remove(0);
+    let cap1 = f.capacity().await;
     assert_eq!(cap1.volume_count, 2);
     assert_eq!(cap1.free_bytes, cap0.free_bytes - 16 * MIB);
 
     // vol-b sits right after vol-a (best fit from the start), so vol-a
     // cannot grow in place; vol-b can.
-    let err = f
-        .engine
-        .resize_volume("vol-a", 20 * MIB)
-        .await
-        .expect_err("extents after are taken");
+    let err = f.resize_refused("vol-a", 20 * MIB).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
     let grown = f
         .engine
@@ -98,11 +65,7 @@ async fn lifecycle_create_get_list_grow_delete() {
         blockdev_size(grown.device_path.as_deref().expect("dev")),
         40 * MIB
     );
-    let err = f
-        .engine
-        .resize_volume("vol-b", 8 * MIB)
-        .await
-        .expect_err("no shrink");
+    let err = f.resize_refused("vol-b", 8 * MIB).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
     assert_eq!(
         f.engine
@@ -115,16 +78,10 @@ async fn lifecycle_create_get_list_grow_delete() {
 
     f.engine.delete_volume("vol-a").await.expect("delete a");
     f.engine.delete_volume("vol-b").await.expect("delete b");
-    assert!(matches!(
-        f.engine.delete_volume("vol-b").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
-    assert!(matches!(
-        f.engine.get_volume("vol-a").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
+    assert_not_found(&f.engine, "vol-a").await;
+    assert_not_found(&f.engine, "vol-b").await;
     assert!(!dev.exists() || blockdev_size(&dev) != 12 * MIB || b.device_path != Some(dev.clone()));
-    let cap2 = f.engine.capacity(None).await.expect("capacity").remove(0);
+    let cap2 = f.capacity().await;
     assert_eq!(cap2.free_bytes, cap0.free_bytes);
     assert_eq!(cap2.volume_count, 0);
 }
@@ -134,29 +91,15 @@ async fn idempotent_and_conflicting_repeats() {
     let Some(f) = lvm_fixture("repeats", &[128 * MIB], 0).await else {
         return;
     };
-    let a = f
-        .engine
-        .create_volume(req("same", &f.group, 8 * MIB))
-        .await
-        .expect("create");
-    let again = f
-        .engine
-        .create_volume(req("same", &f.group, 8 * MIB))
-        .await
-        .expect("repeat");
-    assert_eq!(a, again);
+    let a = f.create(f.req("same", 8 * MIB)).await;
+    assert_eq!(f.create(f.req("same", 8 * MIB)).await, a, "a repeat");
     // 7 MiB rounds to the same 8 MiB: still the same request.
-    let rounded = f
-        .engine
-        .create_volume(req("same", &f.group, 7 * MIB))
-        .await
-        .expect("rounded repeat");
-    assert_eq!(a, rounded);
-    let err = f
-        .engine
-        .create_volume(req("same", &f.group, 16 * MIB))
-        .await
-        .expect_err("other size");
+    assert_eq!(
+        f.create(f.req("same", 7 * MIB)).await,
+        a,
+        "a rounded repeat"
+    );
+    let err = f.refused(f.req("same", 16 * MIB)).await;
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
     assert_eq!(f.engine.list_volumes(None).await.expect("list").len(), 1);
 }
@@ -167,36 +110,20 @@ async fn exhaustion_and_reserve() {
     let Some(f) = lvm_fixture("reserve", &[128 * MIB], 40 * MIB).await else {
         return;
     };
-    let cap = f.engine.capacity(None).await.expect("capacity").remove(0);
+    let cap = f.capacity().await;
     assert_eq!(cap.reserve_bytes, 40 * MIB);
     assert_eq!(cap.allocatable_bytes, cap.free_bytes - 40 * MIB);
     let fits_free_not_reserve = cap.free_bytes - 20 * MIB;
-    let err = f
-        .engine
-        .create_volume(req("big", &f.group, fits_free_not_reserve))
-        .await
-        .expect_err("reserve");
-    assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let err = f
-        .engine
-        .create_volume(req("huge", &f.group, 10 << 30))
-        .await
-        .expect_err("exhausted");
-    assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let ok = f
-        .engine
-        .create_volume(req("exact", &f.group, cap.allocatable_bytes))
-        .await
-        .expect("exactly allocatable");
+    for (name, size) in [("big", fits_free_not_reserve), ("huge", 10 << 30)] {
+        let err = f.refused(f.req(name, size)).await;
+        assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
+    }
+    let ok = f.create(f.req("exact", cap.allocatable_bytes)).await;
     assert_eq!(ok.size_bytes, cap.allocatable_bytes);
-    let after = f.engine.capacity(None).await.expect("capacity").remove(0);
+    let after = f.capacity().await;
     assert_eq!(after.allocatable_bytes, 0);
     assert_eq!(after.free_bytes, 40 * MIB, "the reserve stays free");
-    let err = f
-        .engine
-        .create_volume(req("one-more", &f.group, MIB))
-        .await
-        .expect_err("nothing left");
+    let err = f.refused(f.req("one-more", MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     assert_eq!(
         f.engine.list_volumes(None).await.expect("list").len(),
@@ -210,10 +137,7 @@ async fn foreign_lvs_are_never_listed_or_deleted() {
     let Some(f) = lvm_fixture("foreign", &[128 * MIB], 0).await else {
         return;
     };
-    f.engine
-        .create_volume(req("ours", &f.group, 8 * MIB))
-        .await
-        .expect("create");
+    f.create(f.req("ours", 8 * MIB)).await;
     let dev = f.disks[0].dev();
     lvm(
         &[&dev],
@@ -234,35 +158,13 @@ async fn foreign_lvs_are_never_listed_or_deleted() {
     )
     .expect("foreign lvcreate");
     f.engine.rescan().await.expect("rescan");
-    let names: Vec<_> = f
-        .engine
-        .list_volumes(None)
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    assert_eq!(names, ["ours"]);
-    assert!(matches!(
-        f.engine.get_volume("theirs").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
-    assert!(matches!(
-        f.engine.delete_volume("theirs").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
-    let err = f
-        .engine
-        .create_volume(req("theirs", &f.group, 8 * MIB))
-        .await
-        .expect_err("name taken by a foreign LV");
+    assert_eq!(f.names().await, ["ours"]);
+    assert_not_found(&f.engine, "theirs").await;
+    let err = f.refused(f.req("theirs", 8 * MIB)).await;
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
     let lvs = lvm(&[&dev], &["lvs", "--noheadings", "-o", "lv_name", &f.group]).expect("lvs");
     assert!(lvs.contains("theirs"), "foreign LV still there: {lvs}");
-    assert_eq!(
-        f.engine.capacity(None).await.expect("capacity")[0].volume_count,
-        1
-    );
+    assert_eq!(f.capacity().await.volume_count, 1);
 }
 
 #[tokio::test]
@@ -270,16 +172,8 @@ async fn a_new_engine_finds_existing_volumes() {
     let Some(f) = lvm_fixture("restart", &[128 * MIB, 64 * MIB], 0).await else {
         return;
     };
-    let a = f
-        .engine
-        .create_volume(req("keep-a", &f.group, 8 * MIB))
-        .await
-        .expect("a");
-    let b = f
-        .engine
-        .create_volume(req("keep-b", &f.group, 100 * MIB))
-        .await
-        .expect("b");
+    let a = f.create(f.req("keep-a", 8 * MIB)).await;
+    let b = f.create(f.req("keep-b", 100 * MIB)).await;
     let EngineFixture {
         engine,
         group,
@@ -315,17 +209,7 @@ async fn data_path(fstype: &str, mkfs: &[&str]) {
     let Some(f) = lvm_fixture(&format!("data-{fstype}"), &[400 * MIB], 0).await else {
         return;
     };
-    let v = f
-        .engine
-        .create_volume(req("data", &f.group, 320 * MIB))
-        .await
-        .expect("create");
-    let dev = v
-        .device_path
-        .clone()
-        .expect("device")
-        .to_string_lossy()
-        .into_owned();
+    let dev = dev_arg(&f.create(f.req("data", 320 * MIB)).await);
     let mut args: Vec<&str> = mkfs[1..].to_vec();
     args.push(&dev);
     run(mkfs[0], &args).expect("mkfs");
@@ -336,12 +220,7 @@ async fn data_path(fstype: &str, mkfs: &[&str]) {
     }
     // Unmounted; the volume survives a rescan, then mount again and read.
     f.engine.rescan().await.expect("rescan");
-    let again = f.engine.get_volume("data").await.expect("get");
-    let dev2 = again
-        .device_path
-        .expect("device")
-        .to_string_lossy()
-        .into_owned();
+    let dev2 = dev_arg(&f.engine.get_volume("data").await.expect("get"));
     {
         let _m = MountGuard::mount(&dev2, mnt.path(), Some(fstype), None).expect("remount");
         let text = std::fs::read(mnt.path().join("hello.txt")).expect("read back");
@@ -373,17 +252,8 @@ async fn online_grow_of_a_mounted_volume() {
     let Some(f) = lvm_fixture("online-grow", &[768 * MIB], 0).await else {
         return;
     };
-    let v = f
-        .engine
-        .create_volume(req("grow", &f.group, 320 * MIB))
-        .await
-        .expect("create");
-    let dev = v
-        .device_path
-        .clone()
-        .expect("device")
-        .to_string_lossy()
-        .into_owned();
+    let v = f.create(f.req("grow", 320 * MIB)).await;
+    let dev = dev_arg(&v);
     run("mkfs.xfs", &["-q", "-f", &dev]).expect("mkfs");
     let mnt = tempfile::tempdir().expect("tempdir");
     let _m = MountGuard::mount(&dev, mnt.path(), Some("xfs"), None).expect("mount");
@@ -422,29 +292,11 @@ async fn wiped_on_create() {
     let Some(f) = lvm_fixture("wipe", &[128 * MIB], 0).await else {
         return;
     };
-    let v = f
-        .engine
-        .create_volume(req("first", &f.group, 32 * MIB))
-        .await
-        .expect("create");
-    let dev = v
-        .device_path
-        .clone()
-        .expect("device")
-        .to_string_lossy()
-        .into_owned();
+    let dev = dev_arg(&f.create(f.req("first", 32 * MIB)).await);
     run("mkfs.ext4", &["-q", "-F", &dev]).expect("mkfs");
     f.engine.delete_volume("first").await.expect("delete");
-    let w = f
-        .engine
-        .create_volume(req("second", &f.group, 32 * MIB))
-        .await
-        .expect("create on the same extents");
-    let dev2 = w
-        .device_path
-        .expect("device")
-        .to_string_lossy()
-        .into_owned();
+    // On the same extents.
+    let dev2 = dev_arg(&f.create(f.req("second", 32 * MIB)).await);
     let probe = std::process::Command::new("blkid")
         .args(["-p", &dev2])
         .output()

@@ -9,21 +9,13 @@ use std::path::Path;
 use carina_node::engine::gpt::{self, Partition};
 use carina_node::engine::raw::partition_name;
 use carina_node::engine::{Error, Policy, Volume};
-use carina_tests::engine::EngineFixture;
-use carina_tests::{LoopDisk, MountGuard, run};
+use carina_tests::engine::{EngineFixture, assert_not_found, names};
+use carina_tests::{LoopDisk, MountGuard, blockdev_size, run};
 
 const MIB: u64 = 1 << 20;
 
 async fn raw_fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<EngineFixture> {
     EngineFixture::new(test, "RAW", sizes, reserve).await
-}
-
-fn blockdev_size(dev: &Path) -> u64 {
-    run("blockdev", &["--getsize64", &dev.to_string_lossy()])
-        .expect("blockdev")
-        .trim()
-        .parse()
-        .expect("number")
 }
 
 /// The disk's partition entries, or none when it has no table.
@@ -117,11 +109,7 @@ async fn create_get_list_grow_delete() {
         "64 MiB disk, 1 MiB aligned, GPT at both ends"
     );
 
-    let a = f
-        .engine
-        .create_volume(f.req("a", 8 * MIB - 5))
-        .await
-        .expect("create a");
+    let a = f.create(f.req("a", 8 * MIB - 5)).await;
     assert_eq!(a.size_bytes, 8 * MIB, "rounded up to the 1 MiB unit");
     assert_eq!((a.policy, a.exclusive), (Policy::Raw, false));
     assert_eq!(a.disk.as_deref(), Some(f.disks[0].dev().as_str()));
@@ -133,17 +121,9 @@ async fn create_get_list_grow_delete() {
     assert_eq!(parts[0].size * 512, 8 * MIB);
 
     assert_same(&f.engine.get_volume("a").await.expect("get"), &a);
-    let again = f
-        .engine
-        .create_volume(f.req("a", 8 * MIB))
-        .await
-        .expect("repeat");
+    let again = f.create(f.req("a", 8 * MIB)).await;
     assert_same(&again, &a);
-    let err = f
-        .engine
-        .create_volume(f.req("a", 9 * MIB))
-        .await
-        .expect_err("other size");
+    let err = f.refused(f.req("a", 9 * MIB)).await;
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
     assert_eq!(
         entries(&f.disks[0]).expect("gpt").len(),
@@ -151,21 +131,13 @@ async fn create_get_list_grow_delete() {
         "no second partition"
     );
 
-    let b = f
-        .engine
-        .create_volume(f.req("b", 4 * MIB))
-        .await
-        .expect("create b");
+    let b = f.create(f.req("b", 4 * MIB)).await;
     check_device(&b);
     assert_eq!(f.names().await, vec!["a", "b"]);
     assert_eq!(f.allocatable().await, total - 12 * MIB);
 
     // a is followed by b: no room to grow in place
-    let err = f
-        .engine
-        .resize_volume("a", 16 * MIB)
-        .await
-        .expect_err("a cannot grow");
+    let err = f.resize_refused("a", 16 * MIB).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
     assert!(err.to_string().contains("free"), "{err}");
     assert_eq!(
@@ -179,22 +151,11 @@ async fn create_get_list_grow_delete() {
     assert_eq!(b2.device_path, b.device_path);
     check_device(&b2);
     assert_eq!(f.allocatable().await, total - 18 * MIB);
-    let err = f
-        .engine
-        .resize_volume("b", 2 * MIB)
-        .await
-        .expect_err("no shrink");
+    let err = f.resize_refused("b", 2 * MIB).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
 
     f.engine.delete_volume("a").await.expect("delete a");
-    assert!(matches!(
-        f.engine.get_volume("a").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
-    assert!(matches!(
-        f.engine.delete_volume("a").await,
-        Err(Error::VolumeNotFound { .. })
-    ));
+    assert_not_found(&f.engine, "a").await;
     assert_eq!(f.names().await, vec!["b"]);
     check_device(&f.engine.get_volume("b").await.expect("b survives"));
 
@@ -204,11 +165,7 @@ async fn create_get_list_grow_delete() {
     assert_eq!(f.allocatable().await, total);
     // and still usable after a rescan
     f.engine.rescan().await.expect("rescan");
-    let c = f
-        .engine
-        .create_volume(f.req("c", MIB))
-        .await
-        .expect("create c");
+    let c = f.create(f.req("c", MIB)).await;
     check_device(&c);
     f.engine.delete_volume("c").await.expect("delete c");
 }
@@ -218,7 +175,7 @@ async fn exhaustion_and_reserve() {
     let Some(f) = raw_fixture("exhaustion_and_reserve", &[64 * MIB], 20 * MIB).await else {
         return;
     };
-    let cap = &f.engine.capacity(Some(&f.group)).await.expect("capacity")[0];
+    let cap = f.capacity().await;
     assert_eq!(
         (
             cap.total_bytes,
@@ -233,17 +190,9 @@ async fn exhaustion_and_reserve() {
     assert_eq!(cap.disks, vec![f.disks[0].dev()]);
 
     // fits the free space, not the free space minus the reserve
-    let err = f
-        .engine
-        .create_volume(f.req("big", 43 * MIB))
-        .await
-        .expect_err("reserve");
+    let err = f.refused(f.req("big", 43 * MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let err = f
-        .engine
-        .create_volume(f.req("huge", 1 << 40))
-        .await
-        .expect_err("too large");
+    let err = f.refused(f.req("huge", 1 << 40)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     assert_eq!(
         entries(&f.disks[0]),
@@ -251,28 +200,17 @@ async fn exhaustion_and_reserve() {
         "a refused create leaves nothing"
     );
 
-    let v = f
-        .engine
-        .create_volume(f.req("fits", 42 * MIB))
-        .await
-        .expect("exactly allocatable");
+    let v = f.create(f.req("fits", 42 * MIB)).await;
     check_device(&v);
-    let cap = &f.engine.capacity(Some(&f.group)).await.expect("capacity")[0];
+    let cap = f.capacity().await;
     assert_eq!(
         (cap.free_bytes, cap.allocatable_bytes, cap.volume_count),
         (20 * MIB, 0, 1)
     );
-    let err = f
-        .engine
-        .create_volume(f.req("one-more", MIB))
-        .await
-        .expect_err("reserve kept");
+    // the reserve is kept
+    let err = f.refused(f.req("one-more", MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let err = f
-        .engine
-        .resize_volume("fits", 43 * MIB)
-        .await
-        .expect_err("grow into the reserve");
+    let err = f.resize_refused("fits", 43 * MIB).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     f.engine.delete_volume("fits").await.expect("delete");
 }
@@ -283,10 +221,7 @@ async fn foreign_partitions_are_never_touched() {
         return;
     };
     let disk = f.disks[0].dev();
-    f.engine
-        .create_volume(f.req("mine", 4 * MIB))
-        .await
-        .expect("create");
+    f.create(f.req("mine", 4 * MIB)).await;
     // Someone else adds partitions: one plain, one that borrows our prefix.
     run(
         "sgdisk",
@@ -317,20 +252,9 @@ async fn foreign_partitions_are_never_touched() {
     f.engine.rescan().await.expect("rescan");
     assert_eq!(f.names().await, vec!["mine"]);
     for name in ["scratch", "fake"] {
-        assert!(matches!(
-            f.engine.get_volume(name).await,
-            Err(Error::VolumeNotFound { .. })
-        ));
-        assert!(matches!(
-            f.engine.delete_volume(name).await,
-            Err(Error::VolumeNotFound { .. })
-        ));
+        assert_not_found(&f.engine, name).await;
     }
-    let fake = f
-        .engine
-        .create_volume(f.req("fake", 4 * MIB))
-        .await
-        .expect("a volume named like the impostor is a new partition");
+    let fake = f.create(f.req("fake", 4 * MIB)).await;
     check_device(&fake);
     assert_eq!(f.names().await, vec!["fake", "mine"]);
     assert_eq!(f.allocatable().await, 62 * MIB - 20 * MIB);
@@ -342,12 +266,9 @@ async fn foreign_partitions_are_never_touched() {
         if free == 0 {
             break;
         }
-        let largest =
-            f.engine.capacity(Some(&f.group)).await.expect("capacity")[0].largest_allocatable_bytes;
-        f.engine
-            .create_volume(f.req(&format!("fill{n}"), largest.min(7 * MIB)))
-            .await
-            .expect("fill");
+        let largest = f.capacity().await.largest_allocatable_bytes;
+        f.create(f.req(&format!("fill{n}"), largest.min(7 * MIB)))
+            .await;
         n += 1;
         let parts = entries(&f.disks[0]).expect("gpt");
         assert_no_overlap(&parts);
@@ -356,22 +277,12 @@ async fn foreign_partitions_are_never_touched() {
         }
     }
     assert!(n > 3);
-    let err = f
-        .engine
-        .create_volume(f.req("none-left", MIB))
-        .await
-        .expect_err("full");
+    let err = f.refused(f.req("none-left", MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
 
     // A restarted engine still sees only ours.
     let again = f.restart().await;
-    let names: Vec<String> = again
-        .list_volumes(Some(&f.group))
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
+    let names = names(&again, &f.group).await;
     assert_eq!(names, f.names().await);
     assert!(!names.contains(&"scratch".to_string()));
     drop(again);
@@ -389,22 +300,14 @@ async fn exclusive_whole_disk_volumes() {
     else {
         return;
     };
-    let shared = f
-        .engine
-        .create_volume(f.req("s", 4 * MIB))
-        .await
-        .expect("shared");
+    let shared = f.create(f.req("s", 4 * MIB)).await;
     assert_eq!(
         shared.disk.as_deref(),
         Some(f.disks[0].dev().as_str()),
         "best fit"
     );
 
-    let x = f
-        .engine
-        .create_volume(f.exclusive("x", 10 * MIB))
-        .await
-        .expect("exclusive");
+    let x = f.create(f.exclusive("x", 10 * MIB)).await;
     assert!(x.exclusive);
     assert_eq!(
         x.disk.as_deref(),
@@ -413,38 +316,19 @@ async fn exclusive_whole_disk_volumes() {
     );
     assert_eq!(x.size_bytes, 94 * MIB, "the whole aligned usable area");
     check_device(&x);
-    let again = f
-        .engine
-        .create_volume(f.exclusive("x", 10 * MIB))
-        .await
-        .expect("repeat");
+    let again = f.create(f.exclusive("x", 10 * MIB)).await;
     assert_same(&again, &x);
 
     // Shared volumes never land on the exclusive disk.
-    let t = f
-        .engine
-        .create_volume(f.req("t", MIB))
-        .await
-        .expect("shared t");
+    let t = f.create(f.req("t", MIB)).await;
     assert_eq!(t.disk.as_deref(), Some(f.disks[0].dev().as_str()));
-    let err = f
-        .engine
-        .create_volume(f.req("u", 60 * MIB))
-        .await
-        .expect_err("only the exclusive disk had room");
+    // Only the exclusive disk had room.
+    let err = f.refused(f.req("u", 60 * MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
     // No empty disk is left for another whole-disk volume.
-    let err = f
-        .engine
-        .create_volume(f.exclusive("y", MIB))
-        .await
-        .expect_err("no empty disk");
+    let err = f.refused(f.exclusive("y", MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let err = f
-        .engine
-        .resize_volume("x", 200 * MIB)
-        .await
-        .expect_err("a whole disk cannot grow");
+    let err = f.resize_refused("x", 200 * MIB).await;
     assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
     assert_eq!(
         f.engine.resize_volume("x", 20 * MIB).await.expect("within"),
@@ -462,11 +346,7 @@ async fn exclusive_whole_disk_volumes() {
     f.engine.delete_volume("t").await.expect("delete t");
 
     // Requested size larger than any disk.
-    let err = f
-        .engine
-        .create_volume(f.exclusive("z", 100 * MIB))
-        .await
-        .expect_err("too large");
+    let err = f.refused(f.exclusive("z", 100 * MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
 }
 
@@ -476,17 +356,10 @@ async fn exclusive_volumes_ignore_the_reserve() {
     else {
         return;
     };
-    let err = f
-        .engine
-        .create_volume(f.req("shared", MIB))
-        .await
-        .expect_err("the reserve exceeds the disk");
+    // The reserve exceeds the disk.
+    let err = f.refused(f.req("shared", MIB)).await;
     assert!(matches!(err, Error::ResourceExhausted { .. }), "{err}");
-    let x = f
-        .engine
-        .create_volume(f.exclusive("whole", MIB))
-        .await
-        .expect("a whole disk is not shared space");
+    let x = f.create(f.exclusive("whole", MIB)).await;
     assert_eq!((x.exclusive, x.size_bytes), (true, 62 * MIB));
     f.engine.delete_volume("whole").await.expect("delete");
 }
@@ -499,26 +372,10 @@ async fn long_names_and_restart() {
     let long_a = format!("pvc-{}-a", "0123456789abcdef".repeat(4));
     let long_b = format!("pvc-{}-b", "0123456789abcdef".repeat(4));
     assert!(long_a.len() > 60);
-    let a = f
-        .engine
-        .create_volume(f.req(&long_a, 3 * MIB))
-        .await
-        .expect("long a");
-    let b = f
-        .engine
-        .create_volume(f.req(&long_b, 5 * MIB))
-        .await
-        .expect("long b");
-    let short = f
-        .engine
-        .create_volume(f.req("short", 2 * MIB))
-        .await
-        .expect("short");
-    let whole = f
-        .engine
-        .create_volume(f.exclusive("whole", MIB))
-        .await
-        .expect("whole");
+    let a = f.create(f.req(&long_a, 3 * MIB)).await;
+    let b = f.create(f.req(&long_b, 5 * MIB)).await;
+    let short = f.create(f.req("short", 2 * MIB)).await;
+    let whole = f.create(f.exclusive("whole", MIB)).await;
     assert_ne!(a.device_path, b.device_path);
     // Both long names truncate to the same GPT name; GUIDs tell them apart.
     let disk = if a.disk.as_deref() == Some(f.disks[0].dev().as_str()) {
@@ -563,10 +420,7 @@ async fn long_names_and_restart() {
         .expect("idempotent after restart");
     assert_same(&repeat, &a);
     again.delete_volume(&long_a).await.expect("delete long a");
-    assert!(matches!(
-        again.get_volume(&long_a).await,
-        Err(Error::VolumeNotFound { .. })
-    ));
+    assert_not_found(&again, &long_a).await;
     assert_same(&again.get_volume(&long_b).await.expect("b stays"), &b);
     for name in [&long_b, "short", "whole"] {
         again.delete_volume(name).await.expect("delete");
@@ -596,16 +450,8 @@ async fn data_path_ext4_and_xfs() {
     let Some(f) = raw_fixture("data_path_ext4_and_xfs", &[512 * MIB], 0).await else {
         return;
     };
-    let x = f
-        .engine
-        .create_volume(f.req("xfs", 320 * MIB))
-        .await
-        .expect("xfs volume");
-    let e = f
-        .engine
-        .create_volume(f.req("ext4", 64 * MIB))
-        .await
-        .expect("ext4 volume");
+    let x = f.create(f.req("xfs", 320 * MIB)).await;
+    let e = f.create(f.req("ext4", 64 * MIB)).await;
     let xdev = x.device_path.clone().expect("path");
     let edev = e.device_path.clone().expect("path");
     run("mkfs.xfs", &["-q", "-f", &xdev.to_string_lossy()]).expect("mkfs.xfs");
@@ -638,11 +484,7 @@ async fn data_path_ext4_and_xfs() {
 
     // Deleting wipes: the next volume at the same offset starts blank.
     f.engine.delete_volume("ext4").await.expect("delete");
-    let again = f
-        .engine
-        .create_volume(f.req("next", 64 * MIB))
-        .await
-        .expect("create");
+    let again = f.create(f.req("next", 64 * MIB)).await;
     assert_eq!(fs_type(again.device_path.as_deref().expect("path")), None);
     f.engine.delete_volume("next").await.expect("delete");
     f.engine.delete_volume("xfs").await.expect("delete");
@@ -684,11 +526,7 @@ async fn new_partitions_start_blank() {
     run("losetup", &["-d", &window]).expect("detach");
     made.expect("mkfs.ext4");
     f.engine.rescan().await.expect("rescan");
-    let v = f
-        .engine
-        .create_volume(f.req("w", 8 * MIB))
-        .await
-        .expect("create");
+    let v = f.create(f.req("w", 8 * MIB)).await;
     let dev = v.device_path.clone().expect("path");
     assert_eq!(v.size_bytes, 8 * MIB);
     assert_eq!(

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{TestNode, start_engine};
+use carina_tests::grpc::{TestNode, create_lv, start_engine};
 use carina_tests::{LoopDisk, VgGuard, have_root, run, unique};
 use tonic::Code;
 
@@ -17,15 +17,6 @@ const HANG_GUARD: Duration = Duration::from_secs(60);
 
 fn config_json(group: &str, disk: &LoopDisk) -> String {
     carina_tests::disk_group_config(group, "LVM", &[disk], 0)
-}
-
-fn create(name: &str, group: &str, size: u64) -> pb::CreateLvRequest {
-    pb::CreateLvRequest {
-        name: name.into(),
-        device_group: group.into(),
-        size_bytes: size,
-        exclusive: false,
-    }
 }
 
 /// Holds LVM's lock file of one volume group (as another LVM command
@@ -82,7 +73,7 @@ async fn lvm_volume_over_grpc_and_aborted_concurrent_operation() {
     // The happy path on LVM: a block device of exactly the reported size.
     let made = client
         .clone()
-        .create_lv(create("plain", &group, 10 * MIB))
+        .create_lv(create_lv("plain", &group, 10 * MIB))
         .await
         .expect("CreateLV")
         .into_inner();
@@ -103,7 +94,7 @@ async fn lvm_volume_over_grpc_and_aborted_concurrent_operation() {
     let lock = VgLockHolder::hold(&group);
     let first = tokio::spawn({
         let mut c = client.clone();
-        let req = create("held", &group, 8 * MIB);
+        let req = create_lv("held", &group, 8 * MIB);
         async move { c.create_lv(req).await }
     });
     // Let the first call reach the engine and take the volume's lock (it
@@ -112,7 +103,7 @@ async fn lvm_volume_over_grpc_and_aborted_concurrent_operation() {
     assert!(!first.is_finished(), "the first create waits for LVM");
     let second = tokio::time::timeout(
         HANG_GUARD,
-        client.clone().create_lv(create("held", &group, 8 * MIB)),
+        client.clone().create_lv(create_lv("held", &group, 8 * MIB)),
     )
     .await
     .expect("answered at once, not queued")
@@ -145,7 +136,7 @@ async fn lvm_volume_over_grpc_and_aborted_concurrent_operation() {
     assert!(first.created);
     let again = client
         .clone()
-        .create_lv(create("held", &group, 8 * MIB))
+        .create_lv(create_lv("held", &group, 8 * MIB))
         .await
         .expect("repeat")
         .into_inner();

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{Client, TestNode, host_config, host_engine};
+use carina_tests::grpc::{Client, TestNode, create_lv, get_lv, host_config, host_engine};
 use carina_tests::{MountGuard, have_root, unique};
 use tonic::Code;
 
@@ -14,19 +14,31 @@ const MIB: u64 = 1 << 20;
 /// Guards against hangs only; the awaited events happen in milliseconds.
 const HANG_GUARD: Duration = Duration::from_secs(30);
 
-fn create(name: &str, group: &str, size: u64) -> pb::CreateLvRequest {
-    pb::CreateLvRequest {
-        name: name.into(),
-        device_group: group.into(),
-        size_bytes: size,
-        exclusive: false,
-    }
-}
-
 async fn node(group: &str) -> (TestNode, carina_tests::grpc::EngineDirs) {
     let (engine, dirs) = host_engine(group, None).await.expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");
     (node, dirs)
+}
+
+fn resize(name: &str, size: u64) -> pb::ResizeLvRequest {
+    pb::ResizeLvRequest {
+        name: name.into(),
+        size_bytes: size,
+    }
+}
+
+fn delete(name: &str) -> pb::DeleteLvRequest {
+    pb::DeleteLvRequest { name: name.into() }
+}
+
+/// The capacity of every group, as the node reports it.
+async fn capacity(client: &Client) -> pb::CapacityResponse {
+    client
+        .clone()
+        .capacity(pb::CapacityRequest::default())
+        .await
+        .expect("Capacity")
+        .into_inner()
 }
 
 #[tokio::test]
@@ -36,7 +48,7 @@ async fn create_get_resize_list_delete() {
     let mut c = node.client("controller").await.expect("client");
 
     let created = c
-        .create_lv(create("vol-1", &group, 3 * MIB + 1))
+        .create_lv(create_lv("vol-1", &group, 3 * MIB + 1))
         .await
         .expect("CreateLV")
         .into_inner();
@@ -59,7 +71,7 @@ async fn create_get_resize_list_delete() {
 
     // Same arguments again: the same volume, not created.
     let again = c
-        .create_lv(create("vol-1", &group, 3 * MIB + 1))
+        .create_lv(create_lv("vol-1", &group, 3 * MIB + 1))
         .await
         .expect("repeat")
         .into_inner();
@@ -68,38 +80,23 @@ async fn create_get_resize_list_delete() {
 
     // Same name, other size: ALREADY_EXISTS.
     let e = c
-        .create_lv(create("vol-1", &group, 8 * MIB))
+        .create_lv(create_lv("vol-1", &group, 8 * MIB))
         .await
         .expect_err("different arguments");
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
 
-    let got = c
-        .get_lv(pb::GetLvRequest {
-            name: "vol-1".into(),
-        })
-        .await
-        .expect("GetLV")
-        .into_inner();
-    assert_eq!(got.volume.as_ref(), Some(&v));
+    let got = get_lv(&mut c, "vol-1").await.expect("GetLV");
+    assert_eq!(got.as_ref(), Some(&v));
 
     let grown = c
-        .resize_lv(pb::ResizeLvRequest {
-            name: "vol-1".into(),
-            size_bytes: 16 * MIB,
-        })
+        .resize_lv(resize("vol-1", 16 * MIB))
         .await
         .expect("ResizeLV")
         .into_inner()
         .volume
         .expect("volume");
     assert_eq!(grown.size_bytes, 16 * MIB);
-    let shrink = c
-        .resize_lv(pb::ResizeLvRequest {
-            name: "vol-1".into(),
-            size_bytes: MIB,
-        })
-        .await
-        .expect_err("shrink");
+    let shrink = c.resize_lv(resize("vol-1", MIB)).await.expect_err("shrink");
     assert_eq!(shrink.code(), Code::FailedPrecondition, "{shrink:?}");
 
     let listed = c
@@ -110,23 +107,14 @@ async fn create_get_resize_list_delete() {
     assert_eq!(listed.volumes, vec![grown.clone()]);
     assert!(listed.next_page_token.is_empty());
 
-    c.delete_lv(pb::DeleteLvRequest {
-        name: "vol-1".into(),
-    })
-    .await
-    .expect("DeleteLV");
+    c.delete_lv(delete("vol-1")).await.expect("DeleteLV");
     assert!(!dirs.root.join("vol-1").exists());
-    let gone = c
-        .get_lv(pb::GetLvRequest {
-            name: "vol-1".into(),
-        })
+    let gone = get_lv(&mut c, "vol-1")
         .await
-        .expect_err("deleted");
-    assert_eq!(gone.code(), Code::NotFound);
+        .expect("GetLV of a deleted volume");
+    assert_eq!(gone, None, "NOT_FOUND after delete");
     let again = c
-        .delete_lv(pb::DeleteLvRequest {
-            name: "vol-1".into(),
-        })
+        .delete_lv(delete("vol-1"))
         .await
         .expect_err("nothing to delete");
     assert_eq!(again.code(), Code::NotFound);
@@ -144,7 +132,7 @@ async fn list_pages_through_every_volume() {
     let mut want = Vec::new();
     for i in 0..7 {
         let name = format!("v{i:02}");
-        c.create_lv(create(&name, &group, MIB))
+        c.create_lv(create_lv(&name, &group, MIB))
             .await
             .expect("create");
         want.push(name);
@@ -203,11 +191,11 @@ async fn bad_requests_name_the_field() {
     let (node, _dirs) = node(&group).await;
     let mut c = node.client("controller").await.expect("client");
     let cases = [
-        (create("", &group, MIB), "name:"),
-        (create("-x", &group, MIB), "name:"),
-        (create("v", "", MIB), "device_group:"),
-        (create("v", &group, 0), "size_bytes:"),
-        (create("v", &group, u64::MAX), "size_bytes:"),
+        (create_lv("", &group, MIB), "name:"),
+        (create_lv("-x", &group, MIB), "name:"),
+        (create_lv("v", "", MIB), "device_group:"),
+        (create_lv("v", &group, 0), "size_bytes:"),
+        (create_lv("v", &group, u64::MAX), "size_bytes:"),
     ];
     for (req, field) in cases {
         let e = c.create_lv(req).await.expect_err(field);
@@ -215,18 +203,12 @@ async fn bad_requests_name_the_field() {
         assert!(e.message().starts_with(field), "{}", e.message());
     }
     let e = c
-        .create_lv(create("v", "no-such-group", MIB))
+        .create_lv(create_lv("v", "no-such-group", MIB))
         .await
         .expect_err("unknown group");
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("no-such-group"), "{}", e.message());
-    let e = c
-        .resize_lv(pb::ResizeLvRequest {
-            name: "v".into(),
-            size_bytes: 0,
-        })
-        .await
-        .expect_err("zero size");
+    let e = c.resize_lv(resize("v", 0)).await.expect_err("zero size");
     assert!(e.message().starts_with("size_bytes:"), "{}", e.message());
 }
 
@@ -237,11 +219,7 @@ async fn capacity_and_watch_follow_a_create() {
     let mut c = node.client("controller").await.expect("client");
     let mut reader = node.client("reader").await.expect("reader");
 
-    let before = reader
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("Capacity")
-        .into_inner();
+    let before = capacity(&reader).await;
     assert_eq!(before.node_name, "node-a");
     assert_eq!(before.reason, pb::ChangeReason::Current as i32);
     assert_eq!(before.groups.len(), 1);
@@ -266,7 +244,7 @@ async fn capacity_and_watch_follow_a_create() {
     assert_eq!(first.reason, pb::ChangeReason::Current as i32);
     assert_eq!(first.groups[0].volume_count, 0);
 
-    c.create_lv(create("watched", &group, 4 * MIB))
+    c.create_lv(create_lv("watched", &group, 4 * MIB))
         .await
         .expect("create");
     let update = tokio::time::timeout(HANG_GUARD, watch.message())
@@ -342,11 +320,7 @@ async fn disks_config_and_bcache() {
         .expect("ApplyConfig")
         .into_inner();
     assert_eq!(applied.device_groups, vec![second.clone()]);
-    let cap = c
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("capacity")
-        .into_inner();
+    let cap = capacity(&c).await;
     let names: Vec<_> = cap.groups.iter().map(|g| g.device_group.clone()).collect();
     assert_eq!(names, vec![second.clone()]);
     drop(dirs);
@@ -437,7 +411,7 @@ async fn metrics_endpoint_counts_calls() {
     let group = unique("g");
     let (node, _dirs) = node(&group).await;
     let mut c = node.client("controller").await.expect("client");
-    c.create_lv(create("m1", &group, MIB))
+    c.create_lv(create_lv("m1", &group, MIB))
         .await
         .expect("create");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -497,14 +471,7 @@ async fn concurrent_creates_never_overcommit() {
     let node = TestNode::start(engine, "node-a").await.expect("server");
     let client: Client = node.client("controller").await.expect("client");
 
-    let before = client
-        .clone()
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("capacity")
-        .into_inner()
-        .groups
-        .remove(0);
+    let before = capacity(&client).await.groups.remove(0);
     let size = 3 * MIB;
     assert!(
         before.allocatable_bytes < 100 * size,
@@ -514,7 +481,7 @@ async fn concurrent_creates_never_overcommit() {
 
     let calls = (0..100).map(|i| {
         let mut c = client.clone();
-        let req = create(&format!("burst-{i:03}"), &group, size);
+        let req = create_lv(&format!("burst-{i:03}"), &group, size);
         async move { c.create_lv(req).await }
     });
     let results = futures::future::join_all(calls).await;
@@ -536,14 +503,7 @@ async fn concurrent_creates_never_overcommit() {
         before.allocatable_bytes
     );
 
-    let after = client
-        .clone()
-        .capacity(pb::CapacityRequest::default())
-        .await
-        .expect("capacity")
-        .into_inner()
-        .groups
-        .remove(0);
+    let after = capacity(&client).await.groups.remove(0);
     let engine = node.engine.capacity(None).await.expect("engine capacity");
     assert_eq!(after.volume_count as u64, ok);
     assert_eq!(engine[0].volume_count as u64, ok);

@@ -10,9 +10,10 @@ use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{
     ClientTls, DEFAULT_TRUST_DOMAIN, client_config_without_cert, connect, connect_with_config,
 };
-use carina_tests::grpc::{TestNode, host_engine, server_cert};
+use carina_tests::grpc::{TestNode, create_lv, host_engine, server_cert};
 use carina_tests::unique;
 use tonic::Code;
+use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 
@@ -25,9 +26,13 @@ async fn node() -> (TestNode, carina_tests::grpc::EngineDirs, String) {
 
 /// A read call through `tls`; `Ok` only if the server accepted the client.
 async fn probe(node: &TestNode, tls: &ClientTls) -> Result<(), String> {
-    let channel = connect(&node.endpoint(), tls)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    read_over(connect(&node.endpoint(), tls).await).await
+}
+
+/// A read call over the channel `connected`; `Ok` only if the connection
+/// was made and the server accepted the client.
+async fn read_over(connected: Result<Channel, impl std::fmt::Display>) -> Result<(), String> {
+    let channel = connected.map_err(|e| format!("connect: {e}"))?;
     NodeStorageClient::new(channel)
         .capacity(pb::CapacityRequest::default())
         .await
@@ -75,14 +80,7 @@ async fn controller_is_accepted() {
 async fn refuses_a_client_without_certificate() {
     let (node, _dirs, _) = node().await;
     let config = client_config_without_cert(node.ca.cert_pem().as_bytes()).expect("config");
-    let result = match connect_with_config(&node.endpoint(), "node-a", config).await {
-        Err(e) => Err(format!("connect: {e}")),
-        Ok(ch) => NodeStorageClient::new(ch)
-            .capacity(pb::CapacityRequest::default())
-            .await
-            .map(drop)
-            .map_err(|s| format!("call: {:?}: {}", s.code(), chain(&s))),
-    };
+    let result = read_over(connect_with_config(&node.endpoint(), "node-a", config).await).await;
     assert_refused_by_tls(result, "CertificateRequired");
 }
 
@@ -125,12 +123,7 @@ async fn reader_may_read_but_not_create() {
         .await
         .expect("reader may list");
     let e = reader
-        .create_lv(pb::CreateLvRequest {
-            name: "v".into(),
-            device_group: group,
-            size_bytes: MIB,
-            exclusive: false,
-        })
+        .create_lv(create_lv("v", &group, MIB))
         .await
         .expect_err("reader may not create");
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -199,14 +192,7 @@ async fn refuses_a_plaintext_client() {
         .expect("endpoint")
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(5));
-    let result = match endpoint.connect().await {
-        Err(e) => Err(format!("connect: {e}")),
-        Ok(ch) => NodeStorageClient::new(ch)
-            .capacity(pb::CapacityRequest::default())
-            .await
-            .map(drop)
-            .map_err(|s| format!("call: {:?}: {}", s.code(), chain(&s))),
-    };
+    let result = read_over(endpoint.connect().await).await;
     // The server reads the HTTP/2 preface as a broken TLS record and hangs
     // up; the client sees the connection die.
     assert_refused_by_tls(result, "transport error");

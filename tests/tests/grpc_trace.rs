@@ -2,40 +2,25 @@
 //! `carina_proto::trace::traced`, and the server's spans carry the same
 //! trace id with a remote parent.
 
-use std::sync::{Arc, Mutex};
-
 use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::telemetry::{self, TelemetryConfig};
 use carina_proto::tls::connect;
 use carina_proto::trace::traced;
-use carina_tests::grpc::{TestNode, host_engine, start_engine};
+use carina_tests::grpc::{TestNode, create_lv, host_engine, start_engine};
+use carina_tests::spans::{SpanCollector, names as span_names};
 use carina_tests::{LoopDisk, VgGuard, have_root, unique};
 use opentelemetry::trace::{SpanKind, TraceContextExt, TracerProvider as _};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::SpanData;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
-/// Keeps every finished span in memory.
-#[derive(Debug, Clone, Default)]
-struct Collect(Arc<Mutex<Vec<SpanData>>>);
-
-impl SpanExporter for Collect {
-    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
-        self.0.lock().expect("not poisoned").extend(batch);
-        std::future::ready(Ok(()))
-    }
-}
-
 // One thread: the server's tasks run where the thread-local subscriber is.
 #[tokio::test(flavor = "current_thread")]
 async fn server_spans_continue_the_callers_trace() {
-    let spans = Collect::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(spans.clone())
-        .build();
+    let spans = SpanCollector::default();
+    let provider = spans.provider();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
     let _default = tracing::subscriber::set_default(subscriber);
@@ -56,10 +41,9 @@ async fn server_spans_continue_the_callers_trace() {
         .await
         .expect("Capacity");
     node.stop().await.expect("stop");
-    provider.force_flush().expect("flush");
 
-    let spans = spans.0.lock().expect("not poisoned").clone();
-    let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+    let spans = spans.flush(&provider);
+    let names = span_names(&spans);
     let server = spans
         .iter()
         .find(|s| s.name == "carina.nodestorage.v1.NodeStorage/Capacity")
@@ -84,10 +68,8 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
     if !have_root("a_create_lv_trace_contains_its_lvcreate_span") {
         return;
     }
-    let spans = Collect::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(spans.clone())
-        .build();
+    let spans = SpanCollector::default();
+    let provider = spans.provider();
     // What carina-node runs with when nothing is set but the exporter.
     let config = TelemetryConfig::from_lookup("carina-node", |_| None);
     assert_eq!(config.trace_filter, "info", "the default");
@@ -111,12 +93,7 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
     let trace_id = caller.context().span().span_context().trace_id();
     let name = unique("lv");
     client
-        .create_lv(pb::CreateLvRequest {
-            name: name.clone(),
-            device_group: group.clone(),
-            size_bytes: 8 << 20,
-            exclusive: false,
-        })
+        .create_lv(create_lv(&name, &group, 8 << 20))
         .instrument(caller)
         .await
         .expect("CreateLV");
@@ -125,10 +102,9 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         .await
         .expect("DeleteLV");
     node.stop().await.expect("stop");
-    provider.force_flush().expect("flush");
 
-    let spans = spans.0.lock().expect("not poisoned").clone();
-    let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+    let spans = spans.flush(&provider);
+    let names = span_names(&spans);
     let in_trace: Vec<&SpanData> = spans
         .iter()
         .filter(|s| s.span_context.trace_id() == trace_id)

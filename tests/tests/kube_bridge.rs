@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -38,8 +38,9 @@ use carina_csi::volume_id::VolumeId;
 use carina_node::engine::{Config, Engine};
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
-use carina_tests::grpc::{EngineDirs, TestNode, host_config, host_engine, server_cert};
+use carina_tests::grpc::{self, EngineDirs, TestNode, host_config, host_engine, server_cert};
 use carina_tests::kube::KubeCluster;
+use carina_tests::spans::SpanCollector;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -48,8 +49,7 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -72,28 +72,15 @@ const LABEL_FAST: &str = "test.carina.storage.io/fast";
 const NO_DISK_GROUP: &str = "nodisk";
 const NO_DISK_PATTERN: &str = "^/dev/carina-test-no-such-disk$";
 
-/// Keeps every finished span in memory.
-#[derive(Debug, Clone, Default)]
-struct Collect(Arc<Mutex<Vec<SpanData>>>);
-
-impl SpanExporter for Collect {
-    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
-        self.0.lock().expect("not poisoned").extend(batch);
-        std::future::ready(Ok(()))
-    }
-}
-
-/// Installs, once, a global subscriber: OpenTelemetry into `Collect`, and
+/// Installs, once, a global subscriber: OpenTelemetry into `spans`, and
 /// log lines at `RUST_LOG` (default `warn`) into the test output.
-fn tracing_into(spans: &Collect) -> SdkTracerProvider {
+fn tracing_into(spans: &SpanCollector) -> SdkTracerProvider {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt;
     static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
     PROVIDER
         .get_or_init(|| {
-            let provider = SdkTracerProvider::builder()
-                .with_simple_exporter(spans.clone())
-                .build();
+            let provider = spans.provider();
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
             let subscriber = tracing_subscriber::registry()
@@ -251,17 +238,7 @@ fn volume_count(nsr: &NodeStorageResource, group: &str) -> Option<u32> {
 }
 
 async fn get_lv(node: &TestNode, name: &str) -> Result<Option<pb::LogicVolume>> {
-    let mut client = node.client("controller").await?;
-    match client
-        .get_lv(pb::GetLvRequest {
-            name: name.to_string(),
-        })
-        .await
-    {
-        Ok(r) => Ok(r.into_inner().volume),
-        Err(s) if s.code() == Code::NotFound => Ok(None),
-        Err(s) => Err(s.into()),
-    }
+    grpc::get_lv(&mut node.client("controller").await?, name).await
 }
 
 async fn group_names(engine: &Engine) -> Vec<String> {
@@ -339,7 +316,7 @@ impl Drop for Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
-    let spans = Collect::default();
+    let spans = SpanCollector::default();
     let provider = tracing_into(&spans);
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
@@ -451,11 +428,8 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
     }
 
     // The node's handling of CreateLV continued the object's trace.
-    provider.force_flush()?;
     let traced: Vec<String> = spans
-        .0
-        .lock()
-        .expect("not poisoned")
+        .flush(&provider)
         .iter()
         .filter(|s| s.span_context.trace_id().to_string() == TRACE_ID)
         .map(|s| s.name.to_string())

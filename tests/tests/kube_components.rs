@@ -9,11 +9,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use carina_tests::cluster::ready_node_status;
 use carina_tests::kube::KubeCluster;
-use k8s_openapi::api::core::v1::{
-    Container, Namespace, Node, NodeCondition, NodeStatus, Pod, PodSpec, ServiceAccount,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, PodSpec, ServiceAccount};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use serde_json::json;
@@ -31,25 +29,6 @@ fn node(name: &str) -> Node {
             ..ObjectMeta::default()
         },
         ..Node::default()
-    }
-}
-
-fn node_status() -> NodeStatus {
-    let resources = BTreeMap::from([
-        ("cpu".to_string(), Quantity("4".into())),
-        ("memory".to_string(), Quantity("8Gi".into())),
-        ("pods".to_string(), Quantity("110".into())),
-    ]);
-    NodeStatus {
-        capacity: Some(resources.clone()),
-        allocatable: Some(resources),
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            ..NodeCondition::default()
-        }]),
-        ..NodeStatus::default()
     }
 }
 
@@ -94,7 +73,7 @@ async fn scheduler_and_controller_manager_run_against_the_cluster() -> Result<()
             &Patch::Apply(json!({
                 "apiVersion": "v1",
                 "kind": "Node",
-                "status": node_status(),
+                "status": ready_node_status("4", "8Gi"),
             })),
         )
         .await?;

@@ -36,20 +36,18 @@ use carina_api::quantity::quantity_bytes;
 use carina_csi::names::local_name as object_name;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
-use carina_proto::csi::controller_client::ControllerClient;
-use carina_proto::csi::volume_capability::access_mode::Mode;
-use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{
     KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, await_object, register_node,
 };
+use carina_tests::csi::{Csi, delete, make, mount_cap, on};
+use carina_tests::grpc::get_lv;
 use carina_tests::kube::KubeCluster;
 use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, lvm, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tonic::Code;
-use tonic::transport::Channel;
 
 const A: &str = "node-a";
 const B: &str = "node-b";
@@ -59,8 +57,6 @@ const DISK_BYTES: u64 = 2 << 30;
 const WAIT: Duration = Duration::from_secs(60);
 /// The Lease of the replicas (namespace `kube-system`).
 const LEASE: &str = "carina-controller";
-
-type Csi = ControllerClient<Channel>;
 
 /// One node: its process, its volume group and the disk under it (dropped
 /// in that order).
@@ -82,8 +78,12 @@ struct E2e {
 }
 
 impl E2e {
-    /// The cluster with CRDs, and nodes `names` running and registered.
-    async fn start(names: &[&str]) -> Result<E2e> {
+    /// The cluster with CRDs, and nodes `names` running and registered;
+    /// `None` (the test skips) without root outside CI.
+    async fn start(test: &str, names: &[&str]) -> Result<Option<E2e>> {
+        if !have_root(test) {
+            return Ok(None);
+        }
         let cluster = KubeCluster::start().await?;
         cluster.install_crds().await?;
         let dir = tempfile::Builder::new().prefix("carina-e2e-").tempdir()?;
@@ -110,13 +110,13 @@ impl E2e {
                 disk,
             });
         }
-        Ok(E2e {
+        Ok(Some(E2e {
             nodes,
             pki,
             group,
             cluster,
             dir,
-        })
+        }))
     }
 
     fn client(&self) -> kube::Client {
@@ -147,6 +147,14 @@ impl E2e {
             self.dir.path(),
             &self.cluster.log_dir().join(format!("{identity}.log")),
         )
+    }
+
+    /// Starts replica `identity` and waits until every node's capacity is
+    /// published through it.
+    async fn serving_controller(&self, identity: &str) -> Result<Service> {
+        let controller = self.controller(identity).start().await?;
+        self.await_all_capacity().await?;
+        Ok(controller)
     }
 
     /// Waits until every node's capacity is published (the bridge side
@@ -204,16 +212,9 @@ impl E2e {
     async fn get_lv(&self, node: &str, name: &str) -> Result<Option<pb::LogicVolume>> {
         let n = self.node(node);
         let mut client = self.pki.node_client(node, &n.args.endpoint()).await?;
-        match client
-            .get_lv(pb::GetLvRequest {
-                name: name.to_string(),
-            })
+        get_lv(&mut client, name)
             .await
-        {
-            Ok(r) => Ok(r.into_inner().volume),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(anyhow::Error::from(s).context(format!("GetLV {name} on {node}"))),
-        }
+            .with_context(|| format!("on {node}"))
     }
 
     /// Asserts that exactly `expected` (object names) are on `node`, in
@@ -259,6 +260,14 @@ impl E2e {
             .sum()
     }
 
+    /// Asserts that `object` is the only `LogicVolume`, and the only volume
+    /// on node B in its answer and on its disk, and node A has none.
+    async fn assert_only_on_b(&self, object: &str) -> Result<()> {
+        assert_eq!(self.logic_volumes().await?, [object]);
+        self.assert_volumes(B, &[object]).await?;
+        self.assert_volumes(A, &[]).await
+    }
+
     /// The names of all `LogicVolume`s.
     async fn logic_volumes(&self) -> Result<Vec<String>> {
         let api: Api<LogicVolume> = Api::all(self.client());
@@ -274,36 +283,12 @@ impl E2e {
     }
 }
 
-fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-    }
-}
-
-fn on(node: &str) -> csi::Topology {
-    csi::Topology {
-        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
-    }
-}
-
 /// `CreateVolume` as external-provisioner sends it for a claim of
 /// `bytes` in `group`; pinned to `node` (requisite and preferred) as for a
 /// `WaitForFirstConsumer` claim the scheduler placed there, or free
 /// (`Immediate`) when `None`.
 fn create(name: &str, bytes: u64, group: &str, node: Option<&str>) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
-        name: name.to_string(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
         parameters: HashMap::from([(
             "carina.storage.io/disk-group-name".to_string(),
             group.to_string(),
@@ -312,18 +297,20 @@ fn create(name: &str, bytes: u64, group: &str, node: Option<&str>) -> csi::Creat
             requisite: vec![on(n)],
             preferred: vec![on(n)],
         }),
-        ..Default::default()
+        ..carina_tests::csi::create(name, bytes, "ext4")
     }
 }
 
-async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
-    let name = req.name.clone();
-    csi.create_volume(req)
-        .await
-        .with_context(|| format!("CreateVolume {name}"))?
-        .into_inner()
-        .volume
-        .with_context(|| format!("CreateVolume {name}: no volume"))
+/// `request` made twice: both times the same volume, on node B.
+async fn make_twice_on_b(csi: &mut Csi, request: &csi::CreateVolumeRequest) -> Result<csi::Volume> {
+    let v = make(csi, request.clone()).await?;
+    assert_eq!(node_of(&v), Some(B), "{v:?}");
+    let again = make(csi, request.clone()).await?;
+    assert_eq!(
+        again.volume_id, v.volume_id,
+        "the repeat finds the same volume"
+    );
+    Ok(v)
 }
 
 /// The node of the volume's accessible topology.
@@ -392,19 +379,16 @@ impl Drop for Paused<'_> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
-    if !have_root("create_expand_delete_on_the_chosen_node") {
+    let Some(e2e) = E2e::start("create_expand_delete_on_the_chosen_node", &[A, B]).await? else {
         return Ok(());
-    }
-    let e2e = E2e::start(&[A, B]).await?;
-    let mut ctl = e2e.controller("ctl-1").start().await?;
-    e2e.await_all_capacity().await?;
+    };
+    let mut ctl = e2e.serving_controller("ctl-1").await?;
     let mut csi = Csi::new(ctl.channel().await?);
     let lvs: Api<LogicVolume> = Api::all(e2e.client());
 
-    // Create, pinned to B.
+    // Create, pinned to B; the same request again gives the same volume.
     let name = "pvc-e2e-a";
-    let v = make(&mut csi, create(name, 64 * MIB, &e2e.group, Some(B))).await?;
-    assert_eq!(node_of(&v), Some(B), "{v:?}");
+    let v = make_twice_on_b(&mut csi, &create(name, 64 * MIB, &e2e.group, Some(B))).await?;
     let object = object_name(name);
     let lv = lvs.get(&object).await?;
     let status = lv
@@ -426,12 +410,7 @@ async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
         "the volume's path is the device on node B"
     );
     assert_eq!(e2e.lvs(B)?, [(object.clone(), on_b.size_bytes)]);
-    e2e.assert_volumes(B, &[&object]).await?;
-    e2e.assert_volumes(A, &[]).await?;
-
-    // The same request again: the same volume.
-    let again = make(&mut csi, create(name, 64 * MIB, &e2e.group, Some(B))).await?;
-    assert_eq!(again.volume_id, v.volume_id);
+    e2e.assert_only_on_b(&object).await?;
 
     // Expand.
     let expanded = csi
@@ -441,7 +420,7 @@ async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
                 required_bytes: (128 * MIB) as i64,
                 limit_bytes: 0,
             }),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_cap("ext4")),
             ..Default::default()
         })
         .await
@@ -462,23 +441,13 @@ async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
 
     // Delete: the call returns once the object is gone, and by then the
     // node has deleted the volume.
-    csi.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .context("DeleteVolume")?;
+    delete(&mut csi, &v.volume_id).await?;
     assert!(lvs.get_opt(&object).await?.is_none(), "the object is gone");
     assert!(e2e.get_lv(B, &object).await?.is_none(), "the LV is gone");
     e2e.assert_volumes(B, &[]).await?;
     e2e.assert_volumes(A, &[]).await?;
     // Deleting again is fine.
-    csi.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: v.volume_id,
-        ..Default::default()
-    })
-    .await
-    .context("DeleteVolume again")?;
+    delete(&mut csi, &v.volume_id).await?;
 
     ctl.check_running()?;
     ctl.stop().await;
@@ -487,12 +456,15 @@ async fn create_expand_delete_on_the_chosen_node() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> {
-    if !have_root("a_controller_killed_mid_create_converges_to_one_volume") {
+    let Some(e2e) = E2e::start(
+        "a_controller_killed_mid_create_converges_to_one_volume",
+        &[A, B],
+    )
+    .await?
+    else {
         return Ok(());
-    }
-    let e2e = E2e::start(&[A, B]).await?;
-    let mut first = e2e.controller("ctl-1").start().await?;
-    e2e.await_all_capacity().await?;
+    };
+    let mut first = e2e.serving_controller("ctl-1").await?;
     let name = "pvc-e2e-crash";
     let object = object_name(name);
     let request = create(name, 64 * MIB, &e2e.group, Some(B));
@@ -524,18 +496,12 @@ async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> 
     let mut second = e2e.controller("ctl-2").start().await?;
     let mut csi = Csi::new(second.channel().await?);
     let started = Instant::now();
-    let v = make(&mut csi, request.clone()).await?;
+    let v = make_twice_on_b(&mut csi, &request).await?;
     eprintln!(
         "the retried CreateVolume returned {:?} after the restart",
         started.elapsed()
     );
-    assert_eq!(node_of(&v), Some(B));
-    let again = make(&mut csi, request).await?;
-    assert_eq!(again.volume_id, v.volume_id);
-
-    assert_eq!(e2e.logic_volumes().await?, [object.as_str()]);
-    e2e.assert_volumes(B, &[&object]).await?;
-    e2e.assert_volumes(A, &[]).await?;
+    e2e.assert_only_on_b(&object).await?;
     assert_eq!(
         e2e.lvs(B)?,
         [(object.clone(), v.capacity_bytes as u64)],
@@ -555,12 +521,15 @@ async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_on_a_down_node_is_retryable_and_succeeds_after_restart() -> Result<()> {
-    if !have_root("a_create_on_a_down_node_is_retryable_and_succeeds_after_restart") {
+    let Some(mut e2e) = E2e::start(
+        "a_create_on_a_down_node_is_retryable_and_succeeds_after_restart",
+        &[A, B],
+    )
+    .await?
+    else {
         return Ok(());
-    }
-    let mut e2e = E2e::start(&[A, B]).await?;
-    let mut ctl = e2e.controller("ctl-1").start().await?;
-    e2e.await_all_capacity().await?;
+    };
+    let mut ctl = e2e.serving_controller("ctl-1").await?;
     let mut csi = Csi::new(ctl.channel().await?);
     let name = "pvc-e2e-down";
     let object = object_name(name);
@@ -591,14 +560,8 @@ async fn a_create_on_a_down_node_is_retryable_and_succeeds_after_restart() -> Re
     } else {
         await_capacity(&e2e.client(), B, WAIT).await?;
     }
-    let v = make(&mut csi, request.clone()).await?;
-    assert_eq!(node_of(&v), Some(B));
-    let again = make(&mut csi, request).await?;
-    assert_eq!(again.volume_id, v.volume_id);
-
-    assert_eq!(e2e.logic_volumes().await?, [object.as_str()]);
-    e2e.assert_volumes(B, &[&object]).await?;
-    e2e.assert_volumes(A, &[]).await?;
+    make_twice_on_b(&mut csi, &request).await?;
+    e2e.assert_only_on_b(&object).await?;
     ctl.check_running()?;
     ctl.stop().await;
     Ok(())
@@ -606,10 +569,10 @@ async fn a_create_on_a_down_node_is_retryable_and_succeeds_after_restart() -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_leads_the_other_takes_over() -> Result<()> {
-    if !have_root("two_replicas_one_leads_the_other_takes_over") {
+    let Some(e2e) = E2e::start("two_replicas_one_leads_the_other_takes_over", &[A, B]).await?
+    else {
         return Ok(());
-    }
-    let e2e = E2e::start(&[A, B]).await?;
+    };
     let first_args = e2e.controller("ctl-1");
     let mut first = first_args.start().await?;
     await_holder(&e2e, "ctl-1", WAIT).await?;
@@ -636,12 +599,7 @@ async fn two_replicas_one_leads_the_other_takes_over() -> Result<()> {
     let v2 = make(&mut csi, create("pvc-e2e-2", 64 * MIB, &e2e.group, None)).await?;
     assert_eq!(node_of(&v2), Some(B), "{v2:?}");
     e2e.assert_volumes(B, &["pvc-e2e-2"]).await?;
-    csi.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: v1.volume_id,
-        ..Default::default()
-    })
-    .await
-    .context("DeleteVolume pvc-e2e-1")?;
+    delete(&mut csi, &v1.volume_id).await?;
     e2e.assert_volumes(A, &[]).await?;
     assert_eq!(e2e.logic_volumes().await?, ["pvc-e2e-2"]);
 

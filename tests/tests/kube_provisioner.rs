@@ -22,27 +22,26 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use carina_api::{
-    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResource,
-    NodeStorageResourceSpec, NodeStorageResourceStatus, TRACEPARENT_ANNOTATION,
+    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResourceStatus,
+    TRACEPARENT_ANNOTATION,
 };
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
-use carina_controlplane::serve::{bind_unix, serve_controller};
 use carina_csi::strategy::Strategy;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
-use carina_proto::csi::volume_capability::AccessType;
-use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
+use carina_tests::cluster::publish_node_storage;
+use carina_tests::csi::{Csi, ServedController, delete, make, mount_cap, node_of, on};
 use carina_tests::grpc::unix_channel;
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
 use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
@@ -50,7 +49,6 @@ use serde_json::json;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tonic::Code;
-use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -65,8 +63,6 @@ const MANY_DELAY: Duration = Duration::from_secs(1);
 const PROMPT: Duration = Duration::from_millis(500);
 /// Annotation that releases a `slow-*` volume to the fake bridge.
 const GO_ANNOTATION: &str = "test.carina.storage.io/go";
-
-type Csi = ControllerClient<Channel>;
 
 /// When the fake bridge wrote what, by object name.
 #[derive(Debug, Clone, Default)]
@@ -237,14 +233,6 @@ impl Drop for AbortOnDrop {
 /// Publishes a node's capacity: one LVM group `ssd` with `free` bytes
 /// (4 MiB unit) and, on node-b, an HOST group `host` after it.
 async fn publish(client: &Client, node: &str, free: u64) -> Result<()> {
-    let api: Api<NodeStorageResource> = Api::all(client.clone());
-    let nsr = NodeStorageResource::new(
-        node,
-        NodeStorageResourceSpec {
-            node_name: node.into(),
-        },
-    );
-    api.create(&PostParams::default(), &nsr).await?;
     let group = |name: &str, policy: &str, free: u64, unit: u64| DeviceGroupCapacity {
         name: name.into(),
         policy: policy.into(),
@@ -264,79 +252,28 @@ async fn publish(client: &Client, node: &str, free: u64) -> Result<()> {
         groups,
         ..NodeStorageResourceStatus::default()
     };
-    api.patch_status(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await?;
-    Ok(())
+    publish_node_storage(client, node, status).await
 }
 
 /// The CSI Controller over a `KubeProvisioner`, on its own socket.
-struct Controller {
-    csi: Csi,
-    stop: Option<oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
+async fn controller(
+    client: Client,
+    strategy: Strategy,
+    wait: Duration,
+) -> Result<ServedController> {
+    let provisioner = KubeProvisioner::new(
+        client,
+        KubeProvisionerConfig {
+            strategy,
+            wait_timeout: wait,
+        },
+    );
+    ServedController::start(provisioner, "carina-kube-csi-").await
 }
 
-impl Drop for Controller {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-impl Controller {
-    async fn start(client: Client, strategy: Strategy, wait: Duration) -> Result<Controller> {
-        let provisioner = KubeProvisioner::new(
-            client,
-            KubeProvisionerConfig {
-                strategy,
-                wait_timeout: wait,
-            },
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("carina-kube-csi-")
-            .tempdir()?;
-        let sock = dir.path().join("csi.sock");
-        let listener = bind_unix(&format!("unix://{}", sock.display()))?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(serve_controller(listener, Arc::new(provisioner), async {
-            let _ = stopped.await;
-        }));
-        let channel = unix_channel(sock).await?;
-        Ok(Controller {
-            csi: ControllerClient::new(channel),
-            stop: Some(stop),
-            _dir: dir,
-        })
-    }
-}
-
-fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(csi::volume_capability::MountVolume {
-            fs_type: "xfs".into(),
-            ..Default::default()
-        })),
-    }
-}
-
+/// A volume for an xfs mount.
 fn create(name: &str, required: u64) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: required as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
-        ..Default::default()
-    }
+    carina_tests::csi::create(name, required, "xfs")
 }
 
 fn with_params(
@@ -348,35 +285,12 @@ fn with_params(
     req
 }
 
-fn on(node: &str) -> csi::Topology {
-    csi::Topology {
-        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
-    }
-}
-
-async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::Volume> {
-    let name = req.name.clone();
-    csi.create_volume(req)
-        .await
-        .with_context(|| format!("CreateVolume {name}"))?
-        .into_inner()
-        .volume
-        .context("no volume")
-}
-
 async fn make_err(csi: &mut Csi, req: csi::CreateVolumeRequest) -> tonic::Status {
     let name = req.name.clone();
     match csi.create_volume(req).await {
         Ok(v) => panic!("CreateVolume {name} succeeded: {:?}", v.into_inner()),
         Err(s) => s,
     }
-}
-
-fn node_of(v: &csi::Volume) -> &str {
-    v.volume_context
-        .get(context::NODE)
-        .map(String::as_str)
-        .unwrap_or_default()
 }
 
 /// Waits, by watch, until the `LogicVolume` `name` is gone.
@@ -418,9 +332,8 @@ async fn kube_provisioner_over_a_real_apiserver() -> Result<()> {
     let _bridge = AbortOnDrop(tokio::spawn(fake_bridge(client.clone(), record.clone())));
 
     let mut spread =
-        Controller::start(client.clone(), Strategy::Spreadout, Duration::from_secs(20)).await?;
-    let mut pack =
-        Controller::start(client.clone(), Strategy::Binpack, Duration::from_secs(20)).await?;
+        controller(client.clone(), Strategy::Spreadout, Duration::from_secs(20)).await?;
+    let mut pack = controller(client.clone(), Strategy::Binpack, Duration::from_secs(20)).await?;
     let lvs: Api<LogicVolume> = Api::all(client.clone());
 
     create_returns_when_the_status_is_written(&mut spread.csi, &lvs, &record).await?;
@@ -681,8 +594,7 @@ async fn bridge_codes(csi: &mut Csi, lvs: &Api<LogicVolume>) -> Result<()> {
 }
 
 async fn deadline_then_retry(client: &Client, csi: &mut Csi, lvs: &Api<LogicVolume>) -> Result<()> {
-    let mut short =
-        Controller::start(client.clone(), Strategy::Spreadout, Duration::from_secs(1)).await?;
+    let mut short = controller(client.clone(), Strategy::Spreadout, Duration::from_secs(1)).await?;
     let start = Instant::now();
     let s = make_err(&mut short.csi, create("silent-1", 10 * MIB)).await;
     assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
@@ -727,11 +639,7 @@ async fn delete_waits_for_the_finalizer(
 ) -> Result<()> {
     let v = make(csi, create("pvc-delete", 10 * MIB)).await?;
     let start = Instant::now();
-    csi.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        ..Default::default()
-    })
-    .await?;
+    delete(csi, &v.volume_id).await?;
     let returned = Instant::now();
     let released = record
         .get("gone/pvc-delete")
@@ -754,12 +662,7 @@ async fn delete_waits_for_the_finalizer(
         "pvc-again@node-a".into(),
         "Bad Name@node-a".into(),
     ] {
-        csi.delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("DeleteVolume {id}"))?;
+        delete(csi, &id).await?;
     }
     assert!(
         lvs.get_opt("pvc-again").await?.is_some(),
@@ -776,7 +679,7 @@ async fn expand_waits_for_current_size(csi: &mut Csi, record: &Record) -> Result
             required_bytes: bytes as i64,
             limit_bytes: 0,
         }),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap("xfs")),
         ..Default::default()
     };
     let start = Instant::now();

@@ -38,18 +38,19 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use carina_api::{
-    DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResource,
-    NodeStorageResourceSpec, NodeStorageResourceStatus, capacity_key,
+    DeviceGroupCapacity, LogicVolume, LogicVolumeSpec, NodeStorageResourceStatus, capacity_key,
 };
 use carina_csi::strategy::Strategy;
+use carina_csi::{DRIVER_NAME, TOPOLOGY_KEY};
 use carina_scheduler::cache::Cache;
+use carina_scheduler::request::SELECTED_NODE_ANNOTATION;
 use carina_scheduler::{Extender, server};
+use carina_tests::cluster::{publish_node_storage, ready_node_status};
 use carina_tests::kube::{Component, KubeCluster};
 use carina_tests::process::{ChildGuard, tail, workspace_binary};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    Container, Event, Namespace, Node, NodeCondition, NodeStatus, PersistentVolume,
-    PersistentVolumeClaim, Pod,
+    Container, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -66,9 +67,6 @@ use tokio::task::JoinHandle;
 
 const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(90);
-const DRIVER: &str = "carina.storage.io";
-const TOPOLOGY_KEY: &str = "topology.carina.storage.io/node";
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const FIELD_MANAGER: &str = "carina-tests";
 
 /// The extender serving on loopback; stopped on drop.
@@ -188,22 +186,7 @@ async fn add_node(client: &Client, name: &str) -> Result<()> {
         ..Node::default()
     };
     nodes.create(&PostParams::default(), &node).await?;
-    let resources = BTreeMap::from([
-        ("cpu".to_string(), Quantity("32".into())),
-        ("memory".to_string(), Quantity("64Gi".into())),
-        ("pods".to_string(), Quantity("110".into())),
-    ]);
-    let status = NodeStatus {
-        capacity: Some(resources.clone()),
-        allocatable: Some(resources),
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            ..NodeCondition::default()
-        }]),
-        ..NodeStatus::default()
-    };
+    let status = ready_node_status("32", "64Gi");
     nodes
         .patch_status(
             name,
@@ -221,17 +204,6 @@ async fn publish_capacity(
     group: &str,
     allocatable: u64,
 ) -> Result<()> {
-    let api: Api<NodeStorageResource> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &NodeStorageResource::new(
-            node,
-            NodeStorageResourceSpec {
-                node_name: node.into(),
-            },
-        ),
-    )
-    .await?;
     let status = NodeStorageResourceStatus {
         sync_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
         capacity: BTreeMap::from([(
@@ -255,13 +227,7 @@ async fn publish_capacity(
         }],
         ..NodeStorageResourceStatus::default()
     };
-    api.patch_status(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await?;
-    Ok(())
+    publish_node_storage(client, node, status).await
 }
 
 async fn add_class(client: &Client, name: &str, group: &str) -> Result<()> {
@@ -270,7 +236,7 @@ async fn add_class(client: &Client, name: &str, group: &str) -> Result<()> {
             name: Some(name.into()),
             ..ObjectMeta::default()
         },
-        provisioner: DRIVER.into(),
+        provisioner: DRIVER_NAME.into(),
         parameters: Some(BTreeMap::from([(
             "carina.storage.io/disk-group-name".to_string(),
             group.to_string(),
@@ -417,7 +383,7 @@ fn provision_selected_claims(client: Client) -> JoinHandle<()> {
 }
 
 async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
-    let Some(node) = pvc.annotations().get(SELECTED_NODE).cloned() else {
+    let Some(node) = pvc.annotations().get(SELECTED_NODE_ANNOTATION).cloned() else {
         return Ok(());
     };
     let spec = pvc.spec.clone().unwrap_or_default();
@@ -463,7 +429,7 @@ async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
             "persistentVolumeReclaimPolicy": "Delete",
             "storageClassName": class,
             "claimRef": {"namespace": ns, "name": pvc.name_any(), "uid": uid},
-            "csi": {"driver": DRIVER, "volumeHandle": volume,
+            "csi": {"driver": DRIVER_NAME, "volumeHandle": volume,
                     "volumeAttributes": {"carina.storage.io/node": node}},
             "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                 {"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}]}]}},
@@ -538,7 +504,10 @@ async fn kube_scheduler_places_pods_where_carina_volumes_fit() -> Result<()> {
         .get("packed")
         .await?;
     assert_eq!(
-        packed.annotations().get(SELECTED_NODE).map(String::as_str),
+        packed
+            .annotations()
+            .get(SELECTED_NODE_ANNOTATION)
+            .map(String::as_str),
         Some("node-a")
     );
 

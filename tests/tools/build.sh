@@ -136,11 +136,17 @@ wrapper_build() {
 
 # ---- tools: build_<tool> WRAPPER_DIR OUT_BIN_DIR -------------------------------------
 
+# kubernetes_csi_build WRAPPER_DIR OUT_BIN_DIR MODULE VERSION VAR NAME: the
+# kubernetes-csi program MODULE/cmd/NAME, which reports VERSION from main.VAR.
+kubernetes_csi_build() {
+    local module=$3 v=$4 var=$5 name=$6
+    new_wrapper "$1" "$module" "$v"
+    wrapper_build "$1" -ldflags "-s -w -X main.$var=$v" -o "$2/$name" "$module/cmd/$name"
+}
+
 build_csi_sanity() {
-    local v=$CSI_SANITY_VERSION
-    new_wrapper "$1" github.com/kubernetes-csi/csi-test/v5 "$v"
-    wrapper_build "$1" -ldflags "-s -w -X main.VERSION=$v" \
-        -o "$2/csi-sanity" github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+    kubernetes_csi_build "$1" "$2" github.com/kubernetes-csi/csi-test/v5 \
+        "$CSI_SANITY_VERSION" VERSION csi-sanity
 }
 
 build_etcd() {
@@ -176,10 +182,8 @@ build_kube() {
 }
 
 build_csi_provisioner() {
-    local v=$CSI_PROVISIONER_VERSION
-    new_wrapper "$1" github.com/kubernetes-csi/external-provisioner/v6 "$v"
-    wrapper_build "$1" -ldflags "-s -w -X main.version=$v" \
-        -o "$2/csi-provisioner" github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
+    kubernetes_csi_build "$1" "$2" github.com/kubernetes-csi/external-provisioner/v6 \
+        "$CSI_PROVISIONER_VERSION" version csi-provisioner
 }
 
 build_jaeger() {

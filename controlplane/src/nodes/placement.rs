@@ -215,23 +215,21 @@ mod tests {
         r.iter().map(|p| p.node.as_str()).collect()
     }
 
+    /// Each node with one LVM group "g" of `mib` MiB allocatable.
+    fn one_lvm_group_each<const N: usize>(
+        specs: &[NodeSpec; N],
+        mib: [u64; N],
+    ) -> [NodeCapacity<'_>; N] {
+        std::array::from_fn(|i| NodeCapacity {
+            node: &specs[i],
+            groups: vec![group("g", Policy::Lvm, mib[i] * MIB)],
+        })
+    }
+
     #[test]
     fn strategies() {
-        let (a, b, c) = (node("a"), node("b"), node("c"));
-        let nodes = [
-            NodeCapacity {
-                node: &a,
-                groups: vec![group("g", Policy::Lvm, 100 * MIB)],
-            },
-            NodeCapacity {
-                node: &b,
-                groups: vec![group("g", Policy::Lvm, 300 * MIB)],
-            },
-            NodeCapacity {
-                node: &c,
-                groups: vec![group("g", Policy::Lvm, 200 * MIB)],
-            },
-        ];
+        let specs = [node("a"), node("b"), node("c")];
+        let nodes = one_lvm_group_each(&specs, [100, 300, 200]);
         let spread = rank(&request(50 * MIB), &nodes, Strategy::Spreadout).expect("fits");
         assert_eq!(names(&spread), ["b", "c", "a"]);
         let pack = rank(&request(50 * MIB), &nodes, Strategy::Binpack).expect("fits");
@@ -246,21 +244,8 @@ mod tests {
 
     #[test]
     fn accessibility() {
-        let (a, b, c) = (node("a"), node("b"), node("c"));
-        let nodes = [
-            NodeCapacity {
-                node: &a,
-                groups: vec![group("g", Policy::Lvm, 100 * MIB)],
-            },
-            NodeCapacity {
-                node: &b,
-                groups: vec![group("g", Policy::Lvm, 300 * MIB)],
-            },
-            NodeCapacity {
-                node: &c,
-                groups: vec![group("g", Policy::Lvm, 200 * MIB)],
-            },
-        ];
+        let specs = [node("a"), node("b"), node("c")];
+        let nodes = one_lvm_group_each(&specs, [100, 300, 200]);
         let mut req = request(10 * MIB);
         req.accessibility.requisite = vec![on("a"), on("c")];
         assert_eq!(

@@ -5,14 +5,14 @@
 
 use std::path::Path;
 
-use carina_sys::mount::{self, MountTable};
+use carina_sys::mount::MountTable;
 
 use crate::error::CsiError;
 use crate::types::LocalVolume;
 
 use super::observe::canonical_or_self;
 use super::plan::{other_publications, single_writer};
-use super::target::{create_dir, create_file, undo_create_on_error};
+use super::target::{TargetKind, bind_onto, create_dir};
 
 /// Creates the staging directory, which stays empty for block access.
 pub(super) async fn stage(staging: &Path) -> Result<(), CsiError> {
@@ -37,9 +37,5 @@ pub(super) async fn publish(
             single_writer(vol, &others)?;
         }
     }
-    let created = create && create_file(target).await?;
-    let result = mount::bind_mount(device, target, options)
-        .await
-        .map_err(CsiError::from);
-    undo_create_on_error(result, target, created).await
+    bind_onto(device, target, TargetKind::File, options, create).await
 }

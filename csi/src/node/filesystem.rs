@@ -13,7 +13,7 @@ use crate::error::CsiError;
 use crate::types::LocalVolume;
 
 use super::plan::{other_publications, single_writer};
-use super::target::{create_dir, undo_create_on_error};
+use super::target::{TargetKind, bind_onto, create_dir, undo_create_on_error};
 
 /// Formats `device` if blank (with `fs`, ext4 if none) and mounts it at
 /// `staging` with `flags`.
@@ -41,11 +41,7 @@ pub(super) async fn stage_directory(
     flags: &[String],
     create: bool,
 ) -> Result<(), CsiError> {
-    let created = create && create_dir(staging).await?;
-    let result = mount::bind_mount(dir, staging, flags)
-        .await
-        .map_err(CsiError::from);
-    undo_create_on_error(result, staging, created).await
+    bind_onto(dir, staging, TargetKind::Dir, flags, create).await
 }
 
 /// Bind-mounts the filesystem `staged` at `staging` onto the directory
@@ -68,9 +64,5 @@ pub(super) async fn publish(
         );
         single_writer(vol, &others)?;
     }
-    let created = create && create_dir(target).await?;
-    let result = mount::bind_mount(staging, target, options)
-        .await
-        .map_err(CsiError::from);
-    undo_create_on_error(result, target, created).await
+    bind_onto(staging, target, TargetKind::Dir, options, create).await
 }

@@ -4,9 +4,38 @@
 
 use std::path::Path;
 
+use carina_sys::mount;
+
 use crate::error::CsiError;
 
 use super::observe::stat;
+
+/// What a bind mount lands on: a directory, or a file for a device node.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum TargetKind {
+    Dir,
+    File,
+}
+
+/// Bind-mounts `source` onto `target` with `options`; with `create` the
+/// target (of `kind`) is made first, and removed again if the mount fails.
+pub(super) async fn bind_onto(
+    source: &Path,
+    target: &Path,
+    kind: TargetKind,
+    options: &[String],
+    create: bool,
+) -> Result<(), CsiError> {
+    let created = create
+        && match kind {
+            TargetKind::Dir => create_dir(target).await?,
+            TargetKind::File => create_file(target).await?,
+        };
+    let result = mount::bind_mount(source, target, options)
+        .await
+        .map_err(CsiError::from);
+    undo_create_on_error(result, target, created).await
+}
 
 /// Creates a directory (its parent must exist); `true` if this call made it.
 pub(super) async fn create_dir(path: &Path) -> Result<bool, CsiError> {

@@ -180,32 +180,29 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> CliError {
 /// Node and role names become file names: keep them to DNS-label
 /// characters.
 fn check_file_stem(flag: &str, value: &str) -> Result<(), CliError> {
-    let ok = !value.is_empty()
-        && !value.starts_with(['.', '-'])
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CliError::Usage(format!(
-            "{flag} {value:?}: use letters, digits, '-', '.', '_' (not first)"
-        )))
-    }
+    check_label(flag, value, true)
 }
 
 fn check_trust_domain(td: &str) -> Result<(), CliError> {
-    let ok = !td.is_empty()
-        && td
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    check_label("trust domain", td, false)
+}
+
+/// `value` is not empty and has only letters, digits, '-', '.' and '_',
+/// and with `stem` neither '.' nor '-' first; `what` names it in the error.
+fn check_label(what: &str, value: &str, stem: bool) -> Result<(), CliError> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+    let ok = match value.as_bytes().first() {
+        None => false,
+        Some(b'.' | b'-') if stem => false,
+        Some(_) => value.bytes().all(allowed),
+    };
     if ok {
-        Ok(())
-    } else {
-        Err(CliError::Usage(format!(
-            "trust domain {td:?}: use letters, digits, '-', '.', '_'"
-        )))
+        return Ok(());
     }
+    let first = if stem { " (not first)" } else { "" };
+    Err(CliError::Usage(format!(
+        "{what} {value:?}: use letters, digits, '-', '.', '_'{first}"
+    )))
 }
 
 #[cfg(test)]
@@ -224,6 +221,35 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn names_and_trust_domains_keep_to_label_characters() {
+        let usage = |r: Result<(), CliError>| match r {
+            Err(CliError::Usage(m)) => m,
+            other => panic!("a usage error, got {other:?}"),
+        };
+        for ok in ["node-a", "a.b_c", "0"] {
+            check_file_stem("--node", ok).expect(ok);
+            check_trust_domain(ok).expect(ok);
+        }
+        for bad in ["", "a/b", "a b", "ü"] {
+            usage(check_file_stem("--node", bad));
+            usage(check_trust_domain(bad));
+        }
+        // Only file names refuse a leading dot or dash.
+        for lead in [".a", "-a"] {
+            let m = usage(check_file_stem("--role", lead));
+            assert_eq!(
+                m,
+                format!("--role {lead:?}: use letters, digits, '-', '.', '_' (not first)")
+            );
+            check_trust_domain(lead).expect(lead);
+        }
+        assert_eq!(
+            usage(check_trust_domain("a b")),
+            r#"trust domain "a b": use letters, digits, '-', '.', '_'"#
+        );
     }
 
     #[test]

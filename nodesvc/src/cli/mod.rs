@@ -190,16 +190,7 @@ impl Printer {
         table: impl FnOnce() -> String,
         json: impl FnOnce() -> J,
     ) -> Result<(), CliError> {
-        let text = match self.format {
-            Output::Table => table(),
-            Output::Json => {
-                let mut s = serde_json::to_string_pretty(&json())
-                    .map_err(|e| CliError::Local(format!("encode JSON: {e}")))?;
-                s.push('\n');
-                s
-            }
-        };
-        write_stdout(&text)
+        self.write(table, json, serde_json::to_string_pretty)
     }
 
     /// Prints one line of a stream: `table()` or compact JSON.
@@ -208,11 +199,21 @@ impl Printer {
         table: impl FnOnce() -> String,
         json: impl FnOnce() -> J,
     ) -> Result<(), CliError> {
+        self.write(table, json, serde_json::to_string)
+    }
+
+    /// `table()`, or `json()` encoded by `encode` and ended by a newline.
+    fn write<J: Serialize>(
+        &self,
+        table: impl FnOnce() -> String,
+        json: impl FnOnce() -> J,
+        encode: fn(&J) -> serde_json::Result<String>,
+    ) -> Result<(), CliError> {
         let text = match self.format {
             Output::Table => table(),
             Output::Json => {
-                let mut s = serde_json::to_string(&json())
-                    .map_err(|e| CliError::Local(format!("encode JSON: {e}")))?;
+                let mut s =
+                    encode(&json()).map_err(|e| CliError::Local(format!("encode JSON: {e}")))?;
                 s.push('\n');
                 s
             }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use carina_sys::IoError;
 use carina_sys::command::CommandError;
 use carina_sys::loopdev::LoopError;
 
@@ -73,13 +74,8 @@ pub enum Error {
     Command(#[from] CommandError),
 
     /// A file-system operation failed.
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 
     /// Output of a command or a marker file could not be understood.
     #[error("cannot parse {what}: {reason}")]
@@ -115,11 +111,7 @@ impl Error {
         path: impl Into<PathBuf>,
         source: std::io::Error,
     ) -> Self {
-        Error::Io {
-            action,
-            path: path.into(),
-            source,
-        }
+        Error::Io(IoError::new(action, path, source))
     }
 
     pub(crate) fn task(what: impl Into<String>, source: tokio::task::JoinError) -> Self {
@@ -144,15 +136,7 @@ impl From<LoopError> for Error {
     fn from(e: LoopError) -> Self {
         match e {
             LoopError::Command(c) => Error::Command(c),
-            LoopError::Io {
-                action,
-                path,
-                source,
-            } => Error::Io {
-                action,
-                path,
-                source,
-            },
+            LoopError::Io(e) => Error::Io(e),
             LoopError::Parse { what, reason } => Error::parse(what, reason),
             LoopError::Task { task, source } => Error::task(task, source),
         }

@@ -529,15 +529,7 @@ impl Engine {
     }
 
     async fn notify(&self, reason: ChangeReason) {
-        let slots: Vec<GroupSlot> = self
-            .inner
-            .state
-            .read()
-            .await
-            .groups
-            .values()
-            .cloned()
-            .collect();
+        let slots = self.all_slots().await;
         let mut groups = Vec::with_capacity(slots.len());
         for slot in slots {
             match slot.backend.capacity().await {

@@ -34,7 +34,7 @@ pub fn code(e: &Error) -> Code {
         Error::Busy { .. } => Code::Aborted,
         Error::Command(CommandError::TimedOut { .. }) => Code::DeadlineExceeded,
         Error::Command(CommandError::Spawn { .. } | CommandError::Failed { .. })
-        | Error::Io { .. }
+        | Error::Io(_)
         | Error::Parse { .. } => Code::Internal,
         // Cancelled: the node is shutting down, a retry elsewhere or later
         // works. A panic is a bug.
@@ -140,11 +140,11 @@ mod tests {
                 "`lvcreate -n v` failed (exit status: 5): Volume group not found",
             ),
             (
-                Error::Io {
-                    action: "create directory",
-                    path: "/x".into(),
-                    source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
-                },
+                Error::io(
+                    "create directory",
+                    "/x",
+                    std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+                ),
                 Code::Internal,
                 "create directory /x",
             ),

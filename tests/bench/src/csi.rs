@@ -6,25 +6,18 @@
 //! block device appears), mkfs.ext4, mount, umount, (losetup -d), lvremove.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use carina_controlplane::direct::DirectProvisioner;
 use carina_controlplane::nodes::spec::{NodeList, NodeSpec};
-use carina_controlplane::serve::serve_controller;
-use carina_csi::socket::bind;
 use carina_csi::strategy::Strategy;
 use carina_node::csi_local::serve::CsiNodeServer;
 use carina_proto::csi;
-use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::node_client::NodeClient;
-use carina_proto::csi::volume_capability::{
-    AccessMode, AccessType, MountVolume, access_mode::Mode,
-};
-use carina_tests::grpc::{TestNode, unix_channel};
+use carina_tests::csi::{ServedController, ServedCsi, create, delete, make, mount_cap};
+use carina_tests::grpc::TestNode;
 use carina_tests::run;
-use tokio::sync::oneshot;
 
 use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
@@ -41,8 +34,6 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
     let node = TestNode::start(engine.clone(), node_name).await?;
 
     // Controller (direct control plane) and node CSI servers on sockets.
-    let ctl_sock = work.path().join("controller.sock");
-    let node_sock = work.path().join("node.sock");
     let nodes = NodeList::new(vec![NodeSpec {
         name: node_name.into(),
         endpoint: node.endpoint(),
@@ -50,35 +41,15 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
     }])?;
     let provisioner =
         DirectProvisioner::new(nodes, node.client_tls("controller")?, Strategy::Spreadout);
-    let (stop_ctl, ctl_stopped) = oneshot::channel::<()>();
-    let ctl_listener = bind(&ctl_sock.display().to_string())?;
-    let ctl_task = tokio::spawn(serve_controller(
-        ctl_listener,
-        Arc::new(provisioner),
-        async {
-            let _ = ctl_stopped.await;
-        },
-    ));
-    let (stop_node, node_stopped) = oneshot::channel::<()>();
-    let node_listener = bind(&node_sock.display().to_string())?;
-    let node_task = tokio::spawn(CsiNodeServer::new(engine.clone(), node_name).serve(
-        node_listener,
-        async {
-            let _ = node_stopped.await;
-        },
-    ));
-    let mut controller = ControllerClient::new(unix_channel(ctl_sock.clone()).await?);
-    let mut csi_node = NodeClient::new(unix_channel(node_sock.clone()).await?);
-
-    let capability = csi::VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-    };
+    let served_controller = ServedController::start(provisioner, "carina-bench-ctl-").await?;
+    let node_server = CsiNodeServer::new(engine.clone(), node_name);
+    let served_node = ServedCsi::start("carina-bench-node-", |listener, shutdown| {
+        node_server.serve(listener, shutdown)
+    })
+    .await?;
+    let mut controller = served_controller.csi.clone();
+    let mut csi_node = NodeClient::new(served_node.channel.clone());
+    let capability = mount_cap("ext4");
 
     let (mut cycle, mut floor) = (Vec::new(), Vec::new());
     for i in 0..(iterations + 3) {
@@ -88,25 +59,14 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
         std::fs::create_dir_all(&staging)?;
 
         let t0 = Instant::now();
-        let volume = controller
-            .create_volume(csi::CreateVolumeRequest {
-                name: format!("cycle-{i}"),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: SIZE as i64,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![capability.clone()],
-                parameters: HashMap::from([(
-                    "carina.storage.io/disk-group-name".to_string(),
-                    vg.clone(),
-                )]),
-                ..Default::default()
-            })
-            .await
-            .context("CreateVolume")?
-            .into_inner()
-            .volume
-            .context("no volume")?;
+        let request = csi::CreateVolumeRequest {
+            parameters: HashMap::from([(
+                "carina.storage.io/disk-group-name".to_string(),
+                vg.clone(),
+            )]),
+            ..create(&format!("cycle-{i}"), SIZE, "ext4")
+        };
+        let volume = make(&mut controller, request).await?;
         let id = volume.volume_id.clone();
         csi_node
             .node_stage_volume(csi::NodeStageVolumeRequest {
@@ -143,13 +103,7 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
             })
             .await
             .context("NodeUnstageVolume")?;
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-            .context("DeleteVolume")?;
+        delete(&mut controller, &id).await?;
         let c = t0.elapsed();
 
         // The floor: the same steps as bare commands.
@@ -199,10 +153,7 @@ pub async fn full_cycle(iterations: usize) -> Result<Vec<Entry>> {
             floor.push(f);
         }
     }
-    let _ = stop_ctl.send(());
-    let _ = stop_node.send(());
-    let _ = ctl_task.await;
-    let _ = node_task.await;
+    drop((served_controller, served_node));
     node.stop().await?;
     let floor_name = if loop_mode {
         "lvcreate, losetup, mkfs.ext4, mount, umount, losetup -d, lvremove"

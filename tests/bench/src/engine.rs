@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use carina_node::engine::CreateRequest;
 
 use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
@@ -19,7 +18,7 @@ const SIZE: u64 = 8 << 20;
 
 pub async fn lvm_create_delete(iterations: usize) -> Result<Vec<Entry>> {
     let pool = LvmPool::new("bench", 2 << 30).await?;
-    let (engine, vg) = (&pool.engine, &pool.vg);
+    let engine = &pool.engine;
 
     let mut engine_cycle = Vec::with_capacity(iterations);
     let mut engine_create = Vec::with_capacity(iterations);
@@ -33,12 +32,7 @@ pub async fn lvm_create_delete(iterations: usize) -> Result<Vec<Entry>> {
         let name = format!("e{i}");
         let t0 = Instant::now();
         engine
-            .create_volume(CreateRequest {
-                name: name.clone(),
-                group: vg.clone(),
-                size_bytes: SIZE,
-                exclusive: false,
-            })
+            .create_volume(pool.request(&name, SIZE))
             .await
             .context("engine create")?;
         let t1 = Instant::now();

@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use carina_node::engine::{CreateRequest, Engine};
+use carina_node::engine::Engine;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
 use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
-use carina_tests::grpc::{Client, TestNode, host_engine};
+use carina_tests::grpc::{Client, TestNode, create_lv, host_engine};
 use carina_tests::unique;
 
 use crate::pool::LvmPool;
@@ -37,12 +37,7 @@ pub async fn create_delete(iterations: usize) -> Result<Vec<Entry>> {
         let name = format!("g{i}");
         let t0 = Instant::now();
         client
-            .create_lv(pb::CreateLvRequest {
-                name: name.clone(),
-                device_group: vg.clone(),
-                size_bytes: SIZE,
-                exclusive: false,
-            })
+            .create_lv(create_lv(&name, vg, SIZE))
             .await
             .context("CreateLV")?;
         client
@@ -53,14 +48,7 @@ pub async fn create_delete(iterations: usize) -> Result<Vec<Entry>> {
 
         let name = format!("e{i}");
         let t0 = Instant::now();
-        engine
-            .create_volume(CreateRequest {
-                name: name.clone(),
-                group: vg.clone(),
-                size_bytes: SIZE,
-                exclusive: false,
-            })
-            .await?;
+        engine.create_volume(pool.request(&name, SIZE)).await?;
         engine.delete_volume(&name).await?;
         let e = t0.elapsed();
 
@@ -262,14 +250,9 @@ pub async fn node_memory() -> Result<Vec<Entry>> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = rss_mib(pid)?;
     for i in 0..1000 {
-        c.create_lv(pb::CreateLvRequest {
-            name: format!("v{i:04}"),
-            device_group: group.into(),
-            size_bytes: 1 << 20,
-            exclusive: false,
-        })
-        .await
-        .with_context(|| format!("CreateLV v{i:04}"))?;
+        c.create_lv(create_lv(&format!("v{i:04}"), group, 1 << 20))
+            .await
+            .with_context(|| format!("CreateLV v{i:04}"))?;
     }
     let listed = c
         .list_l_vs(pb::ListLVsRequest {

@@ -13,27 +13,19 @@
 //! and deleted (untimed) between measurements.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
-use carina_controlplane::serve::serve_controller;
-use carina_csi::TOPOLOGY_KEY;
-use carina_csi::socket::bind;
 use carina_csi::strategy::Strategy;
 use carina_proto::csi;
-use carina_proto::csi::controller_client::ControllerClient;
-use carina_proto::csi::volume_capability::{
-    AccessMode, AccessType, MountVolume, access_mode::Mode,
-};
 use carina_tests::cluster::{await_capacity, register_node};
-use carina_tests::grpc::{TestNode, unix_channel};
+use carina_tests::csi::{Csi, ServedController, delete, make, on};
+use carina_tests::grpc::TestNode;
 use carina_tests::kube::KubeCluster;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
-use tonic::transport::Channel;
 
 use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
@@ -46,8 +38,6 @@ const NODE: &str = "bench-node";
 const BURST: usize = 200;
 /// Calls before the recorded ones.
 const WARMUP: usize = 3;
-
-type Csi = ControllerClient<Channel>;
 
 pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     // Room for the burst's volumes and as many bare ones, never both.
@@ -68,8 +58,6 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     ));
     await_capacity(&client, NODE, Duration::from_secs(60)).await?;
 
-    let work = tempfile::tempdir()?;
-    let socket = work.path().join("controller.sock");
     let provisioner = KubeProvisioner::new(
         client.clone(),
         KubeProvisionerConfig {
@@ -77,15 +65,8 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
             wait_timeout: Duration::from_secs(60),
         },
     );
-    let (stop_csi, csi_stopped) = oneshot::channel::<()>();
-    let csi_task = tokio::spawn(serve_controller(
-        bind(&socket.display().to_string())?,
-        Arc::new(provisioner),
-        async {
-            let _ = csi_stopped.await;
-        },
-    ));
-    let mut csi = Csi::new(unix_channel(socket).await?);
+    let served = ServedController::start(provisioner, "carina-bench-kube-").await?;
+    let mut csi = served.csi.clone();
 
     // One by one, interleaved with the floor.
     let (mut kube, mut bare) = (Vec::new(), Vec::new());
@@ -97,7 +78,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
         let t0 = Instant::now();
         pool.bare_lvcreate(&name, "8m").run().await?;
         let b = t0.elapsed();
-        delete(&mut csi, id).await?;
+        delete(&mut csi, &id).await?;
         pool.bare_lvremove(&name).run().await?;
         if i >= WARMUP {
             kube.push(k);
@@ -120,7 +101,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     let mut deletes = JoinSet::new();
     for id in ids {
         let mut csi = csi.clone();
-        deletes.spawn(async move { delete(&mut csi, id).await });
+        deletes.spawn(async move { delete(&mut csi, &id).await });
     }
     while let Some(deleted) = deletes.join_next().await {
         deleted??;
@@ -136,8 +117,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
         pool.bare_lvremove(&format!("serial-{i}")).run().await?;
     }
 
-    let _ = stop_csi.send(());
-    let _ = csi_task.await;
+    drop(served);
     let _ = stop_bridge.send(());
     bridge_task.await??;
     node.stop().await?;
@@ -180,49 +160,16 @@ fn wall(name: &str, floor: &str, took: Duration, floor_took: Duration, calls: us
 
 /// `CreateVolume` of `name` in `group`, pinned to the node; the volume id.
 async fn create(csi: &mut Csi, name: &str, group: &str) -> Result<String> {
-    let on_node = csi::Topology {
-        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), NODE.to_string())]),
+    let request = csi::CreateVolumeRequest {
+        parameters: HashMap::from([(
+            "carina.storage.io/disk-group-name".to_string(),
+            group.to_string(),
+        )]),
+        accessibility_requirements: Some(csi::TopologyRequirement {
+            requisite: vec![on(NODE)],
+            preferred: vec![on(NODE)],
+        }),
+        ..carina_tests::csi::create(name, SIZE, "ext4")
     };
-    let volume = csi
-        .create_volume(csi::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: SIZE as i64,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![csi::VolumeCapability {
-                access_mode: Some(AccessMode {
-                    mode: Mode::SingleNodeWriter as i32,
-                }),
-                access_type: Some(AccessType::Mount(MountVolume {
-                    fs_type: "ext4".into(),
-                    ..Default::default()
-                })),
-            }],
-            parameters: HashMap::from([(
-                "carina.storage.io/disk-group-name".to_string(),
-                group.to_string(),
-            )]),
-            accessibility_requirements: Some(csi::TopologyRequirement {
-                requisite: vec![on_node.clone()],
-                preferred: vec![on_node],
-            }),
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("CreateVolume {name}"))?
-        .into_inner()
-        .volume
-        .with_context(|| format!("CreateVolume {name}: no volume"))?;
-    Ok(volume.volume_id)
-}
-
-async fn delete(csi: &mut Csi, volume_id: String) -> Result<()> {
-    csi.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: volume_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .with_context(|| format!("DeleteVolume {volume_id}"))?;
-    Ok(())
+    Ok(make(csi, request).await?.volume_id)
 }

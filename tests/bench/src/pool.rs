@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use carina_node::engine::lvm::lvm_cmd;
-use carina_node::engine::{Config, Engine, EngineOptions};
+use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
 use carina_sys::command::Cmd;
 use carina_tests::{LoopDisk, VgGuard, unique};
 
@@ -37,6 +37,16 @@ impl LvmPool {
             _guard: guard,
             disk,
         })
+    }
+
+    /// A shared create request of `size` bytes in the pool's group.
+    pub fn request(&self, name: &str, size: u64) -> CreateRequest {
+        CreateRequest {
+            name: name.into(),
+            group: self.vg.clone(),
+            size_bytes: size,
+            exclusive: false,
+        }
     }
 
     /// Without device-mapper the engine exposes LVs as loop devices.
