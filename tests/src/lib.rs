@@ -10,6 +10,7 @@ pub mod engine;
 pub mod grpc;
 pub mod kube;
 pub mod process;
+pub mod scale;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
