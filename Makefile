@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold lint bench deps tools
+.PHONY: all build demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold lint bench bench-scale deps tools
 
 all: build
 
@@ -49,3 +49,9 @@ lint:
 bench: deps
 	$(CARGO) build --release -p carina-bench -p carina-node --bin carina-node
 	$(CARGO) run --release -q -p carina-bench -- --out docs
+
+## bench-scale: the scale simulation at full size (100 carina-node processes, 1,000 volumes through the kube path); writes its group into docs/benchmarks.md and docs/benchmarks.json beside the others
+bench-scale: deps
+	$(CARGO) build --release -p carina-bench -p carina-node -p carina-controlplane -p carina-scheduler --bins
+	tests/tools/build.sh etcd kube
+	$(CARGO) run --release -q -p carina-bench -- scale --out docs

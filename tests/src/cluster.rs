@@ -448,6 +448,11 @@ impl Service {
         self.child.is_some()
     }
 
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(ChildGuard::pid)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

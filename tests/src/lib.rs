@@ -11,6 +11,7 @@ pub mod engine;
 pub mod grpc;
 pub mod kube;
 pub mod process;
+pub mod scale;
 pub mod spans;
 
 use std::path::{Path, PathBuf};

@@ -2,7 +2,9 @@
 //! commands it stands on — in the same run, and writes
 //! `docs/benchmarks.json` and `docs/benchmarks.md`.
 //!
-//! Usage: `carina-bench [--out DIR] [--iterations N] [--only scheduler|kube]`.
+//! Usage: `carina-bench [--out DIR] [--iterations N] [--only scheduler|kube]`,
+//! or `carina-bench scale [...]` for the scale simulation alone
+//! (`make bench-scale`, see `scale.rs`).
 //! Needs root and loop devices, like the engine tests; `--only scheduler`
 //! runs just the scheduler extender's group, which needs neither;
 //! `--only kube` just the Kubernetes control plane's group.
@@ -13,6 +15,7 @@ mod grpc;
 mod kube;
 mod pool;
 mod report;
+mod scale;
 mod scheduler;
 
 use std::path::PathBuf;
@@ -60,6 +63,9 @@ fn parse_args() -> Result<Args> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("scale") {
+        return scale::main(std::env::args().skip(2)).await;
+    }
     let args = parse_args()?;
     let mut entries = Vec::new();
     if args.only.as_deref() == Some("scheduler") {

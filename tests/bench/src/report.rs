@@ -91,7 +91,7 @@ pub fn write(dir: &Path, new: &[Entry], context: &str) -> Result<()> {
 
 fn markdown(all: &[Entry], context: &str) -> String {
     let mut out = String::from("# Benchmarks\n\n");
-    out.push_str("Written by `make bench`. Every figure is measured side by side with its physical floor (the raw command) in the same run; the ratio is p50 / floor p50. Absolute numbers depend on the machine; the ratios are the point.\n\n");
+    out.push_str("Written by `make bench` and `make bench-scale` (the scale simulation: many `carina-node` processes, the controller and the extender as processes, volumes churned through the kube path); each rewrites only its own rows. Every figure is measured side by side with its physical floor (the raw command) in the same run where one exists; the ratio is p50 / floor p50. Absolute numbers depend on the machine; the ratios are the point.\n\n");
     out.push_str(context);
     out.push_str("\n\n");
     let mut groups: Vec<&str> = Vec::new();
@@ -161,5 +161,26 @@ mod tests {
         assert_eq!(all[0].p50, 5.0);
         let md = std::fs::read_to_string(dir.path().join("benchmarks.md")).expect("md");
         assert!(md.contains("| one | ms | 5.000"), "{md}");
+    }
+
+    #[test]
+    fn a_group_written_alone_keeps_the_other_groups() {
+        // `make bench` and `make bench-scale` each write only their group.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bench = timed("bench", "b", "", &[Duration::from_millis(1)], None);
+        let scale = timed("scale", "s", "", &[Duration::from_millis(2)], None);
+        write(dir.path(), &[bench], "ctx").expect("write");
+        write(dir.path(), &[scale], "ctx").expect("write");
+        let again = timed("bench", "b", "", &[Duration::from_millis(3)], None);
+        write(dir.path(), &[again], "ctx").expect("write");
+        let md = std::fs::read_to_string(dir.path().join("benchmarks.md")).expect("md");
+        assert!(
+            md.contains("## bench\n") && md.contains("## scale\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| b | ms | 3.000") && md.contains("| s | ms | 2.000"),
+            "{md}"
+        );
     }
 }
