@@ -24,6 +24,8 @@ declare -A NEED=(
   [setquota]=quota
   [openssl]=openssl
   [curl]=curl
+  [mmdebstrap]=mmdebstrap
+  [skopeo]=skopeo
 )
 
 missing=()
