@@ -28,6 +28,7 @@ impl LvmPool {
             config,
             EngineOptions {
                 device_mapper: None,
+                ..Default::default()
             },
         )
         .await?;
