@@ -5,7 +5,8 @@
 //!
 //! A command is made to hang by holding the VG's own lock (the `flock` lvm
 //! takes on `<locking_dir>/V_<vg>`), so it blocks inside the shell until
-//! the lock is released or the shell is killed. Every wait here is for a
+//! the lock is released or the shell is killed (or its caller gives up
+//! on it). Every wait here is for a
 //! state (the shell blocked on the lock, a pid gone), with a generous
 //! bound that only turns a hang into a failure.
 
@@ -13,7 +14,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use carina_node::engine::lvm::LvmOptions;
+use carina_node::engine::lvm::{LvmOptions, LvmRunner, lvm_cmd};
 use carina_node::engine::{Engine, Error};
 use carina_node::server::status;
 use carina_sys::command::CommandError;
@@ -324,4 +325,57 @@ async fn a_hung_command_times_out_and_the_next_runs_on_a_new_shell() {
     assert_eq!(v.size_bytes, 4 * MIB);
     assert_ne!(shell_pid(&f.engine), old);
     f.engine.delete_volume("vol-h").await.expect("delete");
+}
+
+#[tokio::test]
+async fn an_abandoned_command_never_lends_its_answer_to_the_next() {
+    let Some(f) = fixture("shell_abandoned", shell_on()).await else {
+        return;
+    };
+    // A runner of its own on the fixture's VG, so the engine's cache is
+    // not involved.
+    let runner = LvmRunner::new(LvmOptions::default());
+    let devices: Vec<PathBuf> = f.disks.iter().map(|d| d.path.clone()).collect();
+    let loop_mode = !f.engine.device_mapper();
+    let lvm_of = |sub: &str| {
+        let cmd = lvm_cmd(sub, &devices);
+        if loop_mode && sub == "lvcreate" {
+            cmd.args(["--driverloaded", "n"])
+        } else {
+            cmd
+        }
+    };
+    let pvs = || lvm_of("pvs").args(["--reportformat", "json", "-o", "pv_name,vg_name"]);
+    runner.run(pvs()).await.expect("pvs starts the shell");
+    let pid = runner.shell_pid().expect("a shell runs");
+
+    let lock = VgLock::hold(&f.group);
+    let create = runner.run(lvm_of("lvcreate").args([
+        "-q",
+        "-an",
+        "-Zn",
+        "-Wn",
+        "-l",
+        "1",
+        "-n",
+        "abandoned",
+        &f.group,
+    ]));
+    tokio::select! {
+        r = create => panic!("lvcreate cannot finish while the VG is locked: {r:?}"),
+        () = wait_until("lvcreate waits for the VG lock", || blocked_on_a_lock(pid)) => {}
+    }
+    // Its caller is gone; the lvcreate goes on once the lock is free.
+    drop(lock);
+
+    let out = runner
+        .run(pvs())
+        .await
+        .expect("pvs after the abandoned command");
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("a JSON report");
+    assert_eq!(
+        report["report"][0]["pv"][0]["vg_name"], f.group,
+        "pvs got its own answer: {}",
+        out.stdout
+    );
 }

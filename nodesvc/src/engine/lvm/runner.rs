@@ -19,6 +19,11 @@
 //!   dies, or answers nonsense, while running a command makes that command
 //!   `Interrupted`, a retryable error (`UNAVAILABLE`): whether it took
 //!   effect is unknown. The next command starts a new shell.
+//! - **An abandoned command** (its caller's future was dropped, e.g. a
+//!   cancelled request) runs on in the shell. The next command first looks
+//!   for its answer: if it is there, it is dropped and the shell goes on;
+//!   if not, the shell is killed (as a process is when its caller goes) and
+//!   replaced, so an answer is never taken for another command's.
 //! - **Starting** asks `lvm config` for the profile directory (once),
 //!   writes the shell's profile there if it differs, starts `lvm` and waits
 //!   for its answer to `formats`, which proves the shell reports as it
@@ -144,7 +149,16 @@ impl Slot {
     async fn ensure_shell(&mut self, pid: &AtomicU32) -> bool {
         if let Some(shell) = &mut self.shell {
             match shell.child.try_wait() {
-                Ok(None) => return true,
+                Ok(None) if !shell.busy => return true,
+                Ok(None) => {
+                    if shell.settle_abandoned() {
+                        return true;
+                    }
+                    tracing::warn!(
+                        lvm.shell.pid = shell.pid,
+                        "the lvm shell still runs a command its caller abandoned; starting a new one"
+                    );
+                }
                 Ok(Some(status)) => tracing::warn!(
                     lvm.shell.pid = shell.pid,
                     %status,
@@ -318,6 +332,8 @@ struct Shell {
     /// The shell's own stderr since it was last taken.
     stderr: Arc<StdMutex<String>>,
     pid: u32,
+    /// A command was sent and its answer not yet taken.
+    busy: bool,
 }
 
 impl Shell {
@@ -347,6 +363,7 @@ impl Shell {
             buf: Vec::new(),
             stderr,
             pid,
+            busy: false,
         };
         // Without the profile's log report the shell would answer nothing:
         // a first answer proves it took.
@@ -387,8 +404,35 @@ impl Shell {
         let mut bytes = Vec::with_capacity(line.len() + 1);
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
+        self.busy = true;
         self.stdin.write_all(&bytes).await?;
         self.stdin.flush().await
+    }
+
+    /// After a command whose caller went away: whether its answer has come
+    /// (and is dropped), so the shell is free again.
+    fn settle_abandoned(&mut self) -> bool {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.answers.try_read(&mut chunk) {
+                Ok(0) => return false,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return false,
+            }
+        }
+        match shell::take_answer(&mut self.buf) {
+            Ok(Some(_)) => {
+                tracing::debug!(
+                    lvm.shell.pid = self.pid,
+                    "dropped the answer to an abandoned command"
+                );
+                self.busy = false;
+                take(&self.stderr);
+                true
+            }
+            Ok(None) | Err(_) => false,
+        }
     }
 
     /// Waits for the answer to the command just sent.
@@ -396,7 +440,10 @@ impl Shell {
         let deadline = Instant::now() + timeout;
         loop {
             match shell::take_answer(&mut self.buf) {
-                Ok(Some(answer)) => return shell::outcome(answer, command, &take(&self.stderr)),
+                Ok(Some(answer)) => {
+                    self.busy = false;
+                    return shell::outcome(answer, command, &take(&self.stderr));
+                }
                 Ok(None) => {}
                 Err(e) => {
                     return Err(CommandError::Interrupted {
@@ -444,6 +491,7 @@ impl Shell {
         let grace = deadline.min(Instant::now() + EXIT_GRACE);
         let _ = tokio::time::timeout_at(grace, self.answers.read_to_end(&mut self.buf)).await;
         if let Ok(Some(answer)) = shell::take_answer(&mut self.buf) {
+            self.busy = false;
             return shell::outcome(answer, command, &take(&self.stderr));
         }
         let status = match status {
