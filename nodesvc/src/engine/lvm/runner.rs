@@ -27,7 +27,8 @@
 //! - **Starting** asks `lvm config` for the profile directory (once),
 //!   writes the shell's profile there if it differs, starts `lvm` and waits
 //!   for its answer to `formats`, which proves the shell reports as it
-//!   must. If that fails, commands run as processes and a start is tried
+//!   must; each step within the limit of the command that needs the shell
+//!   (at most 30 s). If that fails, commands run as processes and a start is tried
 //!   again a minute later.
 
 use std::path::{Path, PathBuf};
@@ -66,7 +67,8 @@ impl Default for LvmOptions {
     }
 }
 
-/// The longest a new shell may take to answer its first command.
+/// The longest a start may take (`lvm config`, the first answer), and no
+/// longer than the limit of the command that needs the shell.
 const START_LIMIT: Duration = Duration::from_secs(30);
 /// After a failed start, commands run as processes this long.
 const START_BACKOFF: Duration = Duration::from_secs(60);
@@ -117,12 +119,13 @@ impl LvmRunner {
         let Ok(mut slot) = slot.try_lock() else {
             return cmd.run().await;
         };
-        if !slot.ensure_shell(&self.pid).await {
+        let limit = cmd.time_limit();
+        if !slot.ensure_shell(&self.pid, limit).await {
             drop(slot);
             return cmd.run().await;
         }
         let command = cmd.line();
-        cmd.traced(slot.run(&line, &command, cmd.time_limit(), &self.pid))
+        cmd.traced(slot.run(&line, &command, limit, &self.pid))
             .await
     }
 }
@@ -146,7 +149,7 @@ struct Slot {
 
 impl Slot {
     /// Whether a live shell is there, started if needed.
-    async fn ensure_shell(&mut self, pid: &AtomicU32) -> bool {
+    async fn ensure_shell(&mut self, pid: &AtomicU32, limit: Duration) -> bool {
         if let Some(shell) = &mut self.shell {
             match shell.child.try_wait() {
                 Ok(None) if !shell.busy => return true,
@@ -175,7 +178,7 @@ impl Slot {
             return false;
         }
         let span = tracing::info_span!("lvm shell start", otel.name = "lvm.shell.start");
-        match self.start().instrument(span).await {
+        match self.start(limit.min(START_LIMIT)).instrument(span).await {
             Ok(shell) => {
                 tracing::info!(lvm.shell.pid = shell.pid, "lvm shell started");
                 pid.store(shell.pid, Ordering::Relaxed);
@@ -191,17 +194,17 @@ impl Slot {
         }
     }
 
-    async fn start(&mut self) -> Result<Shell, StartError> {
+    async fn start(&mut self, limit: Duration) -> Result<Shell, StartError> {
         let dir = match &self.profile_dir {
             Some(dir) => dir.clone(),
             None => {
-                let dir = profile_dir().await?;
+                let dir = profile_dir(limit).await?;
                 self.profile_dir = Some(dir.clone());
                 dir
             }
         };
         install_profile(&dir).await?;
-        Shell::spawn().await
+        Shell::spawn(limit).await
     }
 
     /// Runs one command line on the live shell.
@@ -225,7 +228,7 @@ impl Slot {
             // it died while idle, and the command may run on a new one.
             tracing::warn!(error = %e, "the lvm shell is gone; starting a new one");
             self.discard(pid);
-            if !self.ensure_shell(pid).await {
+            if !self.ensure_shell(pid, timeout).await {
                 return Err(interrupted(format!(
                     "the lvm shell was gone ({e}) and no new one started"
                 )));
@@ -283,11 +286,11 @@ enum StartError {
 }
 
 /// lvm's profile directory (`config/profile_dir`).
-async fn profile_dir() -> Result<PathBuf, StartError> {
+async fn profile_dir(limit: Duration) -> Result<PathBuf, StartError> {
     let out = Cmd::new("lvm")
         .args(["config", "--typeconfig", "full", "config/profile_dir"])
         .env("LVM_SUPPRESS_FD_WARNINGS", "1")
-        .timeout(START_LIMIT)
+        .timeout(limit)
         .run()
         .await?;
     shell::parse_profile_dir(&out.stdout).ok_or(StartError::NoProfileDir(out.stdout))
@@ -337,7 +340,7 @@ struct Shell {
 }
 
 impl Shell {
-    async fn spawn() -> Result<Shell, StartError> {
+    async fn spawn(limit: Duration) -> Result<Shell, StartError> {
         let co = coprocess::spawn(
             "lvm",
             &[],
@@ -375,7 +378,7 @@ impl Shell {
                     command: "lvm formats".to_string(),
                     reason: format!("cannot write to the lvm shell: {e}"),
                 })?;
-            shell.answer("lvm formats", START_LIMIT).await
+            shell.answer("lvm formats", limit).await
         }
         .await;
         match probe {
