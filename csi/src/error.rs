@@ -84,11 +84,13 @@ impl From<CsiError> for Status {
 }
 
 /// A command failure as the CSI layer answers it: a timeout is
-/// `DEADLINE_EXCEEDED`, anything else `INTERNAL` (the message keeps the
-/// command line and stderr).
+/// `DEADLINE_EXCEEDED`, an interrupted command `UNAVAILABLE` (retry),
+/// anything else `INTERNAL` (the message keeps the command line and
+/// stderr).
 fn command_error(e: CommandError) -> CsiError {
     match e {
         CommandError::TimedOut { .. } => CsiError::DeadlineExceeded(e.to_string()),
+        CommandError::Interrupted { .. } => CsiError::Unavailable(e.to_string()),
         CommandError::Spawn { .. } | CommandError::Failed { .. } => {
             CsiError::Internal(e.to_string())
         }

@@ -2,11 +2,14 @@
 //! run, and errors that carry the command line and its stderr.
 //!
 //! Tool-specific builders (`lvm`, `sgdisk`, `losetup`, ...) live next to
-//! their parsers, in the crates that know those tools; they all end in
-//! [`Cmd::run`].
+//! their parsers, in the crates that know those tools; they end in
+//! [`Cmd::run`], or — for a command a long-lived interpreter carries out
+//! instead of a process of its own (`lvm`'s shell, see
+//! [`crate::coprocess`]) — in [`Cmd::traced`], which gives it the same span.
 
 use std::ffi::OsString;
 use std::fmt;
+use std::future::Future;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -41,6 +44,12 @@ pub enum CommandError {
     /// The program did not finish in time and was killed.
     #[error("`{command}` timed out after {timeout:?}")]
     TimedOut { command: String, timeout: Duration },
+    /// What ran the command (a long-lived interpreter such as `lvm`'s
+    /// shell) died or stopped making sense before the command's outcome
+    /// was known. Whether it took effect is unknown; a retry on a fresh
+    /// interpreter is the way on.
+    #[error("`{command}` was interrupted: {reason}")]
+    Interrupted { command: String, reason: String },
 }
 
 impl CommandError {
@@ -119,6 +128,21 @@ impl Cmd {
         self
     }
 
+    /// The arguments after the program.
+    pub fn arguments(&self) -> &[OsString] {
+        &self.args
+    }
+
+    /// The limit of one run.
+    pub fn time_limit(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether the command is fed input on stdin.
+    pub fn has_stdin(&self) -> bool {
+        self.stdin.is_some()
+    }
+
     /// The program name without its directory (the span name uses it).
     pub fn program(&self) -> &str {
         self.program.rsplit('/').next().unwrap_or(&self.program)
@@ -152,19 +176,31 @@ impl Cmd {
     /// an error carrying the command line.
     pub async fn run(self) -> Result<Output, CommandError> {
         let line = self.line();
+        self.traced(self.run_inner(line)).await
+    }
+
+    /// Awaits `run` — this command carried out by something other than a
+    /// process of its own, such as an interpreter the caller keeps — under
+    /// the span [`Cmd::run`] gives a command: named by
+    /// [`Cmd::span_name`], with the command line, the exit code, the
+    /// duration and the error.
+    pub async fn traced<F>(&self, run: F) -> Result<Output, CommandError>
+    where
+        F: Future<Output = Result<Output, CommandError>>,
+    {
         // An INFO span, so traces show where a request's time went at the
         // default filter; it prints no log line of its own.
         let span = tracing::info_span!(
             "command",
             otel.name = %self.span_name(),
-            command.line = %line,
+            command.line = %self.line(),
             process.exit_code = tracing::field::Empty,
             command.duration_ms = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
             error.message = tracing::field::Empty,
         );
         let started = Instant::now();
-        let result = self.run_inner(line).instrument(span.clone()).await;
+        let result = run.instrument(span.clone()).await;
         span.record("command.duration_ms", started.elapsed().as_millis() as u64);
         if let Err(e) = &result {
             span.record("otel.status_code", "ERROR");
@@ -178,7 +214,7 @@ impl Cmd {
         result
     }
 
-    async fn run_inner(self, line: String) -> Result<Output, CommandError> {
+    async fn run_inner(&self, line: String) -> Result<Output, CommandError> {
         let started = Instant::now();
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
@@ -196,10 +232,10 @@ impl Cmd {
             command: line.clone(),
             source,
         })?;
-        if let (Some(input), Some(mut pipe)) = (self.stdin, child.stdin.take()) {
+        if let (Some(input), Some(mut pipe)) = (&self.stdin, child.stdin.take()) {
             // A child that exits without reading its input closes the pipe;
             // its exit status tells the real story, so the write error is moot.
-            let _ = pipe.write_all(&input).await;
+            let _ = pipe.write_all(input).await;
         }
         let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
             Ok(result) => result.map_err(|source| CommandError::Spawn {

@@ -3,14 +3,17 @@
 //!
 //! - [`command`]: the one runner of external tools (argv only, a timeout on
 //!   every run, errors with the command line and stderr, a span per run).
+//! - [`coprocess`]: a long-lived helper process fed commands on stdin that
+//!   answers on a pipe of its own (one `unsafe` call site: the child-side
+//!   `fcntl` that hands it the pipe).
 //! - [`mount`]: `/proc/self/mountinfo` parsed and queried, mount, bind
 //!   mount and unmount.
 //! - [`format`]: what a block device holds (`blkid -p`), a filesystem made
 //!   on a blank device only, grown online, and a device's size.
 //! - [`statvfs`]: block and inode usage of a mounted filesystem.
 //! - [`loopdev`]: loop devices attached at an offset and size, listed,
-//!   grown in place and detached (the ioctls are the workspace's only
-//!   `unsafe` code, allowed at each call site).
+//!   grown in place and detached (the ioctls and `coprocess`'s `fcntl` are
+//!   the workspace's only `unsafe` code, allowed at each call site).
 //! - [`blockdev`]: whether a block device is mounted or held open.
 //! - [`IoError`]: the failed file or device operation all of them report.
 //!
@@ -20,6 +23,7 @@
 
 pub mod blockdev;
 pub mod command;
+pub mod coprocess;
 pub mod format;
 mod io_error;
 pub mod loopdev;

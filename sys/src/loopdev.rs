@@ -5,7 +5,8 @@
 //!
 //! Attaching (`LOOP_CONFIGURE`), detaching (`LOOP_CLR_FD`) and growing an
 //! attached device in place (`LOOP_SET_STATUS64`; it may be mounted) are
-//! ioctls, the only call sites in the workspace allowed `unsafe`; `losetup`
+//! ioctls, call sites allowed `unsafe` (with [`crate::coprocess`]'s one,
+//! the only ones in the workspace); `losetup`
 //! is the fallback for kernels without `LOOP_CONFIGURE`. Attached devices
 //! are listed from sysfs ([`list`]) or from `losetup -J -l` output
 //! ([`parse_losetup`]).

@@ -14,6 +14,7 @@
 //! file system, not on disks: their tests build their configuration and
 //! call [`engine_for`].
 
+use carina_node::engine::lvm::LvmOptions;
 use carina_node::engine::{
     Config, CreateRequest, Engine, EngineOptions, Error, GroupCapacity, Volume,
 };
@@ -31,6 +32,7 @@ pub struct EngineFixture {
     pub vg: Option<VgGuard>,
     pub disks: Vec<LoopDisk>,
     reserve: u64,
+    lvm: LvmOptions,
 }
 
 impl EngineFixture {
@@ -43,6 +45,18 @@ impl EngineFixture {
         sizes: &[u64],
         reserve: u64,
     ) -> Option<EngineFixture> {
+        Self::with_lvm(test, policy, sizes, reserve, LvmOptions::default()).await
+    }
+
+    /// [`EngineFixture::new`] with the engine's `lvm` commands run as
+    /// `lvm` says (shell or process, their time limit).
+    pub async fn with_lvm(
+        test: &str,
+        policy: &'static str,
+        sizes: &[u64],
+        reserve: u64,
+        lvm: LvmOptions,
+    ) -> Option<EngineFixture> {
         if !have_root(test) {
             return None;
         }
@@ -52,7 +66,7 @@ impl EngineFixture {
             .collect();
         let group = unique(&policy.to_lowercase());
         let vg = (policy == "LVM").then(|| VgGuard::new(&group, &disks.iter().collect::<Vec<_>>()));
-        let engine = engine_over(&group, policy, &disks, reserve).await;
+        let engine = engine_over_with(&group, policy, &disks, reserve, lvm.clone()).await;
         Some(EngineFixture {
             engine,
             group,
@@ -60,13 +74,21 @@ impl EngineFixture {
             vg,
             disks,
             reserve,
+            lvm,
         })
     }
 
     /// A second engine over the same disks and configuration, as after a
     /// restart of the node.
     pub async fn restart(&self) -> Engine {
-        engine_over(&self.group, self.policy, &self.disks, self.reserve).await
+        engine_over_with(
+            &self.group,
+            self.policy,
+            &self.disks,
+            self.reserve,
+            self.lvm.clone(),
+        )
+        .await
     }
 
     /// A create request for this group.
@@ -182,17 +204,36 @@ pub async fn capacity(engine: &Engine, group: &str) -> GroupCapacity {
 /// An engine over one `policy` group named `group` on `disks`. LVM detects
 /// device-mapper (loop activation without it); RAW does not need it.
 pub async fn engine_over(group: &str, policy: &str, disks: &[LoopDisk], reserve: u64) -> Engine {
+    engine_over_with(group, policy, disks, reserve, LvmOptions::default()).await
+}
+
+/// [`engine_over`] with `lvm` commands run as `lvm` says.
+pub async fn engine_over_with(
+    group: &str,
+    policy: &str,
+    disks: &[LoopDisk],
+    reserve: u64,
+    lvm: LvmOptions,
+) -> Engine {
     let config = disk_group_config(group, policy, &disks.iter().collect::<Vec<_>>(), reserve);
     let device_mapper = (policy != "LVM").then_some(false);
-    engine_for(&config, device_mapper).await
+    start(&config, EngineOptions { device_mapper, lvm }).await
 }
 
 /// An engine over `config_json`; `device_mapper` `None` detects it.
 pub async fn engine_for(config_json: &str, device_mapper: Option<bool>) -> Engine {
-    Engine::start(
-        Config::from_json(config_json).expect("config"),
-        EngineOptions { device_mapper },
+    start(
+        config_json,
+        EngineOptions {
+            device_mapper,
+            ..Default::default()
+        },
     )
     .await
-    .expect("engine starts")
+}
+
+async fn start(config_json: &str, options: EngineOptions) -> Engine {
+    Engine::start(Config::from_json(config_json).expect("config"), options)
+        .await
+        .expect("engine starts")
 }

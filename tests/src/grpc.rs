@@ -276,6 +276,7 @@ pub async fn start_engine(config_json: &str) -> Result<Engine> {
         config,
         EngineOptions {
             device_mapper: None,
+            ..Default::default()
         },
     )
     .await?)

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use carina_node::csi_local::serve::{CsiNodeServer, bind};
+use carina_node::engine::lvm::LvmOptions;
 use carina_node::engine::{Config, Engine, EngineOptions, Policy};
 use carina_node::server::{NodeServer, metrics};
 use carina_proto::tls::{
@@ -70,6 +71,11 @@ struct Args {
     /// Seconds in-flight calls may run on after SIGTERM.
     #[arg(long, env = "CARINA_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     shutdown_grace_secs: u64,
+
+    /// Run lvm commands through one persistent `lvm` shell (`true`), or as
+    /// a process per command (`false`).
+    #[arg(long, env = "CARINA_LVM_SHELL", default_value_t = true, action = clap::ArgAction::Set)]
+    lvm_shell: bool,
 }
 
 #[tokio::main]
@@ -109,6 +115,10 @@ async fn run(args: Args) -> Result<()> {
         config.clone(),
         EngineOptions {
             device_mapper: None,
+            lvm: LvmOptions {
+                shell: args.lvm_shell,
+                ..LvmOptions::default()
+            },
         },
     )
     .await
@@ -212,6 +222,7 @@ async fn log_summary(args: &Args, config: &Config, engine: &Engine) {
         node.name = %args.node_name,
         groups = config.groups.len(),
         lvm.activation = activation,
+        lvm.shell = engine.lvm_options().shell,
         listen = %args.listen,
         trust_domain = %args.trust_domain,
         scan_interval = ?config.scan_interval,

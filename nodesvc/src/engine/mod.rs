@@ -41,6 +41,8 @@ pub use volume::{CapacitySnapshot, ChangeReason, CreateRequest, GroupCapacity, Q
 pub struct EngineOptions {
     /// Whether the kernel has device-mapper; `None` detects it.
     pub device_mapper: Option<bool>,
+    /// How `lvm` commands run (one persistent shell by default).
+    pub lvm: lvm::LvmOptions,
 }
 
 /// The span of one backend mutation, the same for every policy:
@@ -82,6 +84,8 @@ pub struct Engine {
 #[derive(Debug)]
 struct Inner {
     device_mapper: bool,
+    /// Runs every `lvm` command of the node (its LVM groups', discovery's).
+    lvm: Arc<lvm::LvmRunner>,
     state: RwLock<State>,
     locks: locks::VolumeLocks,
     capacity: watch::Sender<CapacitySnapshot>,
@@ -113,7 +117,8 @@ impl Engine {
     pub async fn start(config: Config, options: EngineOptions) -> Result<Engine> {
         log_config_warnings(&config);
         let device_mapper = options.device_mapper.unwrap_or_else(detect_device_mapper);
-        let groups = build_groups(&config, device_mapper)?;
+        let lvm = Arc::new(lvm::LvmRunner::new(options.lvm));
+        let groups = build_groups(&config, device_mapper, &lvm)?;
         let (capacity, _) = watch::channel(CapacitySnapshot {
             generation: 0,
             reason: ChangeReason::Start,
@@ -122,6 +127,7 @@ impl Engine {
         let engine = Engine {
             inner: Arc::new(Inner {
                 device_mapper,
+                lvm,
                 state: RwLock::new(State { config, groups }),
                 locks: locks::VolumeLocks::default(),
                 capacity,
@@ -137,6 +143,17 @@ impl Engine {
     /// Whether LVM volumes use device-mapper (otherwise loop exposure).
     pub fn device_mapper(&self) -> bool {
         self.inner.device_mapper
+    }
+
+    /// How `lvm` commands run.
+    pub fn lvm_options(&self) -> &lvm::LvmOptions {
+        self.inner.lvm.options()
+    }
+
+    /// The pid of the node's persistent `lvm` shell while one runs
+    /// (diagnostics and tests; it changes when a shell is replaced).
+    pub fn lvm_shell_pid(&self) -> Option<u32> {
+        self.inner.lvm.shell_pid()
     }
 
     /// The configuration in force.
@@ -332,7 +349,7 @@ impl Engine {
     #[instrument(skip_all, err)]
     pub async fn apply_config(&self, config: Config) -> Result<()> {
         log_config_warnings(&config);
-        let groups = build_groups(&config, self.inner.device_mapper)?;
+        let groups = build_groups(&config, self.inner.device_mapper, &self.inner.lvm)?;
         {
             let mut state = self.inner.state.write().await;
             // Wait for in-flight mutations of the old groups to finish.
@@ -387,7 +404,7 @@ impl Engine {
             let state = self.inner.state.read().await;
             (state.config.clone(), state.groups.clone())
         };
-        let statuses = discover_and_assign(&config).await?;
+        let statuses = discover_and_assign(&config, &self.inner.lvm).await?;
         let assigned = disks::by_group(&statuses);
         self.note_empty_groups(disks::empty_groups(&config, &statuses));
         *self.inner.disks.lock().unwrap_or_else(|p| p.into_inner()) = statuses;
@@ -547,11 +564,19 @@ impl Engine {
     }
 }
 
-fn build_groups(config: &Config, device_mapper: bool) -> Result<BTreeMap<String, GroupSlot>> {
+fn build_groups(
+    config: &Config,
+    device_mapper: bool,
+    lvm: &Arc<lvm::LvmRunner>,
+) -> Result<BTreeMap<String, GroupSlot>> {
     let mut groups = BTreeMap::new();
     for group in &config.groups {
         let backend: Arc<dyn Backend> = match group.policy {
-            Policy::Lvm => Arc::new(lvm::LvmGroup::new(group.clone(), device_mapper)?),
+            Policy::Lvm => Arc::new(lvm::LvmGroup::new(
+                group.clone(),
+                device_mapper,
+                lvm.clone(),
+            )?),
             Policy::Raw => Arc::new(raw::RawGroup::new(group.clone())),
             Policy::Host => Arc::new(host::HostGroup::new(group.clone())?),
         };
@@ -567,7 +592,7 @@ fn build_groups(config: &Config, device_mapper: bool) -> Result<BTreeMap<String,
 }
 
 /// Discovery, probing of the disks some selector matches, and assignment.
-async fn discover_and_assign(config: &Config) -> Result<Vec<DiskStatus>> {
+async fn discover_and_assign(config: &Config, runner: &lvm::LvmRunner) -> Result<Vec<DiskStatus>> {
     let mut all = disks::discover().await?;
     let matched = |d: &Disk| disks::selected(config, d);
     for disk in all.iter_mut().filter(|d| matched(d)) {
@@ -579,7 +604,7 @@ async fn discover_and_assign(config: &Config) -> Result<Vec<DiskStatus>> {
         .map(|d| d.path.clone())
         .collect();
     if !lvm_paths.is_empty() {
-        let vgs = lvm::pv_vg_names(&lvm_paths).await?;
+        let vgs = lvm::pv_vg_names(runner, &lvm_paths).await?;
         for disk in &mut all {
             if let Some(vg) = vgs.get(&disk.path) {
                 disk.lvm_vg = Some(vg.clone());

@@ -9,6 +9,7 @@
 //! | `FailedPrecondition`, `Unsupported` | `FAILED_PRECONDITION` |
 //! | `Busy` | `ABORTED` |
 //! | `Command(TimedOut)` | `DEADLINE_EXCEEDED` |
+//! | `Command(Interrupted)` (the lvm shell died or garbled its answer mid-command) | `UNAVAILABLE` |
 //! | `Command(Spawn | Failed)`, `Io`, `Parse` | `INTERNAL` |
 //! | `Task` cancelled (shutting down) | `UNAVAILABLE` |
 //! | `Task` panicked | `INTERNAL` |
@@ -33,6 +34,8 @@ pub fn code(e: &Error) -> Code {
         Error::FailedPrecondition { .. } | Error::Unsupported { .. } => Code::FailedPrecondition,
         Error::Busy { .. } => Code::Aborted,
         Error::Command(CommandError::TimedOut { .. }) => Code::DeadlineExceeded,
+        // Its outcome is unknown and a retry runs on a fresh shell.
+        Error::Command(CommandError::Interrupted { .. }) => Code::Unavailable,
         Error::Command(CommandError::Spawn { .. } | CommandError::Failed { .. })
         | Error::Io(_)
         | Error::Parse { .. } => Code::Internal,
@@ -128,6 +131,14 @@ mod tests {
                 }),
                 Code::DeadlineExceeded,
                 "lvcreate -n v",
+            ),
+            (
+                Error::Command(CommandError::Interrupted {
+                    command: "lvm lvcreate -n v".into(),
+                    reason: "the lvm shell exited (signal: 9) before answering".into(),
+                }),
+                Code::Unavailable,
+                "`lvm lvcreate -n v` was interrupted: the lvm shell exited",
             ),
             (
                 Error::Command(CommandError::Failed {

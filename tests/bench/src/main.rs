@@ -2,12 +2,13 @@
 //! commands it stands on — in the same run, and writes
 //! `docs/benchmarks.json` and `docs/benchmarks.md`.
 //!
-//! Usage: `carina-bench [--out DIR] [--iterations N] [--only scheduler|kube]`,
+//! Usage: `carina-bench [--out DIR] [--iterations N] [--only engine|scheduler|kube]`,
 //! or `carina-bench scale [...]` for the scale simulation alone
 //! (`make bench-scale`, see `scale.rs`).
 //! Needs root and loop devices, like the engine tests; `--only scheduler`
 //! runs just the scheduler extender's group, which needs neither;
-//! `--only kube` just the Kubernetes control plane's group.
+//! `--only kube` just the Kubernetes control plane's group, `--only engine`
+//! just the engine's.
 
 mod csi;
 mod engine;
@@ -25,7 +26,7 @@ use anyhow::{Context, Result, bail};
 struct Args {
     out: PathBuf,
     iterations: usize,
-    /// Run only this group (`scheduler`, `kube`).
+    /// Run only this group (`engine`, `scheduler`, `kube`).
     only: Option<String>,
 }
 
@@ -47,11 +48,13 @@ fn parse_args() -> Result<Args> {
                     .context("--iterations")?
             }
             "--only" => match it.next().as_deref() {
-                Some(group @ ("scheduler" | "kube")) => args.only = Some(group.into()),
-                other => bail!("--only {other:?}: only `scheduler` or `kube` can run alone"),
+                Some(group @ ("engine" | "scheduler" | "kube")) => args.only = Some(group.into()),
+                other => {
+                    bail!("--only {other:?}: only `engine`, `scheduler` or `kube` can run alone")
+                }
             },
             other => bail!(
-                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube)"
+                "unknown argument {other:?} (expected --out DIR, --iterations N, --only engine|scheduler|kube)"
             ),
         }
     }
@@ -77,6 +80,10 @@ async fn main() -> Result<()> {
     }
     if args.only.as_deref() == Some("kube") {
         entries.extend(kube::create_volume(args.iterations).await?);
+        return finish(&args, &entries);
+    }
+    if args.only.as_deref() == Some("engine") {
+        entries.extend(engine::lvm_create_delete(args.iterations).await?);
         return finish(&args, &entries);
     }
     entries.extend(engine::lvm_create_delete(args.iterations).await?);

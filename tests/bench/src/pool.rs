@@ -3,7 +3,7 @@
 //! commands (the floor) for the same VG with the same options.
 
 use anyhow::Result;
-use carina_node::engine::lvm::lvm_cmd;
+use carina_node::engine::lvm::{LvmOptions, lvm_cmd};
 use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
 use carina_sys::command::Cmd;
 use carina_tests::{LoopDisk, VgGuard, unique};
@@ -20,6 +20,12 @@ pub struct LvmPool {
 impl LvmPool {
     /// A pool of `disk_bytes` with no reserve.
     pub async fn new(prefix: &str, disk_bytes: u64) -> Result<LvmPool> {
+        Self::with_lvm(prefix, disk_bytes, LvmOptions::default()).await
+    }
+
+    /// [`LvmPool::new`] whose engine runs `lvm` as `lvm` says (the node's
+    /// shell or a process per command).
+    pub async fn with_lvm(prefix: &str, disk_bytes: u64, lvm: LvmOptions) -> Result<LvmPool> {
         let disk = LoopDisk::new(disk_bytes)?;
         let vg = unique(prefix);
         let guard = VgGuard::new(&vg, &[&disk]);
@@ -28,6 +34,7 @@ impl LvmPool {
             config,
             EngineOptions {
                 device_mapper: None,
+                lvm,
             },
         )
         .await?;

@@ -7,10 +7,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use carina_sys::command::Cmd;
+use carina_sys::command::{Cmd, CommandError, Output};
 use carina_sys::loopdev::{self, LosetupDevice};
 
 use crate::engine::backend::Backend;
@@ -24,12 +24,15 @@ use crate::engine::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
 use super::cli::{OWNER_TAG, extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
 use super::device::{self, Mode, dm_path, ensure_unused, wipe_ends};
 use super::report::{Lv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
+use super::runner::LvmRunner;
 
 /// The VG each of `paths` belongs to (only those that are PVs).
-pub async fn pv_vg_names(paths: &[PathBuf]) -> Result<HashMap<PathBuf, String>> {
-    let out = lvm_cmd("pvs", paths)
-        .args(["--reportformat", "json", "-o", "pv_name,vg_name"])
-        .run()
+pub async fn pv_vg_names(
+    runner: &LvmRunner,
+    paths: &[PathBuf],
+) -> Result<HashMap<PathBuf, String>> {
+    let out = runner
+        .run(lvm_cmd("pvs", paths).args(["--reportformat", "json", "-o", "pv_name,vg_name"]))
         .await?;
     parse_pv_vgs(&out.stdout)
 }
@@ -40,6 +43,8 @@ pub struct LvmGroup {
     config: GroupConfig,
     mode: Mode,
     state: Mutex<LvmState>,
+    /// The node's `lvm` runner, shared by its groups.
+    runner: Arc<LvmRunner>,
 }
 
 #[derive(Debug, Default)]
@@ -57,8 +62,13 @@ struct LvmState {
 
 impl LvmGroup {
     /// A group in device-mapper or loop mode (`activation: auto` picks by
-    /// whether the kernel has device-mapper).
-    pub fn new(config: GroupConfig, device_mapper: bool) -> Result<LvmGroup> {
+    /// whether the kernel has device-mapper) whose commands go through
+    /// `runner`.
+    pub fn new(
+        config: GroupConfig,
+        device_mapper: bool,
+        runner: Arc<LvmRunner>,
+    ) -> Result<LvmGroup> {
         let mode = match config.activation {
             Activation::Loop => Mode::Loop,
             Activation::Dm if !device_mapper => {
@@ -75,6 +85,7 @@ impl LvmGroup {
             config,
             mode,
             state: Mutex::new(LvmState::default()),
+            runner,
         })
     }
 
@@ -105,9 +116,16 @@ impl LvmGroup {
         }
     }
 
+    /// Runs an `lvm` command of this group.
+    async fn run(&self, cmd: Cmd) -> Result<Output, CommandError> {
+        self.runner.run(cmd).await
+    }
+
     /// Reads the VG from LVM and caches it.
     async fn refresh(&self) -> Result<VgSnapshot> {
-        let out = self.cmd("pvs").args(pvsegs_args(self.vg())).run().await?;
+        let out = self
+            .run(self.cmd("pvs").args(pvsegs_args(self.vg())))
+            .await?;
         let snap = parse_pvsegs(&out.stdout)?;
         let mut state = self.lock();
         if snap.extent_size > 0 {
@@ -175,7 +193,10 @@ impl LvmGroup {
     /// Removes an LV we just created after a later step failed.
     async fn roll_back(&self, name: &str) {
         let lv = format!("{}/{}", self.vg(), name);
-        if let Err(e) = self.cmd("lvremove").args(["-f", "-y"]).arg(&lv).run().await {
+        if let Err(e) = self
+            .run(self.cmd("lvremove").args(["-f", "-y"]).arg(&lv))
+            .await
+        {
             tracing::error!(lvm.lv = %lv, error = %e, "rollback of a half-created LV failed");
         }
         self.invalidate();
@@ -193,24 +214,25 @@ impl LvmGroup {
             .ok_or_else(|| self.exhausted(size, snap))?;
         let range = extent_range(&pv, start, extents);
         let created = self
-            .cmd("lvcreate")
-            .args([
-                "-q",
-                "-an",
-                "-Zn",
-                "-Wn",
-                "--alloc",
-                "contiguous",
-                "--addtag",
-                OWNER_TAG,
-                "-l",
-            ])
-            .arg(extents.to_string())
-            .arg("-n")
-            .arg(&req.name)
-            .arg(self.vg())
-            .arg(&range)
-            .run()
+            .run(
+                self.cmd("lvcreate")
+                    .args([
+                        "-q",
+                        "-an",
+                        "-Zn",
+                        "-Wn",
+                        "--alloc",
+                        "contiguous",
+                        "--addtag",
+                        OWNER_TAG,
+                        "-l",
+                    ])
+                    .arg(extents.to_string())
+                    .arg("-n")
+                    .arg(&req.name)
+                    .arg(self.vg())
+                    .arg(&range),
+            )
             .await;
         if let Err(e) = created {
             // Our picture was stale (someone else allocated): re-read it.
@@ -249,13 +271,14 @@ impl LvmGroup {
 
     async fn create_dm(&self, req: &CreateRequest, size: u64, snap: &VgSnapshot) -> Result<Volume> {
         let created = self
-            .cmd("lvcreate")
-            .args(["-q", "-y", "-ay", "-Zy", "-Wy", "--addtag", OWNER_TAG, "-L"])
-            .arg(format!("{size}b"))
-            .arg("-n")
-            .arg(&req.name)
-            .arg(self.vg())
-            .run()
+            .run(
+                self.cmd("lvcreate")
+                    .args(["-q", "-y", "-ay", "-Zy", "-Wy", "--addtag", OWNER_TAG, "-L"])
+                    .arg(format!("{size}b"))
+                    .arg("-n")
+                    .arg(&req.name)
+                    .arg(self.vg()),
+            )
             .await;
         self.invalidate();
         created.map_err(|e| map_lvcreate_error(e, || self.exhausted(size, snap)))?;
@@ -314,7 +337,7 @@ impl Backend for LvmGroup {
             for d in &new {
                 cmd = cmd.arg(&d.path);
             }
-            cmd.run().await?;
+            self.run(cmd).await?;
             tracing::info!(lvm.vg = %self.vg(), disks = ?new.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "{sub}");
         }
         let snap = if new.is_empty() {
@@ -327,10 +350,7 @@ impl Backend for LvmGroup {
         }
         match self.mode {
             Mode::DeviceMapper => {
-                self.cmd("vgchange")
-                    .args(["-ay"])
-                    .arg(self.vg())
-                    .run()
+                self.run(self.cmd("vgchange").args(["-ay"]).arg(self.vg()))
                     .await?;
             }
             Mode::Loop => {
@@ -439,7 +459,7 @@ impl Backend for LvmGroup {
                 .args(["--alloc", "contiguous"])
                 .arg(extent_range(&pv, start + len, extra));
         }
-        let result = cmd.run().await;
+        let result = self.run(cmd).await;
         self.invalidate();
         result.map_err(|e| map_lvcreate_error(e, || self.exhausted(growth, &snap)))?;
         let snap = self.refresh().await?;
@@ -477,10 +497,11 @@ impl Backend for LvmGroup {
             }
         }
         let result = self
-            .cmd("lvremove")
-            .args(["-q", "-f", "-y"])
-            .arg(format!("{}/{}", self.vg(), name))
-            .run()
+            .run(self.cmd("lvremove").args(["-q", "-f", "-y"]).arg(format!(
+                "{}/{}",
+                self.vg(),
+                name
+            )))
             .await;
         match result {
             Ok(_) => {

@@ -2,8 +2,10 @@
 //! volume is a logical volume tagged [`OWNER_TAG`].
 //!
 //! Every `lvm` command sees only the group's own disks (a `devices/filter`
-//! in `--config`), reports as JSON in bytes, and runs through
-//! [`Cmd`](carina_sys::command::Cmd) with a timeout. One report (`pvs
+//! in `--config`), reports as JSON in bytes, and runs with a timeout
+//! through the node's [`LvmRunner`]: in one persistent `lvm` shell per node
+//! (lvm's own shell mode, commands on its stdin, each answered with its log
+//! report), or as a process per command when that is off. One report (`pvs
 //! --segments`) gives the whole picture of a VG — sizes, extents, every
 //! segment and its LV — and is parsed by the pure [`parse_pvsegs`] into a
 //! [`VgSnapshot`].
@@ -17,17 +19,22 @@
 //! `lvcreate` command line, so it knows the offset without asking LVM
 //! again; the mapping is re-established from LVM metadata at every rescan.
 //!
-//! The files: `cli` builds the commands, `report` parses their JSON,
-//! `extents` does the placement arithmetic, `device` exposes, wipes and
-//! checks LV devices, and `group` is the [`LvmGroup`] backend that runs
-//! them. This file only re-exports the public paths.
+//! The files: `cli` builds the commands, `runner` runs them (the shell or
+//! a process each), `shell` is the shell's protocol (what is written, how
+//! answers are cut and read), `report` parses their JSON, `extents` does
+//! the placement arithmetic, `device` exposes, wipes and checks LV
+//! devices, and `group` is the [`LvmGroup`] backend that runs them. This
+//! file only re-exports the public paths.
 
 mod cli;
 mod device;
 mod extents;
 mod group;
 mod report;
+mod runner;
+mod shell;
 
 pub use cli::{OWNER_TAG, lvm_cmd, lvm_config};
 pub use group::{LvmGroup, pv_vg_names};
 pub use report::{Lv, Pv, Segment, VgSnapshot, parse_pv_vgs, parse_pvsegs};
+pub use runner::{LvmOptions, LvmRunner};
