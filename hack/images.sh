@@ -20,7 +20,6 @@
 # information, no build id and no path of the checkout or the cargo home.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 
 OUT=$(realpath -m "${1:-target/images}")
 REPO=${IMAGE_REPO:-ghcr.io/carina-rs}
@@ -47,11 +46,13 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
 
 # --- binaries -------------------------------------------------------------
-# Stripped, without a build id, and with the checkout's and the cargo home's paths remapped, so
-# the bytes do not depend on the machine's paths.
+# Stripped (no debug information, so no checkout path: cargo names the
+# workspace's sources by relative paths), without a build id, and with the
+# cargo home's path remapped, so the bytes do not depend on where things are.
+# The flags do not name the checkout, so clones share one build cache.
 echo "== binaries (release, $BUILD_DIR)"
 CARGO_HOME_DIR=${CARGO_HOME:-$HOME/.cargo}
-RUSTFLAGS="--remap-path-prefix=$ROOT=/src --remap-path-prefix=$CARGO_HOME_DIR=/cargo -C link-arg=-Wl,--build-id=none" \
+RUSTFLAGS="--remap-path-prefix=$CARGO_HOME_DIR=/cargo -C link-arg=-Wl,--build-id=none" \
 CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=true CARGO_INCREMENTAL=0 \
 CARGO_TARGET_DIR=$BUILD_DIR \
   cargo build --release --locked -q \

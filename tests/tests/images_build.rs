@@ -163,6 +163,13 @@ fn images_are_reproducible_and_run() -> Result<()> {
 
         let root = tmp.path().join(format!("root-{name}"));
         unpack(&archive, &root)?;
+        let binary = std::fs::read(root.join(entry.trim_start_matches('/')))?;
+        let checkout = std::fs::canonicalize(repo_root())?;
+        let checkout = checkout.to_string_lossy();
+        assert!(
+            !binary.windows(checkout.len()).any(|w| w == checkout.as_bytes()),
+            "{name} names the checkout {checkout}"
+        );
         let help = in_root(&root, &[&entry, "--help"])?;
         assert!(help.contains("Usage"), "{name} --help: {help}");
     }
