@@ -167,7 +167,9 @@ fn images_are_reproducible_and_run() -> Result<()> {
         let checkout = std::fs::canonicalize(repo_root())?;
         let checkout = checkout.to_string_lossy();
         assert!(
-            !binary.windows(checkout.len()).any(|w| w == checkout.as_bytes()),
+            !binary
+                .windows(checkout.len())
+                .any(|w| w == checkout.as_bytes()),
             "{name} names the checkout {checkout}"
         );
         let help = in_root(&root, &[&entry, "--help"])?;
