@@ -37,6 +37,7 @@ use tonic::transport::Channel;
 
 use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
+use crate::steps;
 
 const GROUP: &str =
     "Kubernetes control plane: CreateVolume (CSI → LogicVolume → watch → bridge → mTLS → lvcreate)";
@@ -46,10 +47,13 @@ const NODE: &str = "bench-node";
 const BURST: usize = 200;
 /// Calls before the recorded ones.
 const WARMUP: usize = 3;
+/// The span of one `CreateVolume`, whose steps are printed.
+const ROOT_SPAN: &str = "Controller/CreateVolume";
 
 type Csi = ControllerClient<Channel>;
 
 pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
+    steps::install();
     // Room for the burst's volumes and as many bare ones, never both.
     let pool = LvmPool::new("bench-kube", 4 << 30).await?;
     let node = TestNode::start(pool.engine.clone(), NODE).await?;
@@ -88,6 +92,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     let mut csi = Csi::new(unix_channel(socket).await?);
 
     // One by one, interleaved with the floor.
+    steps::take();
     let (mut kube, mut bare) = (Vec::new(), Vec::new());
     for i in 0..(iterations + WARMUP) {
         let t0 = Instant::now();
@@ -105,6 +110,8 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
         }
     }
 
+    println!("{}", steps::timeline(&steps::take(), ROOT_SPAN));
+
     // The burst, against the same number of bare commands in a row.
     let t0 = Instant::now();
     let mut calls = JoinSet::new();
@@ -117,6 +124,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
         ids.push(id??);
     }
     let burst = t0.elapsed();
+    println!("{}", steps::timeline(&steps::take(), ROOT_SPAN));
     let mut deletes = JoinSet::new();
     for id in ids {
         let mut csi = csi.clone();

@@ -14,6 +14,7 @@ mod kube;
 mod pool;
 mod report;
 mod scheduler;
+mod steps;
 
 use std::path::PathBuf;
 
