@@ -153,7 +153,7 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     let one = timed(GROUP, "kube.create_volume", "lvcreate", &kube, Some(&bare));
     if let Some(floor) = one.floor_p50 {
         println!(
-            "kube.create_volume: p50 {:.1} ms above the bare lvcreate (target: within 30 ms)",
+            "kube.create_volume: p50 {:.1} ms above the bare lvcreate (target: within 15 ms)",
             one.p50 - floor
         );
     }
