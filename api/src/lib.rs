@@ -7,11 +7,13 @@
 //! carry; Kubernetes [`quantity`] parsing as byte counts; the schema
 //! helpers (quantities, condition lists); and the CRD manifests generated
 //! from the types ([`crds_yaml`], checked in as
-//! `deploy/crds/carina.storage.io_crds.yaml`).
+//! `deploy/crds/carina.storage.io_crds.yaml`). And the one way every
+//! Carina binary and test builds its Kubernetes [`client`].
 //!
 //! It depends on no other Carina crate, and the node side does not depend
 //! on it (the nodes hold no Kubernetes credentials).
 
+pub mod client;
 pub mod logicvolume;
 pub mod nodestorageresource;
 pub mod policy;

@@ -37,10 +37,9 @@ use anyhow::{Context, Result, bail};
 use carina_api::crds_yaml;
 use carina_proto::devcerts::{DevCa, Validity};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
-use kube::{Client, Config};
 use rcgen::{
     CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -385,10 +384,9 @@ impl Component {
 
     /// Polls `/healthz` (a component has nothing to watch) until `ok`.
     async fn wait_healthy(&mut self, kubeconfig: &Path) -> Result<()> {
-        let kc = Kubeconfig::read_from(kubeconfig)?;
-        let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        let mut config = carina_api::client::config(Some(kubeconfig)).await?;
         config.cluster_url = self.url.parse()?;
-        let client = Client::try_from(config)?;
+        let client = carina_api::client::client(config)?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             self.child.check_running()?;
@@ -414,14 +412,9 @@ impl Component {
     }
 }
 
-/// Builds a client from a kubeconfig file, as a component would.
+/// Builds a client from a kubeconfig file, as a component does.
 pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("read {}", kubeconfig.display()))?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .context("kubeconfig to client config")?;
-    Client::try_from(config).context("build kube client")
+    Ok(carina_api::client::connect(Some(kubeconfig)).await?)
 }
 
 /// Polls etcd's `/health` until it reports healthy, so the apiserver
@@ -619,6 +612,7 @@ fn kubeconfig_yaml(server: &str, pki: &Pki) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::config::Kubeconfig;
 
     #[test]
     fn free_ports_are_distinct() {

@@ -18,7 +18,7 @@
 //! `--shutdown-grace-secs`), remove the socket; in kube mode stop the led
 //! work and release the lease; exit 0.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +34,6 @@ use carina_csi::Provisioner;
 use carina_csi::strategy::Strategy;
 use carina_proto::tls::ClientTls;
 use clap::{Parser, Subcommand, ValueEnum};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{oneshot, watch};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -225,22 +224,6 @@ async fn run_direct(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
     .await
 }
 
-/// A client from `kubeconfig`, else from `KUBECONFIG` or the in-cluster
-/// service account.
-async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
-    let Some(path) = kubeconfig else {
-        return kube::Client::try_default()
-            .await
-            .context("no --kubeconfig, KUBECONFIG or in-cluster service account");
-    };
-    let file =
-        Kubeconfig::read_from(path).with_context(|| format!("--kubeconfig {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("--kubeconfig {}", path.display()))?;
-    kube::Client::try_from(config).context("a Kubernetes client from --kubeconfig")
-}
-
 /// This replica's Lease identity: `--identity`, else `POD_NAME`, else the
 /// host name (a pod's host name is its name).
 fn identity(
@@ -258,7 +241,9 @@ fn identity(
 
 async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
     let tls = client_tls(&args, "kube")?;
-    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    // `--kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the in-cluster
+    // service account.
+    let client = carina_api::client::connect(args.kubeconfig.as_deref()).await?;
     let identity = identity(
         args.identity.as_deref(),
         std::env::var("POD_NAME").ok(),

@@ -16,8 +16,6 @@ use carina_csi::strategy::Strategy;
 use carina_scheduler::cache::Cache;
 use carina_scheduler::{Extender, server};
 use clap::Parser;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,24 +63,8 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("read --kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .context("--kubeconfig to a client configuration")?
-        }
-        None => Config::infer()
-            .await
-            .context("no --kubeconfig, and neither in-cluster nor default kubeconfig works")?,
-    };
-    Client::try_from(config).context("build the Kubernetes client")
-}
-
 async fn run(args: Args) -> Result<()> {
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let client = carina_api::client::connect(args.kubeconfig.as_deref()).await?;
     let cache = Arc::new(Cache::start(client));
     let extender = Arc::new(Extender::new(
         cache.clone(),

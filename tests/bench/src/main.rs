@@ -18,6 +18,7 @@ mod pool;
 mod report;
 mod scale;
 mod scheduler;
+mod steps;
 
 use std::path::PathBuf;
 

@@ -10,6 +10,7 @@ use carina_api::{LogicVolume, LogicVolumeStatus, NODE_ENDPOINT_ANNOTATION};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Resource, ResourceExt};
+use tracing::Instrument;
 
 use super::decide::Op;
 use super::error::Error;
@@ -57,7 +58,12 @@ impl Context {
             action: action.rpc().to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &lv.object_ref(&())).await {
+        let published = self
+            .recorder
+            .publish(&event, &lv.object_ref(&()))
+            .instrument(tracing::info_span!("bridge.event", event.reason = reason))
+            .await;
+        if let Err(e) = published {
             tracing::warn!(volume.name = %lv.name_any(), error = %e, "publishing an Event failed");
         }
     }
@@ -79,6 +85,7 @@ impl Context {
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
+            .instrument(tracing::info_span!("bridge.write_status"))
             .await
         {
             Ok(_) => Ok(()),

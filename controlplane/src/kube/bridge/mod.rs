@@ -53,6 +53,7 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::endpoints::{Nodes, stopped};
 use super::retry::Backoff;
@@ -75,12 +76,14 @@ pub const REPORTER: &str = "carina-bridge";
 
 async fn reconcile(lv: Arc<LogicVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lv.name_any();
+    let span = tracing::info_span!("bridge.reconcile", volume.name = %name);
     let result = finalizer(&ctx.lvs, LOGICVOLUME_FINALIZER, lv, |event| async {
         match event {
             FinalizerEvent::Apply(lv) => apply(&lv, &ctx).await,
             FinalizerEvent::Cleanup(lv) => cleanup(&lv, &ctx).await,
         }
     })
+    .instrument(span)
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
     if result.is_ok() {

@@ -1,10 +1,19 @@
 //! `KubeProvisioner`: the CSI controller's back end in `--mode kube`. It
 //! never talks to a node. A volume is a `LogicVolume` object; the bridge
 //! carries it out on its node and writes the outcome into `status`, and the
-//! provisioner **watches that one object** (a field selector on its name)
-//! until the outcome is there or a deadline passes. Nothing here sleeps and
-//! polls, and nothing serialises creates: concurrent calls for different
-//! volumes run concurrently.
+//! provisioner waits for that object's outcome until it is there or a
+//! deadline passes. Nothing here sleeps and polls, and nothing serialises
+//! creates: concurrent calls for different volumes run concurrently.
+//!
+//! **Cache.** The provisioner watches all `LogicVolume`s and
+//! `NodeStorageResource`s from its start (`cache`). A create reads
+//! placement's records from there instead of listing them, and waits for
+//! its object's outcome on that watch instead of starting one; the API
+//! server is asked only where the cache may be behind: an object the cache
+//! holds under the name is read afresh, and a placement the cache cannot
+//! make (no node, no room, a pinned node it does not know) is made again
+//! from listed records. Delete and expand wait on a watch of their one
+//! object (a field selector on its name).
 //!
 //! **Placement.** With accessibility requirements from a
 //! `WaitForFirstConsumer` claim the volume goes to the node of the first
@@ -16,7 +25,10 @@
 //! group by `carina.storage.io/disk-group-name` or the node's first
 //! suitable group with room, `binpack`/`spreadout`) over the exact byte
 //! figures of `NodeStorageResource.status.groups`, less the volumes already
-//! asked for but not yet made. The size is the request rounded to the
+//! asked for but not yet made, including the creates of this process in
+//! flight: a create reserves its room in the same step as it chooses, so
+//! concurrent creates never take the same room twice. The size is the
+//! request rounded to the
 //! group's allocation unit. A pinned node whose capacity is not published
 //! yet still gets the volume when the request names its group; the size is
 //! then rounded to 1 MiB ([`FALLBACK_UNIT`]) and the node rounds further
@@ -57,13 +69,16 @@
 //!
 //! **Files.** This one holds [`KubeProvisioner`], its config and the
 //! [`Provisioner`] impl that ties the steps together (the API calls of a
-//! create, delete, expand, get, list and capacity); `placement` chooses
-//! where a new volume goes from the published capacity records (`records`
-//! reads those); `object` builds the new `LogicVolume`; `outcome` holds the
-//! pure decisions on what an object's status means; `watch` waits for one;
-//! `error` maps codes and API errors to CSI answers.
+//! create, delete, expand, get, list and capacity); `cache` keeps the
+//! watched records, the reservations of creates in flight, and waits for a
+//! create's outcome; `placement` chooses where a new volume goes from the
+//! published capacity records (`records` reads those); `object` builds the
+//! new `LogicVolume`; `outcome` holds the pure decisions on what an
+//! object's status means; `watch` waits for one object on a watch of its
+//! own; `error` maps codes and API errors to CSI answers.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -75,10 +90,12 @@ use carina_csi::{
 };
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
+use tracing::Instrument;
 
 use carina_api::{LogicVolume, NodeStorageResource, TRACEPARENT_ANNOTATION};
 use carina_csi::strategy::Strategy;
 
+mod cache;
 mod error;
 #[cfg(test)]
 mod fixtures;
@@ -88,6 +105,7 @@ mod placement;
 mod records;
 mod watch;
 
+use cache::{Cache, Records, Reservation};
 pub use error::status_error;
 use error::{api_error, retryable};
 pub use object::{PVC_NAME_PARAMETER, PVC_NAMESPACE_PARAMETER};
@@ -98,9 +116,9 @@ use outcome::{
     provisioned,
 };
 pub use placement::FALLBACK_UNIT;
-use placement::{place, policy_of};
+use placement::{Target, listed, place, policy_of, settled};
 use records::{node_spec, nsr_node};
-use watch::watch_until;
+use watch::{Timeout, watch_until};
 
 /// How long a create, delete or expand waits for the bridge by default.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -128,6 +146,7 @@ impl Default for KubeProvisionerConfig {
 pub struct KubeProvisioner {
     lvs: Api<LogicVolume>,
     nsrs: Api<NodeStorageResource>,
+    cache: Arc<Cache>,
     config: KubeProvisionerConfig,
 }
 
@@ -140,11 +159,15 @@ impl std::fmt::Debug for KubeProvisioner {
 }
 
 impl KubeProvisioner {
-    /// A provisioner writing `LogicVolume`s through `client`.
+    /// A provisioner writing `LogicVolume`s through `client`. Starts its
+    /// watches of `LogicVolume`s and `NodeStorageResource`s on the current
+    /// Tokio runtime (so it must be called within one); they stop when the
+    /// last clone is dropped.
     pub fn new(client: Client, config: KubeProvisionerConfig) -> Self {
         KubeProvisioner {
             lvs: Api::all(client.clone()),
-            nsrs: Api::all(client),
+            nsrs: Api::all(client.clone()),
+            cache: Arc::new(Cache::start(client)),
             config,
         }
     }
@@ -167,11 +190,17 @@ impl KubeProvisioner {
             Some(o) => o,
             None => {
                 tracing::debug!(volume.name = %name, "waiting for the bridge");
-                watch_until(&self.lvs, &name, self.config.wait_timeout, |obj| {
-                    create_outcome(obj, uid.as_deref())
-                })
+                self.cache
+                    .wait_for(&name, uid.as_deref(), self.config.wait_timeout, |obj| {
+                        create_outcome(obj, uid.as_deref())
+                    })
+                    .instrument(tracing::info_span!("kube.await_outcome"))
                     .await
-                    .map_err(|t| {
+                    .map_err(|last| {
+                        let t = Timeout {
+                            last: last.map(|lv| (*lv).clone()),
+                            watch_error: self.cache.watch_error(),
+                        };
                         CsiError::DeadlineExceeded(format!(
                             "LogicVolume {name:?} on node {}: not made within {:?} ({}); it stays, and a retry finds it",
                             lv.spec.node_name,
@@ -268,11 +297,18 @@ impl Provisioner for KubeProvisioner {
     #[tracing::instrument(name = "kube.create_volume", skip_all, err(level = "info"), fields(volume.name = %req.name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
         let name = req.local_name.clone();
-        let existing = self
-            .lvs
-            .get_opt(&name)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?;
+        // The cache misses only objects made a moment ago, which the create
+        // below runs into; an object it holds may be gone or changed, so
+        // that one is read afresh.
+        let existing = if self.cache.is_ready() && self.cache.lv(&name).is_none() {
+            None
+        } else {
+            self.lvs
+                .get_opt(&name)
+                .instrument(tracing::info_span!("kube.lookup"))
+                .await
+                .map_err(|e| api_error("get LogicVolume", e))?
+        };
         if let Some(lv) = existing {
             if lv.metadata.deletion_timestamp.is_none() {
                 return self.adopt(lv, req).await;
@@ -280,7 +316,10 @@ impl Provisioner for KubeProvisioner {
             tracing::info!(volume.name = %name, "an earlier LogicVolume is being deleted; waiting until it is gone");
             self.wait_gone(&name, lv.uid()).await?;
         }
-        let target = place(&self.nsrs, &self.lvs, self.config.strategy, req).await?;
+        let (target, reservation) = self
+            .place(&name, req)
+            .instrument(tracing::info_span!("kube.place"))
+            .await?;
         tracing::info!(
             volume.name = %name,
             node.name = %target.node,
@@ -290,10 +329,19 @@ impl Provisioner for KubeProvisioner {
             "creating LogicVolume"
         );
         let object = new_object(&name, req, &target);
-        match self.lvs.create(&PostParams::default(), &object).await {
-            Ok(created) => self.outcome(created, req, target.policy).await,
+        let created = self
+            .lvs
+            .create(&PostParams::default(), &object)
+            .instrument(tracing::info_span!("kube.create_object"))
+            .await;
+        match created {
+            Ok(created) => {
+                reservation.created(&created);
+                self.outcome(created, req, target.policy).await
+            }
             // A concurrent create (another replica, a retry) was first.
             Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                drop(reservation);
                 let lv = self
                     .lvs
                     .get_opt(&name)
@@ -304,6 +352,11 @@ impl Provisioner for KubeProvisioner {
                             "LogicVolume {name:?} was created and deleted concurrently; retry"
                         ))
                     })?;
+                if lv.metadata.deletion_timestamp.is_some() {
+                    return Err(CsiError::Aborted(format!(
+                        "an earlier LogicVolume {name:?} is being deleted; retry once it is gone"
+                    )));
+                }
                 self.adopt(lv, req).await
             }
             Err(e) => Err(api_error("create LogicVolume", e)),
@@ -495,6 +548,35 @@ impl Provisioner for KubeProvisioner {
 }
 
 impl KubeProvisioner {
+    /// Where the new volume `name` goes, and the room reserved for it
+    /// until the create ends. The cache answers when it can ([`settled`]);
+    /// otherwise the API server's records decide.
+    async fn place(
+        &self,
+        name: &str,
+        req: &VolumeRequest,
+    ) -> Result<(Target, Reservation<'_>), CsiError> {
+        let strategy = self.config.strategy;
+        let choice = |records: &Records| {
+            let target = place(records, strategy, req)?;
+            let pending = new_object(name, req, &target);
+            Ok::<_, CsiError>((target, pending))
+        };
+        if self.cache.is_ready() {
+            let cached = self.cache.reserve(self.cache.records(), |records| {
+                let placed = choice(records).ok();
+                placed
+                    .filter(|(target, _)| settled(target, records))
+                    .ok_or(())
+            });
+            if let Ok(placed) = cached {
+                return Ok(placed);
+            }
+        }
+        let records = listed(&self.nsrs, &self.lvs).await?;
+        self.cache.reserve(records, choice)
+    }
+
     /// An object that already holds the name: returned (or waited for) if
     /// it fits `req`, `ALREADY_EXISTS` if it does not.
     async fn adopt(

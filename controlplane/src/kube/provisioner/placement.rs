@@ -2,9 +2,11 @@
 //! (node, group, size, and the group's policy when known), ranked by
 //! [`crate::nodes::placement::rank`] over the `NodeStorageResource` figures
 //! less the volumes asked for but not yet made; a pinned node that has not
-//! published yet; and the policy lookup of a node's group. [`place`],
-//! [`node_capacities_where`] and [`policy_of`] read the records through the
-//! API; everything else here is pure.
+//! published yet; whether the provisioner's cache may answer alone
+//! ([`settled`]); and the policy lookup of a node's group. [`policy_of`]
+//! and [`listed`] read through the API; everything else here is pure.
+
+use std::sync::Arc;
 
 use carina_api::{LogicVolume, NodeStorageResource};
 use carina_csi::strategy::Strategy;
@@ -12,6 +14,7 @@ use carina_csi::{CsiError, TOPOLOGY_KEY, VolumeRequest, sizes};
 use carina_proto::nodestorage as pb;
 use kube::api::{Api, ListParams};
 
+use super::cache::Records;
 use super::error::api_error;
 use super::outcome::{bytes, failure};
 use super::records::{group_capacity, is_stale, node_spec, nsr_node};
@@ -22,33 +25,43 @@ use crate::nodes::spec::NodeSpec;
 /// published (the node rounds further to its own unit).
 pub const FALLBACK_UNIT: u64 = 1 << 20;
 
-/// Where a new volume goes: node, group, size, and the group's policy
-/// when known.
-pub(super) async fn place(
-    nsrs: &Api<NodeStorageResource>,
-    lvs: &Api<LogicVolume>,
+/// Where a new volume goes among `records`: node, group, size, and the
+/// group's policy when known.
+pub(super) fn place(
+    records: &Records,
     strategy: Strategy,
     req: &VolumeRequest,
 ) -> Result<Target, CsiError> {
     let pinned = pinned_node(req);
+    let nsrs = records.nsrs.iter().map(Arc::as_ref);
+    let lvs = records.lvs.iter().map(Arc::as_ref);
     // A node the capacity publisher cannot reach (Stale) is no choice
     // for a new volume; a volume pinned to it (its pod is there) still
     // goes there, and the bridge retries until the node is back.
     let nodes = if pinned.is_some() {
-        node_capacities_where(nsrs, lvs, |_| true).await?
+        capacities(nsrs, lvs, |_| true)
     } else {
-        node_capacities_where(nsrs, lvs, |nsr| !is_stale(nsr)).await?
+        capacities(nsrs, lvs, |nsr| !is_stale(nsr))
     };
     choose(req, pinned, &nodes, strategy)
 }
 
-/// The capacity of every node that published its groups and that `keep`
-/// accepts, with the volumes asked for but not yet made subtracted.
-pub(super) async fn node_capacities_where(
+/// Whether `target`, chosen among `records` from a cache, stands without
+/// asking the API server: it is on a node whose capacity the records
+/// hold. A refusal does not stand either, nor a pinned node the records do
+/// not know (the cache may lag its first publication); the caller asks
+/// the API server then.
+pub(super) fn settled(target: &Target, records: &Records) -> bool {
+    records.nsrs.iter().any(|nsr| {
+        nsr_node(nsr) == target.node && nsr.status.as_ref().is_some_and(|s| !s.groups.is_empty())
+    })
+}
+
+/// The records as the API server has them now.
+pub(super) async fn listed(
     nsrs: &Api<NodeStorageResource>,
     lvs: &Api<LogicVolume>,
-    keep: impl Fn(&NodeStorageResource) -> bool,
-) -> Result<Vec<(NodeSpec, Vec<pb::GroupCapacity>)>, CsiError> {
+) -> Result<Records, CsiError> {
     let nsrs = nsrs
         .list(&ListParams::default())
         .await
@@ -57,7 +70,10 @@ pub(super) async fn node_capacities_where(
         .list(&ListParams::default())
         .await
         .map_err(|e| api_error("list LogicVolumes", e))?;
-    Ok(capacities(&nsrs.items, &lvs.items, keep))
+    Ok(Records {
+        nsrs: nsrs.items.into_iter().map(Arc::new).collect(),
+        lvs: lvs.items.into_iter().map(Arc::new).collect(),
+    })
 }
 
 /// The policy of `group` on `node`, if the node published it.
@@ -80,13 +96,13 @@ pub(super) async fn policy_of(
 /// The capacity of every node in `nsrs` that published its groups and that
 /// `keep` accepts, sorted by node name, with the pending volumes among
 /// `lvs` subtracted.
-fn capacities(
-    nsrs: &[NodeStorageResource],
-    lvs: &[LogicVolume],
+fn capacities<'a>(
+    nsrs: impl IntoIterator<Item = &'a NodeStorageResource>,
+    lvs: impl IntoIterator<Item = &'a LogicVolume>,
     keep: impl Fn(&NodeStorageResource) -> bool,
 ) -> Vec<(NodeSpec, Vec<pb::GroupCapacity>)> {
     let mut nodes: Vec<(NodeSpec, Vec<pb::GroupCapacity>)> = nsrs
-        .iter()
+        .into_iter()
         .filter(|nsr| keep(nsr))
         .filter_map(|nsr| {
             let groups = &nsr.status.as_ref()?.groups;
@@ -158,9 +174,9 @@ pub(super) struct Target {
 /// Takes the volumes asked for but not made yet (no `volumeID`, no
 /// failure, not being deleted) off their group's room: the published
 /// capacity cannot show them yet.
-pub(super) fn subtract_pending(
+pub(super) fn subtract_pending<'a>(
     nodes: &mut [(NodeSpec, Vec<pb::GroupCapacity>)],
-    lvs: &[LogicVolume],
+    lvs: impl IntoIterator<Item = &'a LogicVolume>,
 ) {
     for lv in lvs {
         let status = lv.status.as_ref();
@@ -293,6 +309,39 @@ mod tests {
         assert_eq!(nodes[0].1[0].largest_allocatable_bytes, 20 * MIB);
         assert_eq!(nodes[0].1[1].allocatable_bytes, 100 * MIB);
         assert_eq!(nodes[1].1[0].allocatable_bytes, 100 * MIB);
+    }
+
+    #[test]
+    fn only_a_placement_on_a_published_node_is_settled() {
+        let mut published = NodeStorageResource::new("a", Default::default());
+        published.status = Some(carina_api::NodeStorageResourceStatus {
+            groups: vec![carina_api::DeviceGroupCapacity {
+                name: "ssd".into(),
+                policy: "LVM".into(),
+                allocatable_bytes: 100 * MIB,
+                largest_allocatable_bytes: 100 * MIB,
+                allocation_unit_bytes: 4 * MIB,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let empty = NodeStorageResource::new("b", Default::default());
+        let records = Records {
+            nsrs: vec![Arc::new(published), Arc::new(empty)],
+            lvs: Vec::new(),
+        };
+        let mut named = request(MIB);
+        named.parameters.group = Some("ssd".into());
+        let placed = place(&records, Strategy::default(), &named).expect("placed");
+        assert_eq!(placed.node, "a");
+        assert!(settled(&placed, &records));
+        // Pinned to nodes the records know without groups, or not at all.
+        for node in ["b", "c"] {
+            named.accessibility.preferred = vec![on(node)];
+            let placed = place(&records, Strategy::default(), &named).expect("placed");
+            assert_eq!(placed.node, node);
+            assert!(!settled(&placed, &records), "{node}");
+        }
     }
 
     #[test]
