@@ -1,5 +1,5 @@
-//! Engine tests for RAW groups on real loop devices: GPT partitions made by
-//! sgdisk, read back by sfdisk, announced to the kernel by partx.
+//! Engine tests for RAW groups on real loop devices: GPT partitions written
+//! and read back by sfdisk, announced to the kernel by partx.
 //!
 //! Every test has its own disks and a group whose patterns match exactly
 //! those disks, so tests running in parallel never see each other's disks.

@@ -30,7 +30,8 @@
 //! Partitions start and end on 1 MiB boundaries and a volume is exactly
 //! its partition. Free space is the aligned gaps between all partitions
 //! (foreign ones included) inside the usable range; a disk without a table
-//! counts with the area `sgdisk -o` would give it. A create must fit in one
+//! counts with the area of the GPT its first volume gives it (the GPT
+//! default of 128 entries, as `sgdisk -o` makes it). A create must fit in one
 //! gap (best fit: the smallest gap that holds it, disk order breaking
 //! ties) and leave the group's reserve free; a grow must leave it free too.
 //! A disk gets its GPT with its first volume and loses it (`wipefs`) when
@@ -49,8 +50,9 @@
 //!
 //! # The kernel's view
 //!
-//! Without udev the kernel learns table changes only through `partx`, so
-//! every change is followed by one; device nodes are found through
+//! Tables are written by `sfdisk` told to leave the kernel alone; without
+//! udev the kernel learns table changes only through `partx`, so every
+//! change is followed by one, for the entry that changed; device nodes are found through
 //! `/sys/block/<disk>/*/partition` and waited for briefly. A new partition
 //! is wiped (`wipefs -a`) before it is handed out, and so is a partition
 //! before it is deleted, which also refuses one that is still mounted.
@@ -183,8 +185,13 @@ impl RawGroup {
             guid: volume_guid(volume),
             type_guid: gpt::LINUX_DATA_TYPE.to_string(),
         };
-        // sgdisk saves nothing when any of its steps fails.
-        gpt::sgdisk_create(&view.disk.path, view.blank, view.align(), &entry)
+        // A blank view's bounds are those of the new table.
+        let new_table = view.blank.then_some(gpt::NewTable {
+            first_lba: view.first_lba,
+            last_lba: view.last_lba,
+        });
+        // sfdisk writes nothing when any step of its script fails.
+        gpt::sfdisk_add(&view.disk.path, new_table, &entry)
             .run()
             .await?;
         match self.finish_create(view, &entry, volume, exclusive).await {
@@ -231,7 +238,7 @@ impl RawGroup {
         })
     }
 
-    /// After `sgdisk_replace` grew entry `entry.number`: the kernel must
+    /// After `sfdisk_replace` grew entry `entry.number`: the kernel must
     /// see the new size.
     async fn finish_grow(
         &self,
@@ -281,7 +288,7 @@ async fn undo_create(view: &DiskView, number: u32) {
     let undo = if view.blank {
         gpt::wipefs_all(path)
     } else {
-        gpt::sgdisk_delete(path, number)
+        gpt::sfdisk_delete(path, number)
     };
     if let Err(e) = undo.run().await {
         tracing::error!(disk = %path.display(), partition = number, error = %e, "undo: removing the partition failed");
@@ -425,18 +432,13 @@ impl Backend for RawGroup {
             guid: part.entry.uuid.clone(),
             type_guid: part.entry.type_id.clone(),
         };
-        gpt::sgdisk_replace(&view.disk.path, view.align(), &grown)
-            .run()
-            .await?;
+        gpt::sfdisk_replace(&view.disk.path, &grown).run().await?;
         if let Err(e) = self.finish_grow(view, &grown, name).await {
             let old = gpt::NewPartition {
                 end: part.entry.end(),
                 ..grown
             };
-            match gpt::sgdisk_replace(&view.disk.path, view.align(), &old)
-                .run()
-                .await
-            {
+            match gpt::sfdisk_replace(&view.disk.path, &old).run().await {
                 Ok(_) => {
                     let _ = sync_kernel(&view.disk, Some(old.number), &view.numbers()).await;
                 }
@@ -472,8 +474,7 @@ impl Backend for RawGroup {
                 Err(e) => return Err(e.into()),
             }
         }
-        gpt::sgdisk_delete(path, number).run().await?;
-        // The kernel may have dropped it already when sgdisk asked for a re-read.
+        gpt::sfdisk_delete(path, number).run().await?;
         if let Err(e) = gpt::partx_delete(path, number).run().await {
             tracing::warn!(disk = %path.display(), partition = number, error = %e, "partx delete failed");
         }

@@ -11,7 +11,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::gpt;
 use crate::engine::names;
 
-/// Partition entries we use: the size of the tables `sgdisk -o` makes.
+/// Partition entries we use: the size of the tables we write.
 pub const SLOTS: u32 = gpt::TABLE_ENTRIES as u32;
 /// Bytes of one name-record slot.
 pub const SLOT_BYTES: usize = 128;

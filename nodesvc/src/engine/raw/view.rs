@@ -1,5 +1,5 @@
-//! The picture of one disk of the group: its table (or the one `sgdisk -o`
-//! would make), which entries are ours, its free aligned extents and
+//! The picture of one disk of the group: its table (or the one its first
+//! volume would give it), which entries are ours, its free aligned extents and
 //! whether its name record is usable. [`view_of`] is pure; [`inspect`]
 //! reads the disk and builds one.
 
@@ -30,7 +30,8 @@ pub(super) struct DiskView {
     pub(super) disk: Disk,
     /// Logical sector size in bytes.
     pub(super) sector: u64,
-    /// No partition table yet: the bounds are those `sgdisk -o` would make.
+    /// No partition table yet: the bounds are those of the GPT a create
+    /// writes ([`gpt::new_table_bounds`]).
     pub(super) blank: bool,
     /// A table that is not GPT: the disk is not used.
     pub(super) other_label: Option<String>,
