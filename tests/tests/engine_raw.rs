@@ -26,19 +26,23 @@ fn blockdev_size(dev: &Path) -> u64 {
         .expect("number")
 }
 
-/// The disk's partition entries, or none when it has no table.
+/// The disk's partition entries as sfdisk reads them, or none when it has
+/// no table; the engine's own reading of the disk must agree.
 fn entries(disk: &LoopDisk) -> Option<Vec<Partition>> {
     let out = std::process::Command::new("sfdisk")
         .args(["-J", &disk.dev()])
         .output()
         .expect("sfdisk runs");
+    let direct = gpt::ondisk::read(&disk.path, 512).expect("the disk reads");
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(gpt::is_no_table(&stderr), "sfdisk failed: {stderr}");
+        assert_eq!(direct, None, "a GPT sfdisk does not see");
         return None;
     }
     let table = gpt::parse_sfdisk(&String::from_utf8_lossy(&out.stdout)).expect("parses");
     assert_eq!(table.label, "gpt");
+    assert_eq!(direct.as_ref(), Some(&table), "read in-process");
     Some(table.partitions)
 }
 

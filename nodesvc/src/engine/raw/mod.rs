@@ -55,7 +55,9 @@
 //! change is followed by one, for the entry that changed; device nodes are found through
 //! `/sys/block/<disk>/*/partition` and waited for briefly. A new partition
 //! is wiped (`wipefs -a`) before it is handed out, and so is a partition
-//! before it is deleted, which also refuses one that is still mounted.
+//! before it is deleted, which also refuses one that is still mounted. An
+//! intact GPT is read in-process, not by `sfdisk -J`: tables are read on
+//! every create, delete and capacity report.
 
 mod codec;
 #[cfg(test)]
@@ -72,7 +74,7 @@ use async_trait::async_trait;
 use super::backend::Backend;
 use super::config::{GroupConfig, Policy};
 use super::devnum;
-use super::disks::{self, Disk};
+use super::disks::Disk;
 use super::error::{Error, Result};
 use super::gpt::{self, Extent};
 use super::names;
@@ -166,10 +168,9 @@ impl RawGroup {
             .free_number()
             .ok_or_else(|| self.exhausted(view.bytes(extent.len), 0))?;
         if view.blank {
-            // Discovery saw it blank; make sure nobody wrote to it since.
-            let mut probe = view.disk.clone();
-            disks::probe(&mut probe).await?;
-            if let Some(what) = probe.fstype.or(probe.pttype) {
+            // Discovery saw it blank; `inspect` probed it again just now,
+            // under the group's lock.
+            if let Some(what) = view.disk.fstype.as_ref().or(view.disk.pttype.as_ref()) {
                 return Err(Error::FailedPrecondition {
                     operation: "create",
                     name: volume.to_string(),
@@ -340,12 +341,9 @@ impl Backend for RawGroup {
         *self.disks.lock().unwrap_or_else(|p| p.into_inner()) = disks.clone();
         // After a restart the kernel may not know the partitions yet.
         for disk in &disks {
-            if let Some(t) = gpt::read_table(&disk.path).await?
-                && t.label == "gpt"
-                && !t.partitions.is_empty()
-            {
-                let numbers: Vec<u32> = t.partitions.iter().map(|p| p.number).collect();
-                sync_kernel(disk, None, &numbers).await?;
+            let view = inspect(disk).await?;
+            if view.other_label.is_none() && !view.parts.is_empty() {
+                sync_kernel(disk, None, &view.numbers()).await?;
             }
         }
         Ok(())

@@ -7,7 +7,7 @@ use super::UNIT_BYTES;
 use super::codec::owner_of;
 use super::kernel::sysfs_u64;
 use super::record::{RECORD_OFFSET, SLOTS, Slot, read_record};
-use crate::engine::disks::{Disk, PARTITION_PREFIX};
+use crate::engine::disks::{self, Disk, PARTITION_PREFIX};
 use crate::engine::error::{Error, Result};
 use crate::engine::gpt::{self, Extent};
 
@@ -199,15 +199,27 @@ pub(super) fn view_of(
     Ok(view)
 }
 
-/// Reads one disk: `sfdisk -J`, and the name record when a partition
-/// carries our prefix.
+/// Reads one disk: an intact GPT in-process; otherwise `blkid -p` says
+/// whether anything is on it and, if it shows a partition table, `sfdisk
+/// -J` reads that. A blank view's disk carries what blkid found (a
+/// filesystem, a label sfdisk does not read), so a create can refuse it.
+/// The name record is read when a partition carries our prefix.
 pub(super) async fn inspect(disk: &Disk) -> Result<DiskView> {
-    let table = gpt::read_table(&disk.path).await?;
     let sector = sysfs_u64(&disk.name, "queue/logical_block_size");
     let mut disk = disk.clone();
     if let Some(sectors) = sysfs_u64(&disk.name, "size") {
         disk.size_bytes = sectors * 512;
     }
+    let table = match gpt::read_gpt(&disk.path, sector).await? {
+        Some(t) => Some(t),
+        None => {
+            disks::probe(&mut disk).await?;
+            match disk.pttype {
+                Some(_) => gpt::read_table(&disk.path).await?,
+                None => None,
+            }
+        }
+    };
     let probe = view_of(&disk, table.clone(), sector, &[])?;
     let ours = probe
         .parts

@@ -1,7 +1,9 @@
-//! GPT partition tables: the command lines that read and change them
-//! (`sfdisk -J` reads, `sfdisk` scripts write, `partx` tells the kernel,
-//! `wipefs` erases signatures) and the pure arithmetic of their layout (aligned free
-//! extents, the usable area of a disk that has no table yet).
+//! GPT partition tables: reading them (an intact primary GPT straight from
+//! the disk, [`read_gpt`]; any table through `sfdisk -J`), the
+//! command lines that change them (`sfdisk` scripts write, `partx` tells
+//! the kernel, `wipefs` erases signatures) and the pure arithmetic of
+//! their layout (aligned free extents, the usable area of a disk that has
+//! no table yet).
 //!
 //! Positions and lengths are in logical sectors of the disk unless a name
 //! says bytes; ranges are half-open (`start..end`).
@@ -12,6 +14,8 @@ use carina_sys::command::{Cmd, CommandError};
 use serde::Deserialize;
 
 use super::error::{Error, Result};
+
+pub mod ondisk;
 
 /// Type GUID of every partition we create: "Linux filesystem data"
 /// (sgdisk type code 8300).
@@ -195,7 +199,23 @@ pub fn new_table_bounds(total_sectors: u64, sector_size: u64) -> Option<(u64, u6
     (last >= first).then_some((first, last))
 }
 
-/// Reads a disk's partition table; `None` when it has none.
+/// Reads an intact primary GPT straight from the disk (logical sectors
+/// of `sector` bytes, when known): `None` for anything else, which is
+/// [`read_table`]'s to read. This is the read of every create, delete and
+/// capacity report, so it starts no program.
+pub async fn read_gpt(disk: &Path, sector: Option<u64>) -> Result<Option<Table>> {
+    let Some(sector) = sector else {
+        return Ok(None);
+    };
+    let path = disk.to_path_buf();
+    tokio::task::spawn_blocking(move || ondisk::read(&path, sector))
+        .await
+        .map_err(|e| Error::task("reading a partition table", e))?
+        .map_err(|e| Error::io("read the partition table of", disk, e))
+}
+
+/// Reads a disk's partition table with `sfdisk -J`; `None` when it has
+/// none.
 pub async fn read_table(disk: &Path) -> Result<Option<Table>> {
     match sfdisk_json(disk).run().await {
         Ok(out) => parse_sfdisk(&out.stdout).map(Some),
@@ -347,10 +367,10 @@ pub fn is_busy(stderr: &str) -> bool {
 mod tests {
     use super::*;
 
-    const GPT: &str = include_str!("testdata/sfdisk.json");
-    const GPT_EMPTY: &str = include_str!("testdata/sfdisk-empty.json");
-    const GPT_4K: &str = include_str!("testdata/sfdisk-4k.json");
-    const DOS: &str = include_str!("testdata/sfdisk-dos.json");
+    const GPT: &str = include_str!("../testdata/sfdisk.json");
+    const GPT_EMPTY: &str = include_str!("../testdata/sfdisk-empty.json");
+    const GPT_4K: &str = include_str!("../testdata/sfdisk-4k.json");
+    const DOS: &str = include_str!("../testdata/sfdisk-dos.json");
 
     fn ext(start: u64, len: u64) -> Extent {
         Extent { start, len }
