@@ -640,7 +640,7 @@ async fn data_path_ext4_and_xfs() {
     assert!(edev.exists());
     drop(mounted);
 
-    // Deleting wipes: the next volume at the same offset starts blank.
+    // The next volume at the same offset starts blank.
     f.engine.delete_volume("ext4").await.expect("delete");
     let again = f
         .engine
@@ -701,4 +701,36 @@ async fn new_partitions_start_blank() {
         "the old ext4 must not reach the new volume"
     );
     f.engine.delete_volume("w").await.expect("delete");
+}
+
+#[tokio::test]
+async fn an_open_partition_is_not_deleted() {
+    let Some(f) = raw_fixture("an_open_partition_is_not_deleted", &[64 * MIB], 0).await else {
+        return;
+    };
+    let v = f
+        .engine
+        .create_volume(f.req("held", 8 * MIB))
+        .await
+        .expect("create");
+    let other = f
+        .engine
+        .create_volume(f.req("other", 8 * MIB))
+        .await
+        .expect("create");
+    let dev = v.device_path.clone().expect("path");
+    // Open, not mounted: the kernel keeps a partition anyone has open.
+    let held = std::fs::File::open(&dev).expect("open");
+    let err = f.engine.delete_volume("held").await.expect_err("open");
+    assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
+    drop(held);
+    // Nothing of it went: entry, device and its neighbour are as they were.
+    assert_same(&f.engine.get_volume("held").await.expect("still there"), &v);
+    assert_same(&f.engine.get_volume("other").await.expect("other"), &other);
+    assert_eq!(f.names().await, vec!["held", "other"]);
+    f.engine.delete_volume("held").await.expect("delete");
+    assert!(!dev.exists(), "the kernel forgot it");
+    assert_same(&f.engine.get_volume("other").await.expect("other"), &other);
+    f.engine.delete_volume("other").await.expect("delete");
+    assert_eq!(entries(&f.disks[0]), None, "blank again");
 }

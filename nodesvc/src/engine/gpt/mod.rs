@@ -1,9 +1,8 @@
 //! GPT partition tables: reading them (an intact primary GPT straight from
-//! the disk, [`read_gpt`]; any table through `sfdisk -J`), the
-//! command lines that change them (`sfdisk` scripts write, `partx` tells
-//! the kernel, `wipefs` erases signatures) and the pure arithmetic of
-//! their layout (aligned free extents, the usable area of a disk that has
-//! no table yet).
+//! the disk, [`read_gpt`]; any table through `sfdisk -J`), the command
+//! lines that change them (`sfdisk` scripts write, `partx` tells the
+//! kernel) and the pure arithmetic of their layout (aligned free extents,
+//! the usable area of a disk that has no table yet).
 //!
 //! Positions and lengths are in logical sectors of the disk unless a name
 //! says bytes; ranges are half-open (`start..end`).
@@ -351,18 +350,6 @@ pub fn partx_delete(disk: &Path, number: u32) -> Cmd {
         .arg(disk)
 }
 
-/// `wipefs -a <device>`: erases every signature blkid knows (filesystem,
-/// RAID, partition table). Refuses a device that is mounted or open
-/// exclusively.
-pub fn wipefs_all(device: &Path) -> Cmd {
-    Cmd::new("wipefs").arg("-a").arg(device)
-}
-
-/// True if a command failed because the device is in use.
-pub fn is_busy(stderr: &str) -> bool {
-    stderr.contains("Device or resource busy")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,10 +504,6 @@ mod tests {
             "partx -u --nr 4 /dev/loop7"
         );
         assert_eq!(partx_delete(disk, 4).line(), "partx -d --nr 4 /dev/loop7");
-        assert_eq!(
-            wipefs_all(Path::new("/dev/loop7p1")).line(),
-            "wipefs -a /dev/loop7p1"
-        );
         assert_eq!(sfdisk_json(disk).line(), "sfdisk -J /dev/loop7");
     }
 }

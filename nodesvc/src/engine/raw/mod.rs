@@ -34,9 +34,10 @@
 //! default of 128 entries, as `sgdisk -o` makes it). A create must fit in one
 //! gap (best fit: the smallest gap that holds it, disk order breaking
 //! ties) and leave the group's reserve free; a grow must leave it free too.
-//! A disk gets its GPT with its first volume and loses it (`wipefs`) when
-//! its last partition is deleted, so it is blank again and discovery keeps
-//! assigning it to the group.
+//! A disk gets its GPT with its first volume and loses it when its last
+//! partition is deleted (its first and last [`WIPE_BYTES`] are zeroed:
+//! protective MBR, both GPT headers and entry arrays), so it is blank
+//! again and discovery keeps assigning it to the group.
 //!
 //! # Whole-disk volumes
 //!
@@ -52,12 +53,14 @@
 //!
 //! Tables are written by `sfdisk` told to leave the kernel alone; without
 //! udev the kernel learns table changes only through `partx`, so every
-//! change is followed by one, for the entry that changed; device nodes are found through
-//! `/sys/block/<disk>/*/partition` and waited for briefly. A new partition
-//! is wiped (`wipefs -a`) before it is handed out, and so is a partition
-//! before it is deleted, which also refuses one that is still mounted. An
-//! intact GPT is read in-process, not by `sfdisk -J`: tables are read on
-//! every create, delete and capacity report.
+//! change is followed by one, for the entry that changed; device nodes
+//! are found through `/sys/block/<disk>/*/partition` and waited for
+//! briefly. The first and last [`WIPE_BYTES`] of a new partition are made
+//! to read as zeros before it is handed out, so no old filesystem reaches
+//! its user. A delete first has the kernel forget the partition, which it
+//! refuses while anyone has it open, so nothing is deleted under a user.
+//! A disk read is in-process for an intact GPT, so a create or delete
+//! runs the same two programs as doing it by hand (`sfdisk`, `partx`).
 
 mod codec;
 #[cfg(test)]
@@ -79,6 +82,7 @@ use super::error::{Error, Result};
 use super::gpt::{self, Extent};
 use super::names;
 use super::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
+use carina_sys::blockdev;
 use kernel::{NODE_WAIT, kernel_size, present_node, sync_kernel, wait_node};
 use placement::{choose_exclusive, choose_shared};
 use record::write_slot;
@@ -89,6 +93,11 @@ pub use record::{RECORD_OFFSET, SLOT_BYTES, SLOTS, Slot, decode_slot, encode_slo
 
 /// Allocation unit and alignment of partitions, in bytes.
 pub const UNIT_BYTES: u64 = gpt::ALIGN_BYTES;
+
+/// How many bytes at each end of a new partition are made to read as
+/// zeros (as for new LVM volumes): every Linux filesystem, LVM and RAID
+/// signature lies there.
+pub const WIPE_BYTES: u64 = 512 << 10;
 
 /// A RAW device group.
 #[derive(Debug)]
@@ -186,15 +195,28 @@ impl RawGroup {
             guid: volume_guid(volume),
             type_guid: gpt::LINUX_DATA_TYPE.to_string(),
         };
+        let path = &view.disk.path;
+        // The slot goes first: without its entry it never verifies, and the
+        // table write below flushes both.
+        if view.record_usable() {
+            let slot = Slot {
+                volume: volume.to_string(),
+                exclusive,
+            };
+            write_slot(path, number, Some(&slot)).await?;
+        }
         // A blank view's bounds are those of the new table.
         let new_table = view.blank.then_some(gpt::NewTable {
             first_lba: view.first_lba,
             last_lba: view.last_lba,
         });
         // sfdisk writes nothing when any step of its script fails.
-        gpt::sfdisk_add(&view.disk.path, new_table, &entry)
-            .run()
-            .await?;
+        if let Err(e) = gpt::sfdisk_add(path, new_table, &entry).run().await {
+            if view.record_usable() {
+                let _ = write_slot(path, number, None).await;
+            }
+            return Err(e.into());
+        }
         match self.finish_create(view, &entry, volume, exclusive).await {
             Ok(v) => Ok(v),
             Err(e) => {
@@ -211,25 +233,19 @@ impl RawGroup {
         volume: &str,
         exclusive: bool,
     ) -> Result<Volume> {
-        let slot = Slot {
-            volume: volume.to_string(),
-            exclusive,
-        };
-        if view.record_usable() {
-            write_slot(&view.disk.path, entry.number, Some(&slot)).await?;
-        }
         sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
         let node = wait_node(&view.disk.name, entry.number)
             .await
             .ok_or_else(|| no_node("create", volume, view, entry.number))?;
         // An old filesystem at this offset must not reach the new user.
-        gpt::wipefs_all(&node).run().await?;
+        let size_bytes = view.bytes(entry.end - entry.start);
+        zero_ends(&node, size_bytes).await?;
         let (major, minor) = devnum::of_path(&node)?;
         Ok(Volume {
             name: volume.to_string(),
             group: self.config.name.clone(),
             policy: Policy::Raw,
-            size_bytes: view.bytes(entry.end - entry.start),
+            size_bytes,
             device_path: Some(node),
             host_path: None,
             major,
@@ -276,6 +292,27 @@ fn no_node(operation: &'static str, volume: &str, view: &DiskView, number: u32) 
     }
 }
 
+/// Makes the first and last [`WIPE_BYTES`] of the device `dev` (`size`
+/// bytes) read as zeros ([`blockdev::zero_ends`]).
+async fn zero_ends(dev: &std::path::Path, size: u64) -> Result<()> {
+    let path = dev.to_path_buf();
+    tokio::task::spawn_blocking(move || blockdev::zero_ends(&path, size, WIPE_BYTES))
+        .await
+        .map_err(|e| Error::task("zeroing the ends of a device", e))?
+        .map_err(|e| Error::io("zero the ends of", dev, e))?;
+    Ok(())
+}
+
+/// Removes the table of a disk whose partitions are all gone (from the
+/// table and the kernel), so it is blank again: its ends, where the
+/// protective MBR, both GPT headers and entry arrays and any other
+/// signature a probe of the whole disk looks at lie, are zeroed. (`wipefs
+/// -a` would do as much, then sleep a quarter second before asking the
+/// kernel to re-read a table it needs no news of.)
+async fn blank_again(view: &DiskView) -> Result<()> {
+    zero_ends(&view.disk.path, view.disk.size_bytes).await
+}
+
 /// Best-effort removal of a partition `make` wrote: slot, entry (or the
 /// whole new table), kernel partition.
 async fn undo_create(view: &DiskView, number: u32) {
@@ -287,11 +324,15 @@ async fn undo_create(view: &DiskView, number: u32) {
     }
     let _ = gpt::partx_delete(path, number).run().await;
     let undo = if view.blank {
-        gpt::wipefs_all(path)
+        blank_again(view).await
     } else {
         gpt::sfdisk_delete(path, number)
+            .run()
+            .await
+            .map(drop)
+            .map_err(Error::from)
     };
-    if let Err(e) = undo.run().await {
+    if let Err(e) = undo {
         tracing::error!(disk = %path.display(), partition = number, error = %e, "undo: removing the partition failed");
         return;
     }
@@ -455,38 +496,47 @@ impl Backend for RawGroup {
 
     async fn delete(&self, name: &str) -> Result<()> {
         let views = self.views().await?;
-        let (view, part, owner) = find_volume(&views, name)?;
+        let (view, part, _) = find_volume(&views, name)?;
         let number = part.entry.number;
         let path = &view.disk.path;
-        let node = self.volume(view, part, owner).await?.device_path;
-        if let Some(node) = &node {
-            match gpt::wipefs_all(node).run().await {
-                Ok(_) => {}
-                Err(e) if gpt::is_busy(e.stderr()) => {
-                    return Err(Error::FailedPrecondition {
-                        operation: "delete",
-                        name: name.to_string(),
-                        reason: format!("{} is in use (mounted or open)", node.display()),
-                    });
-                }
-                Err(e) => return Err(e.into()),
+        let busy = |node: &std::path::Path, why: String| Error::FailedPrecondition {
+            operation: "delete",
+            name: name.to_string(),
+            reason: format!("{} is in use ({why})", node.display()),
+        };
+        // The kernel forgets the partition first; it refuses while anyone
+        // has it open, so the entry goes only once nobody uses it.
+        if let Some(node) = present_node(&view.disk.name, number) {
+            if blockdev::in_use(&node).map_err(|e| Error::io("open", &node, e))? {
+                return Err(busy(&node, "mounted or held open".into()));
+            }
+            if let Err(e) = gpt::partx_delete(path, number).run().await {
+                return Err(busy(&node, format!("the kernel keeps it: {e}")));
             }
         }
-        gpt::sfdisk_delete(path, number).run().await?;
-        if let Err(e) = gpt::partx_delete(path, number).run().await {
-            tracing::warn!(disk = %path.display(), partition = number, error = %e, "partx delete failed");
+        // The disk's only entry goes with its table, so it is blank again
+        // for discovery.
+        let last = view.parts.len() == 1;
+        let removed = if last {
+            blank_again(view).await
+        } else {
+            gpt::sfdisk_delete(path, number)
+                .run()
+                .await
+                .map(drop)
+                .map_err(Error::from)
+        };
+        if let Err(e) = removed {
+            // Still in the table: the kernel gets it back.
+            let _ = sync_kernel(&view.disk, Some(number), &view.numbers()).await;
+            return Err(e);
         }
         if view.record_usable()
             && let Err(e) = write_slot(path, number, None).await
         {
             tracing::warn!(disk = %path.display(), error = %e, "clearing the name slot failed");
         }
-        if view.parts.len() == 1 {
-            // The disk is empty now: drop its table so it is blank again.
-            if let Err(e) = gpt::wipefs_all(path).run().await {
-                tracing::warn!(disk = %path.display(), error = %e, "removing the empty partition table failed");
-            }
-        } else {
+        if !last {
             let others: Vec<u32> = view
                 .numbers()
                 .into_iter()

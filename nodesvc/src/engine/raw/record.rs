@@ -72,7 +72,11 @@ pub(super) async fn read_record(path: &Path) -> Result<Vec<Option<Slot>>> {
     .map_err(|e| Error::task("reading a name record", e))?
 }
 
-/// Writes slot `number` (or clears it) and flushes it to the disk.
+/// Writes slot `number` (or clears it), without a flush of its own: a
+/// create writes the slot before the table, and the table write (`sfdisk`
+/// fsyncs the disk) makes both durable; a clear lost in a crash leaves a
+/// slot whose entry is gone, which never verifies, and the next create of
+/// that entry writes its slot anew.
 pub(super) async fn write_slot(path: &Path, number: u32, slot: Option<&Slot>) -> Result<()> {
     let bytes = match slot {
         Some(s) => encode_slot(s).ok_or_else(|| {
@@ -91,7 +95,6 @@ pub(super) async fn write_slot(path: &Path, number: u32, slot: Option<&Slot>) ->
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
         file.write_all_at(&bytes, offset)
-            .and_then(|()| file.sync_all())
             .map_err(|e| Error::io("write the name record of", &path, e))
     })
     .await
