@@ -1,5 +1,5 @@
 //! GPT partition tables: reading them (an intact primary GPT straight from
-//! the disk, [`read_gpt`]; any table through `sfdisk -J`), the command
+//! the disk, [`ondisk`]; any table through `sfdisk -J`), the command
 //! lines that change them (`sfdisk` scripts write, `partx` tells the
 //! kernel) and the pure arithmetic of their layout (aligned free extents,
 //! the usable area of a disk that has no table yet).
@@ -196,21 +196,6 @@ pub fn new_table_bounds(total_sectors: u64, sector_size: u64) -> Option<(u64, u6
     let first = 2 + array;
     let last = total_sectors.checked_sub(2 + array)?;
     (last >= first).then_some((first, last))
-}
-
-/// Reads an intact primary GPT straight from the disk (logical sectors
-/// of `sector` bytes, when known): `None` for anything else, which is
-/// [`read_table`]'s to read. This is the read of every create, delete and
-/// capacity report, so it starts no program.
-pub async fn read_gpt(disk: &Path, sector: Option<u64>) -> Result<Option<Table>> {
-    let Some(sector) = sector else {
-        return Ok(None);
-    };
-    let path = disk.to_path_buf();
-    tokio::task::spawn_blocking(move || ondisk::read(&path, sector))
-        .await
-        .map_err(|e| Error::task("reading a partition table", e))?
-        .map_err(|e| Error::io("read the partition table of", disk, e))
 }
 
 /// Reads a disk's partition table with `sfdisk -J`; `None` when it has

@@ -148,9 +148,13 @@ fn guid(b: &[u8]) -> String {
 }
 
 /// Reads the primary GPT of `disk` (logical sectors of `sector` bytes).
-/// `Ok(None)` when there is no intact one. Blocking: two reads.
+/// `Ok(None)` when there is no intact one. Blocking: an open, two reads.
 pub fn read(disk: &Path, sector: u64) -> std::io::Result<Option<Table>> {
-    let file = std::fs::File::open(disk)?;
+    read_from(&std::fs::File::open(disk)?, sector)
+}
+
+/// [`read`] from a disk already open.
+pub fn read_from(file: &std::fs::File, sector: u64) -> std::io::Result<Option<Table>> {
     let s = usize::try_from(sector).unwrap_or(0);
     let mut head = vec![0u8; 2 * s];
     file.read_exact_at(&mut head, 0)?;

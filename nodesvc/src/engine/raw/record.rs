@@ -63,13 +63,17 @@ pub(super) async fn read_record(path: &Path) -> Result<Vec<Option<Slot>>> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let file = std::fs::File::open(&path).map_err(|e| Error::io("open", &path, e))?;
-        let mut buf = vec![0u8; RECORD_BYTES];
-        file.read_exact_at(&mut buf, RECORD_OFFSET)
-            .map_err(|e| Error::io("read the name record of", &path, e))?;
-        Ok(buf.chunks(SLOT_BYTES).map(decode_slot).collect())
+        read_slots(&file).map_err(|e| Error::io("read the name record of", &path, e))
     })
     .await
     .map_err(|e| Error::task("reading a name record", e))?
+}
+
+/// The record's slots, from a disk already open. Blocking.
+pub(super) fn read_slots(file: &std::fs::File) -> std::io::Result<Vec<Option<Slot>>> {
+    let mut buf = vec![0u8; RECORD_BYTES];
+    file.read_exact_at(&mut buf, RECORD_OFFSET)?;
+    Ok(buf.chunks(SLOT_BYTES).map(decode_slot).collect())
 }
 
 /// Writes slot `number` (or clears it), without a flush of its own: a

@@ -3,10 +3,12 @@
 //! whether its name record is usable. [`view_of`] is pure; [`inspect`]
 //! reads the disk and builds one.
 
+use std::path::Path;
+
 use super::UNIT_BYTES;
 use super::codec::owner_of;
 use super::kernel::sysfs_u64;
-use super::record::{RECORD_OFFSET, SLOTS, Slot, read_record};
+use super::record::{RECORD_OFFSET, SLOTS, Slot, read_record, read_slots};
 use crate::engine::disks::{self, Disk, PARTITION_PREFIX};
 use crate::engine::error::{Error, Result};
 use crate::engine::gpt::{self, Extent};
@@ -199,37 +201,69 @@ pub(super) fn view_of(
     Ok(view)
 }
 
-/// Reads one disk: an intact GPT in-process; otherwise `blkid -p` says
-/// whether anything is on it and, if it shows a partition table, `sfdisk
-/// -J` reads that. A blank view's disk carries what blkid found (a
+/// Reads one disk: an intact GPT in-process (and, in the same open, the
+/// name record when an entry carries our prefix); otherwise `blkid -p`
+/// says whether anything is on it and, if it shows a partition table,
+/// `sfdisk -J` reads that. A blank view's disk carries what blkid found (a
 /// filesystem, a label sfdisk does not read), so a create can refuse it.
-/// The name record is read when a partition carries our prefix.
 pub(super) async fn inspect(disk: &Disk) -> Result<DiskView> {
     let sector = sysfs_u64(&disk.name, "queue/logical_block_size");
     let mut disk = disk.clone();
     if let Some(sectors) = sysfs_u64(&disk.name, "size") {
         disk.size_bytes = sectors * 512;
     }
-    let table = match gpt::read_gpt(&disk.path, sector).await? {
-        Some(t) => Some(t),
+    let direct = match sector {
+        Some(sector) => {
+            let path = disk.path.clone();
+            tokio::task::spawn_blocking(move || read_direct(&path, sector))
+                .await
+                .map_err(|e| Error::task("reading a partition table", e))?
+                .map_err(|e| Error::io("read the partition table of", &disk.path, e))?
+        }
+        None => None,
+    };
+    let (table, slots) = match direct {
+        Some((table, slots)) => (Some(table), slots),
         None => {
             disks::probe(&mut disk).await?;
-            match disk.pttype {
+            let table = match disk.pttype {
                 Some(_) => gpt::read_table(&disk.path).await?,
                 None => None,
-            }
+            };
+            (table, None)
         }
     };
-    let probe = view_of(&disk, table.clone(), sector, &[])?;
-    let ours = probe
+    let view = view_of(&disk, table.clone(), sector, &[])?;
+    let ours = view
         .parts
         .iter()
         .any(|p| p.entry.name.starts_with(PARTITION_PREFIX));
-    if !ours || !probe.record_usable() {
-        return Ok(probe);
+    if !ours || !view.record_usable() {
+        return Ok(view);
     }
-    let slots = read_record(&disk.path).await?;
+    let slots = match slots {
+        Some(slots) => slots,
+        None => read_record(&disk.path).await?,
+    };
     view_of(&disk, table, sector, &slots)
+}
+
+/// An intact GPT of the disk at `path` and, if one of its entries carries
+/// our prefix, the name record: one open. Blocking.
+fn read_direct(
+    path: &Path,
+    sector: u64,
+) -> std::io::Result<Option<(gpt::Table, Option<Vec<Option<Slot>>>)>> {
+    let file = std::fs::File::open(path)?;
+    let Some(table) = gpt::ondisk::read_from(&file, sector)? else {
+        return Ok(None);
+    };
+    let ours = table
+        .partitions
+        .iter()
+        .any(|p| p.name.starts_with(PARTITION_PREFIX));
+    let slots = if ours { Some(read_slots(&file)?) } else { None };
+    Ok(Some((table, slots)))
 }
 
 #[cfg(test)]
