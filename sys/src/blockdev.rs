@@ -1,8 +1,9 @@
 //! Whether a block device is in use, as the kernel tells it: an `O_EXCL`
 //! open of a block device fails with `EBUSY` while it is mounted or held
 //! open exclusively (by device-mapper, a filesystem, another `O_EXCL`
-//! opener).
+//! opener); and making the ends of a new device read as zeros.
 
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 /// `true` if `dev` is mounted or held open exclusively; `false` if it is
@@ -21,9 +22,64 @@ pub fn in_use(dev: &Path) -> std::io::Result<bool> {
     }
 }
 
+/// Makes the first and last `bytes` of the device `dev` (of `size`
+/// bytes) read as zeros, so no old signature there reaches a new user.
+/// Each end is read first and written (zeros, then a flush) only if
+/// something there is not zero: a fresh area costs two reads and no
+/// write. The device is opened exclusively, so this fails with `EBUSY`
+/// rather than write under a mounted filesystem. Returns whether it wrote.
+/// Blocking.
+pub fn zero_ends(dev: &Path, size: u64, bytes: u64) -> std::io::Result<bool> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev)?;
+    let n = bytes.min(size);
+    let mut buf = vec![0u8; usize::try_from(n).map_err(std::io::Error::other)?];
+    let mut wrote = false;
+    let ends = if size > n { vec![0, size - n] } else { vec![0] };
+    for offset in ends {
+        file.read_exact_at(&mut buf, offset)?;
+        if buf.iter().any(|b| *b != 0) {
+            buf.fill(0);
+            file.write_all_at(&buf, offset)?;
+            wrote = true;
+        }
+    }
+    if wrote {
+        file.sync_all()?;
+    }
+    Ok(wrote)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_ends_writes_only_what_is_not_zero() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("dev");
+        let mut data = vec![0u8; 64 << 10];
+        data[10] = 1;
+        data[32 << 10] = 2;
+        data[(64 << 10) - 1] = 3;
+        std::fs::write(&path, &data).expect("write");
+        let size = data.len() as u64;
+        assert!(zero_ends(&path, size, 4096).expect("zero"));
+        let after = std::fs::read(&path).expect("read");
+        assert!(after[..4096].iter().all(|b| *b == 0));
+        assert!(after[(60 << 10)..].iter().all(|b| *b == 0));
+        assert_eq!(after[32 << 10], 2, "the middle is left alone");
+        assert!(
+            !zero_ends(&path, size, 4096).expect("zero"),
+            "nothing left to write"
+        );
+        // Ends longer than the device: the whole device, once.
+        assert!(zero_ends(&path, size, 1 << 20).expect("zero"));
+        assert!(std::fs::read(&path).expect("read").iter().all(|b| *b == 0));
+    }
 
     #[test]
     fn a_missing_device_is_not_in_use() {

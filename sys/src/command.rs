@@ -143,6 +143,11 @@ impl Cmd {
         self.stdin.is_some()
     }
 
+    /// What the command is given on stdin, if anything.
+    pub fn input(&self) -> Option<&[u8]> {
+        self.stdin.as_deref()
+    }
+
     /// The program name without its directory (the span name uses it).
     pub fn program(&self) -> &str {
         self.program.rsplit('/').next().unwrap_or(&self.program)

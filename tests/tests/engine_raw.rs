@@ -1,5 +1,5 @@
-//! Engine tests for RAW groups on real loop devices: GPT partitions made by
-//! sgdisk, read back by sfdisk, announced to the kernel by partx.
+//! Engine tests for RAW groups on real loop devices: GPT partitions written
+//! and read back by sfdisk, announced to the kernel by partx.
 //!
 //! Every test has its own disks and a group whose patterns match exactly
 //! those disks, so tests running in parallel never see each other's disks.
@@ -18,19 +18,23 @@ async fn raw_fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<EngineFi
     EngineFixture::new(test, "RAW", sizes, reserve).await
 }
 
-/// The disk's partition entries, or none when it has no table.
+/// The disk's partition entries as sfdisk reads them, or none when it has
+/// no table; the engine's own reading of the disk must agree.
 fn entries(disk: &LoopDisk) -> Option<Vec<Partition>> {
     let out = std::process::Command::new("sfdisk")
         .args(["-J", &disk.dev()])
         .output()
         .expect("sfdisk runs");
+    let direct = gpt::ondisk::read(&disk.path, 512).expect("the disk reads");
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(gpt::is_no_table(&stderr), "sfdisk failed: {stderr}");
+        assert_eq!(direct, None, "a GPT sfdisk does not see");
         return None;
     }
     let table = gpt::parse_sfdisk(&String::from_utf8_lossy(&out.stdout)).expect("parses");
     assert_eq!(table.label, "gpt");
+    assert_eq!(direct.as_ref(), Some(&table), "read in-process");
     Some(table.partitions)
 }
 
@@ -482,7 +486,7 @@ async fn data_path_ext4_and_xfs() {
     assert!(edev.exists());
     drop(mounted);
 
-    // Deleting wipes: the next volume at the same offset starts blank.
+    // The next volume at the same offset starts blank.
     f.engine.delete_volume("ext4").await.expect("delete");
     let again = f.create(f.req("next", 64 * MIB)).await;
     assert_eq!(fs_type(again.device_path.as_deref().expect("path")), None);
@@ -535,4 +539,36 @@ async fn new_partitions_start_blank() {
         "the old ext4 must not reach the new volume"
     );
     f.engine.delete_volume("w").await.expect("delete");
+}
+
+#[tokio::test]
+async fn an_open_partition_is_not_deleted() {
+    let Some(f) = raw_fixture("an_open_partition_is_not_deleted", &[64 * MIB], 0).await else {
+        return;
+    };
+    let v = f
+        .engine
+        .create_volume(f.req("held", 8 * MIB))
+        .await
+        .expect("create");
+    let other = f
+        .engine
+        .create_volume(f.req("other", 8 * MIB))
+        .await
+        .expect("create");
+    let dev = v.device_path.clone().expect("path");
+    // Open, not mounted: the kernel keeps a partition anyone has open.
+    let held = std::fs::File::open(&dev).expect("open");
+    let err = f.engine.delete_volume("held").await.expect_err("open");
+    assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
+    drop(held);
+    // Nothing of it went: entry, device and its neighbour are as they were.
+    assert_same(&f.engine.get_volume("held").await.expect("still there"), &v);
+    assert_same(&f.engine.get_volume("other").await.expect("other"), &other);
+    assert_eq!(f.names().await, vec!["held", "other"]);
+    f.engine.delete_volume("held").await.expect("delete");
+    assert!(!dev.exists(), "the kernel forgot it");
+    assert_same(&f.engine.get_volume("other").await.expect("other"), &other);
+    f.engine.delete_volume("other").await.expect("delete");
+    assert_eq!(entries(&f.disks[0]), None, "blank again");
 }

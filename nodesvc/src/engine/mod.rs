@@ -298,14 +298,33 @@ impl Engine {
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         names::check_volume_name(name)?;
         let _guard = self.inner.locks.try_lock(name)?;
-        let existing = self.existing(name).await?;
-        let slot = self.slot(&existing.group).await?;
-        {
+        // The index names the group and the backend's delete says whether
+        // the volume is there: reading it first would read the group twice.
+        let not_found = || Error::VolumeNotFound {
+            name: name.to_string(),
+        };
+        let slot = match self.indexed_group(name) {
+            Some(group) => self.slot(&group).await.ok(),
+            None => None,
+        };
+        let Some(slot) = slot else {
+            self.index_remove(name);
+            return Err(not_found());
+        };
+        let deleted = {
             let _m = slot.mutate.lock().await;
             slot.backend
                 .delete(name)
                 .instrument(backend_span(slot.backend.as_ref(), "delete"))
-                .await?;
+                .await
+        };
+        match deleted {
+            Ok(()) => {}
+            Err(e @ Error::VolumeNotFound { .. }) => {
+                self.index_remove(name);
+                return Err(e);
+            }
+            Err(e) => return Err(e),
         }
         self.index_remove(name);
         self.notify(ChangeReason::Delete).await;
@@ -477,14 +496,9 @@ impl Engine {
     /// Finds a volume by name: the index names the group, the backend says
     /// whether it is really there.
     async fn find(&self, name: &str) -> Result<Option<Volume>> {
-        let group = self
-            .inner
-            .index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned();
-        let Some(group) = group else { return Ok(None) };
+        let Some(group) = self.indexed_group(name) else {
+            return Ok(None);
+        };
         let Ok(slot) = self.slot(&group).await else {
             return Ok(None);
         };
@@ -493,6 +507,16 @@ impl Engine {
             self.index_remove(name);
         }
         Ok(found)
+    }
+
+    /// The group the index names for a volume.
+    fn indexed_group(&self, name: &str) -> Option<String> {
+        self.inner
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 
     fn index_insert(&self, name: &str, group: &str) {

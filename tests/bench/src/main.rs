@@ -2,19 +2,20 @@
 //! commands it stands on — in the same run, and writes
 //! `docs/benchmarks.json` and `docs/benchmarks.md`.
 //!
-//! Usage: `carina-bench [--out DIR] [--iterations N] [--only engine|scheduler|kube]`,
+//! Usage: `carina-bench [--out DIR] [--iterations N] [--only GROUP]`,
 //! or `carina-bench scale [...]` for the scale simulation alone
 //! (`make bench-scale`, see `scale.rs`).
 //! Needs root and loop devices, like the engine tests; `--only scheduler`
 //! runs just the scheduler extender's group, which needs neither;
-//! `--only kube` just the Kubernetes control plane's group, `--only engine`
-//! just the engine's.
+//! `--only kube` just the Kubernetes control plane's group, `--only
+//! engine` the engine groups (LVM and RAW), `--only raw` the RAW one.
 
 mod csi;
 mod engine;
 mod grpc;
 mod kube;
 mod pool;
+mod raw;
 mod report;
 mod scale;
 mod scheduler;
@@ -27,7 +28,7 @@ use anyhow::{Context, Result, bail};
 struct Args {
     out: PathBuf,
     iterations: usize,
-    /// Run only this group (`engine`, `scheduler`, `kube`).
+    /// Run only this group (`scheduler`, `kube`, `engine`, `raw`).
     only: Option<String>,
 }
 
@@ -49,13 +50,15 @@ fn parse_args() -> Result<Args> {
                     .context("--iterations")?
             }
             "--only" => match it.next().as_deref() {
-                Some(group @ ("engine" | "scheduler" | "kube")) => args.only = Some(group.into()),
-                other => {
-                    bail!("--only {other:?}: only `engine`, `scheduler` or `kube` can run alone")
+                Some(group @ ("scheduler" | "kube" | "engine" | "raw")) => {
+                    args.only = Some(group.into())
                 }
+                other => bail!(
+                    "--only {other:?}: only `scheduler`, `kube`, `engine` or `raw` can run alone"
+                ),
             },
             other => bail!(
-                "unknown argument {other:?} (expected --out DIR, --iterations N, --only engine|scheduler|kube)"
+                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube|engine|raw)"
             ),
         }
     }
@@ -79,15 +82,24 @@ async fn main() -> Result<()> {
     if !carina_tests::have_root("carina-bench") {
         bail!("carina-bench needs root (loop devices, lvm)");
     }
-    if args.only.as_deref() == Some("kube") {
-        entries.extend(kube::create_volume(args.iterations).await?);
-        return finish(&args, &entries);
-    }
-    if args.only.as_deref() == Some("engine") {
-        entries.extend(engine::lvm_create_delete(args.iterations).await?);
-        return finish(&args, &entries);
+    match args.only.as_deref() {
+        Some("kube") => {
+            entries.extend(kube::create_volume(args.iterations).await?);
+            return finish(&args, &entries);
+        }
+        Some("engine") => {
+            entries.extend(engine::lvm_create_delete(args.iterations).await?);
+            entries.extend(raw::create_delete(args.iterations).await?);
+            return finish(&args, &entries);
+        }
+        Some("raw") => {
+            entries.extend(raw::create_delete(args.iterations).await?);
+            return finish(&args, &entries);
+        }
+        _ => {}
     }
     entries.extend(engine::lvm_create_delete(args.iterations).await?);
+    entries.extend(raw::create_delete(args.iterations).await?);
     entries.extend(grpc::create_delete(args.iterations).await?);
     entries.extend(grpc::capacity_throughput(std::time::Duration::from_secs(5)).await?);
     entries.extend(grpc::node_memory().await?);

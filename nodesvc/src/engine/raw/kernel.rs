@@ -60,9 +60,10 @@ pub(super) fn kernel_size(disk: &str, number: u32) -> Option<u64> {
 
 /// Tells the kernel about the table. Entry `number` (just written) must
 /// reach it; the other entries in `expected` are re-added only when the
-/// kernel lacks them. sgdisk's re-read request makes kernels without a GPT
-/// parser drop every partition not in use, and re-adding a partition that
-/// is present would only give it a new device number.
+/// kernel lacks them (after a restart, or a re-read by another tool: on
+/// kernels without a GPT parser a re-read drops every partition not in
+/// use); re-adding a partition that is present would only give it a new
+/// device number.
 pub(super) async fn sync_kernel(disk: &Disk, number: Option<u32>, expected: &[u32]) -> Result<()> {
     if let Some(n) = number {
         gpt::partx_update(&disk.path, Some(n)).run().await?;

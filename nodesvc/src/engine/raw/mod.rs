@@ -30,12 +30,14 @@
 //! Partitions start and end on 1 MiB boundaries and a volume is exactly
 //! its partition. Free space is the aligned gaps between all partitions
 //! (foreign ones included) inside the usable range; a disk without a table
-//! counts with the area `sgdisk -o` would give it. A create must fit in one
+//! counts with the area of the GPT its first volume gives it (the GPT
+//! default of 128 entries, as `sgdisk -o` makes it). A create must fit in one
 //! gap (best fit: the smallest gap that holds it, disk order breaking
 //! ties) and leave the group's reserve free; a grow must leave it free too.
-//! A disk gets its GPT with its first volume and loses it (`wipefs`) when
-//! its last partition is deleted, so it is blank again and discovery keeps
-//! assigning it to the group.
+//! A disk gets its GPT with its first volume and loses it when its last
+//! partition is deleted (its first and last [`WIPE_BYTES`] are zeroed:
+//! protective MBR, both GPT headers and entry arrays), so it is blank
+//! again and discovery keeps assigning it to the group.
 //!
 //! # Whole-disk volumes
 //!
@@ -49,11 +51,16 @@
 //!
 //! # The kernel's view
 //!
-//! Without udev the kernel learns table changes only through `partx`, so
-//! every change is followed by one; device nodes are found through
-//! `/sys/block/<disk>/*/partition` and waited for briefly. A new partition
-//! is wiped (`wipefs -a`) before it is handed out, and so is a partition
-//! before it is deleted, which also refuses one that is still mounted.
+//! Tables are written by `sfdisk` told to leave the kernel alone; without
+//! udev the kernel learns table changes only through `partx`, so every
+//! change is followed by one, for the entry that changed; device nodes
+//! are found through `/sys/block/<disk>/*/partition` and waited for
+//! briefly. The first and last [`WIPE_BYTES`] of a new partition are made
+//! to read as zeros before it is handed out, so no old filesystem reaches
+//! its user. A delete first has the kernel forget the partition, which it
+//! refuses while anyone has it open, so nothing is deleted under a user.
+//! A disk read is in-process for an intact GPT, so a create or delete
+//! runs the same two programs as doing it by hand (`sfdisk`, `partx`).
 
 mod codec;
 #[cfg(test)]
@@ -70,11 +77,12 @@ use async_trait::async_trait;
 use super::backend::Backend;
 use super::config::{GroupConfig, Policy};
 use super::devnum;
-use super::disks::{self, Disk};
+use super::disks::Disk;
 use super::error::{Error, Result};
 use super::gpt::{self, Extent};
 use super::names;
 use super::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
+use carina_sys::blockdev;
 use kernel::{NODE_WAIT, kernel_size, present_node, sync_kernel, wait_node};
 use placement::{choose_exclusive, choose_shared};
 use record::write_slot;
@@ -85,6 +93,11 @@ pub use record::{RECORD_OFFSET, SLOT_BYTES, SLOTS, Slot, decode_slot, encode_slo
 
 /// Allocation unit and alignment of partitions, in bytes.
 pub const UNIT_BYTES: u64 = gpt::ALIGN_BYTES;
+
+/// How many bytes at each end of a new partition are made to read as
+/// zeros (as for new LVM volumes): every Linux filesystem, LVM and RAID
+/// signature lies there.
+pub const WIPE_BYTES: u64 = 512 << 10;
 
 /// A RAW device group.
 #[derive(Debug)]
@@ -164,10 +177,9 @@ impl RawGroup {
             .free_number()
             .ok_or_else(|| self.exhausted(view.bytes(extent.len), 0))?;
         if view.blank {
-            // Discovery saw it blank; make sure nobody wrote to it since.
-            let mut probe = view.disk.clone();
-            disks::probe(&mut probe).await?;
-            if let Some(what) = probe.fstype.or(probe.pttype) {
+            // Discovery saw it blank; `inspect` probed it again just now,
+            // under the group's lock.
+            if let Some(what) = view.disk.fstype.as_ref().or(view.disk.pttype.as_ref()) {
                 return Err(Error::FailedPrecondition {
                     operation: "create",
                     name: volume.to_string(),
@@ -183,10 +195,28 @@ impl RawGroup {
             guid: volume_guid(volume),
             type_guid: gpt::LINUX_DATA_TYPE.to_string(),
         };
-        // sgdisk saves nothing when any of its steps fails.
-        gpt::sgdisk_create(&view.disk.path, view.blank, view.align(), &entry)
-            .run()
-            .await?;
+        let path = &view.disk.path;
+        // The slot goes first: without its entry it never verifies, and the
+        // table write below flushes both.
+        if view.record_usable() {
+            let slot = Slot {
+                volume: volume.to_string(),
+                exclusive,
+            };
+            write_slot(path, number, Some(&slot)).await?;
+        }
+        // A blank view's bounds are those of the new table.
+        let new_table = view.blank.then_some(gpt::NewTable {
+            first_lba: view.first_lba,
+            last_lba: view.last_lba,
+        });
+        // sfdisk writes nothing when any step of its script fails.
+        if let Err(e) = gpt::sfdisk_add(path, new_table, &entry).run().await {
+            if view.record_usable() {
+                let _ = write_slot(path, number, None).await;
+            }
+            return Err(e.into());
+        }
         match self.finish_create(view, &entry, volume, exclusive).await {
             Ok(v) => Ok(v),
             Err(e) => {
@@ -203,25 +233,19 @@ impl RawGroup {
         volume: &str,
         exclusive: bool,
     ) -> Result<Volume> {
-        let slot = Slot {
-            volume: volume.to_string(),
-            exclusive,
-        };
-        if view.record_usable() {
-            write_slot(&view.disk.path, entry.number, Some(&slot)).await?;
-        }
         sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
         let node = wait_node(&view.disk.name, entry.number)
             .await
             .ok_or_else(|| no_node("create", volume, view, entry.number))?;
         // An old filesystem at this offset must not reach the new user.
-        gpt::wipefs_all(&node).run().await?;
+        let size_bytes = view.bytes(entry.end - entry.start);
+        zero_ends(&node, size_bytes).await?;
         let (major, minor) = devnum::of_path(&node)?;
         Ok(Volume {
             name: volume.to_string(),
             group: self.config.name.clone(),
             policy: Policy::Raw,
-            size_bytes: view.bytes(entry.end - entry.start),
+            size_bytes,
             device_path: Some(node),
             host_path: None,
             major,
@@ -231,7 +255,7 @@ impl RawGroup {
         })
     }
 
-    /// After `sgdisk_replace` grew entry `entry.number`: the kernel must
+    /// After `sfdisk_replace` grew entry `entry.number`: the kernel must
     /// see the new size.
     async fn finish_grow(
         &self,
@@ -268,6 +292,27 @@ fn no_node(operation: &'static str, volume: &str, view: &DiskView, number: u32) 
     }
 }
 
+/// Makes the first and last [`WIPE_BYTES`] of the device `dev` (`size`
+/// bytes) read as zeros ([`blockdev::zero_ends`]).
+async fn zero_ends(dev: &std::path::Path, size: u64) -> Result<()> {
+    let path = dev.to_path_buf();
+    tokio::task::spawn_blocking(move || blockdev::zero_ends(&path, size, WIPE_BYTES))
+        .await
+        .map_err(|e| Error::task("zeroing the ends of a device", e))?
+        .map_err(|e| Error::io("zero the ends of", dev, e))?;
+    Ok(())
+}
+
+/// Removes the table of a disk whose partitions are all gone (from the
+/// table and the kernel), so it is blank again: its ends, where the
+/// protective MBR, both GPT headers and entry arrays and any other
+/// signature a probe of the whole disk looks at lie, are zeroed. (`wipefs
+/// -a` would do as much, then sleep a quarter second before asking the
+/// kernel to re-read a table it needs no news of.)
+async fn blank_again(view: &DiskView) -> Result<()> {
+    zero_ends(&view.disk.path, view.disk.size_bytes).await
+}
+
 /// Best-effort removal of a partition `make` wrote: slot, entry (or the
 /// whole new table), kernel partition.
 async fn undo_create(view: &DiskView, number: u32) {
@@ -279,11 +324,15 @@ async fn undo_create(view: &DiskView, number: u32) {
     }
     let _ = gpt::partx_delete(path, number).run().await;
     let undo = if view.blank {
-        gpt::wipefs_all(path)
+        blank_again(view).await
     } else {
-        gpt::sgdisk_delete(path, number)
+        gpt::sfdisk_delete(path, number)
+            .run()
+            .await
+            .map(drop)
+            .map_err(Error::from)
     };
-    if let Err(e) = undo.run().await {
+    if let Err(e) = undo {
         tracing::error!(disk = %path.display(), partition = number, error = %e, "undo: removing the partition failed");
         return;
     }
@@ -333,12 +382,9 @@ impl Backend for RawGroup {
         *self.disks.lock().unwrap_or_else(|p| p.into_inner()) = disks.clone();
         // After a restart the kernel may not know the partitions yet.
         for disk in &disks {
-            if let Some(t) = gpt::read_table(&disk.path).await?
-                && t.label == "gpt"
-                && !t.partitions.is_empty()
-            {
-                let numbers: Vec<u32> = t.partitions.iter().map(|p| p.number).collect();
-                sync_kernel(disk, None, &numbers).await?;
+            let view = inspect(disk).await?;
+            if view.other_label.is_none() && !view.parts.is_empty() {
+                sync_kernel(disk, None, &view.numbers()).await?;
             }
         }
         Ok(())
@@ -425,18 +471,13 @@ impl Backend for RawGroup {
             guid: part.entry.uuid.clone(),
             type_guid: part.entry.type_id.clone(),
         };
-        gpt::sgdisk_replace(&view.disk.path, view.align(), &grown)
-            .run()
-            .await?;
+        gpt::sfdisk_replace(&view.disk.path, &grown).run().await?;
         if let Err(e) = self.finish_grow(view, &grown, name).await {
             let old = gpt::NewPartition {
                 end: part.entry.end(),
                 ..grown
             };
-            match gpt::sgdisk_replace(&view.disk.path, view.align(), &old)
-                .run()
-                .await
-            {
+            match gpt::sfdisk_replace(&view.disk.path, &old).run().await {
                 Ok(_) => {
                     let _ = sync_kernel(&view.disk, Some(old.number), &view.numbers()).await;
                 }
@@ -455,39 +496,47 @@ impl Backend for RawGroup {
 
     async fn delete(&self, name: &str) -> Result<()> {
         let views = self.views().await?;
-        let (view, part, owner) = find_volume(&views, name)?;
+        let (view, part, _) = find_volume(&views, name)?;
         let number = part.entry.number;
         let path = &view.disk.path;
-        let node = self.volume(view, part, owner).await?.device_path;
-        if let Some(node) = &node {
-            match gpt::wipefs_all(node).run().await {
-                Ok(_) => {}
-                Err(e) if gpt::is_busy(e.stderr()) => {
-                    return Err(Error::FailedPrecondition {
-                        operation: "delete",
-                        name: name.to_string(),
-                        reason: format!("{} is in use (mounted or open)", node.display()),
-                    });
-                }
-                Err(e) => return Err(e.into()),
+        let busy = |node: &std::path::Path, why: String| Error::FailedPrecondition {
+            operation: "delete",
+            name: name.to_string(),
+            reason: format!("{} is in use ({why})", node.display()),
+        };
+        // The kernel forgets the partition first; it refuses while anyone
+        // has it open, so the entry goes only once nobody uses it.
+        if let Some(node) = present_node(&view.disk.name, number) {
+            if blockdev::in_use(&node).map_err(|e| Error::io("open", &node, e))? {
+                return Err(busy(&node, "mounted or held open".into()));
+            }
+            if let Err(e) = gpt::partx_delete(path, number).run().await {
+                return Err(busy(&node, format!("the kernel keeps it: {e}")));
             }
         }
-        gpt::sgdisk_delete(path, number).run().await?;
-        // The kernel may have dropped it already when sgdisk asked for a re-read.
-        if let Err(e) = gpt::partx_delete(path, number).run().await {
-            tracing::warn!(disk = %path.display(), partition = number, error = %e, "partx delete failed");
+        // The disk's only entry goes with its table, so it is blank again
+        // for discovery.
+        let last = view.parts.len() == 1;
+        let removed = if last {
+            blank_again(view).await
+        } else {
+            gpt::sfdisk_delete(path, number)
+                .run()
+                .await
+                .map(drop)
+                .map_err(Error::from)
+        };
+        if let Err(e) = removed {
+            // Still in the table: the kernel gets it back.
+            let _ = sync_kernel(&view.disk, Some(number), &view.numbers()).await;
+            return Err(e);
         }
         if view.record_usable()
             && let Err(e) = write_slot(path, number, None).await
         {
             tracing::warn!(disk = %path.display(), error = %e, "clearing the name slot failed");
         }
-        if view.parts.len() == 1 {
-            // The disk is empty now: drop its table so it is blank again.
-            if let Err(e) = gpt::wipefs_all(path).run().await {
-                tracing::warn!(disk = %path.display(), error = %e, "removing the empty partition table failed");
-            }
-        } else {
+        if !last {
             let others: Vec<u32> = view
                 .numbers()
                 .into_iter()

@@ -11,7 +11,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::gpt;
 use crate::engine::names;
 
-/// Partition entries we use: the size of the tables `sgdisk -o` makes.
+/// Partition entries we use: the size of the tables we write.
 pub const SLOTS: u32 = gpt::TABLE_ENTRIES as u32;
 /// Bytes of one name-record slot.
 pub const SLOT_BYTES: usize = 128;
@@ -63,16 +63,24 @@ pub(super) async fn read_record(path: &Path) -> Result<Vec<Option<Slot>>> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let file = std::fs::File::open(&path).map_err(|e| Error::io("open", &path, e))?;
-        let mut buf = vec![0u8; RECORD_BYTES];
-        file.read_exact_at(&mut buf, RECORD_OFFSET)
-            .map_err(|e| Error::io("read the name record of", &path, e))?;
-        Ok(buf.chunks(SLOT_BYTES).map(decode_slot).collect())
+        read_slots(&file).map_err(|e| Error::io("read the name record of", &path, e))
     })
     .await
     .map_err(|e| Error::task("reading a name record", e))?
 }
 
-/// Writes slot `number` (or clears it) and flushes it to the disk.
+/// The record's slots, from a disk already open. Blocking.
+pub(super) fn read_slots(file: &std::fs::File) -> std::io::Result<Vec<Option<Slot>>> {
+    let mut buf = vec![0u8; RECORD_BYTES];
+    file.read_exact_at(&mut buf, RECORD_OFFSET)?;
+    Ok(buf.chunks(SLOT_BYTES).map(decode_slot).collect())
+}
+
+/// Writes slot `number` (or clears it), without a flush of its own: a
+/// create writes the slot before the table, and the table write (`sfdisk`
+/// fsyncs the disk) makes both durable; a clear lost in a crash leaves a
+/// slot whose entry is gone, which never verifies, and the next create of
+/// that entry writes its slot anew.
 pub(super) async fn write_slot(path: &Path, number: u32, slot: Option<&Slot>) -> Result<()> {
     let bytes = match slot {
         Some(s) => encode_slot(s).ok_or_else(|| {
@@ -91,7 +99,6 @@ pub(super) async fn write_slot(path: &Path, number: u32, slot: Option<&Slot>) ->
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
         file.write_all_at(&bytes, offset)
-            .and_then(|()| file.sync_all())
             .map_err(|e| Error::io("write the name record of", &path, e))
     })
     .await

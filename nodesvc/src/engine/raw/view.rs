@@ -1,13 +1,15 @@
-//! The picture of one disk of the group: its table (or the one `sgdisk -o`
-//! would make), which entries are ours, its free aligned extents and
+//! The picture of one disk of the group: its table (or the one its first
+//! volume would give it), which entries are ours, its free aligned extents and
 //! whether its name record is usable. [`view_of`] is pure; [`inspect`]
 //! reads the disk and builds one.
+
+use std::path::Path;
 
 use super::UNIT_BYTES;
 use super::codec::owner_of;
 use super::kernel::sysfs_u64;
-use super::record::{RECORD_OFFSET, SLOTS, Slot, read_record};
-use crate::engine::disks::{Disk, PARTITION_PREFIX};
+use super::record::{RECORD_OFFSET, SLOTS, Slot, read_record, read_slots};
+use crate::engine::disks::{self, Disk, PARTITION_PREFIX};
 use crate::engine::error::{Error, Result};
 use crate::engine::gpt::{self, Extent};
 
@@ -30,7 +32,8 @@ pub(super) struct DiskView {
     pub(super) disk: Disk,
     /// Logical sector size in bytes.
     pub(super) sector: u64,
-    /// No partition table yet: the bounds are those `sgdisk -o` would make.
+    /// No partition table yet: the bounds are those of the GPT a create
+    /// writes ([`gpt::new_table_bounds`]).
     pub(super) blank: bool,
     /// A table that is not GPT: the disk is not used.
     pub(super) other_label: Option<String>,
@@ -198,25 +201,69 @@ pub(super) fn view_of(
     Ok(view)
 }
 
-/// Reads one disk: `sfdisk -J`, and the name record when a partition
-/// carries our prefix.
+/// Reads one disk: an intact GPT in-process (and, in the same open, the
+/// name record when an entry carries our prefix); otherwise `blkid -p`
+/// says whether anything is on it and, if it shows a partition table,
+/// `sfdisk -J` reads that. A blank view's disk carries what blkid found (a
+/// filesystem, a label sfdisk does not read), so a create can refuse it.
 pub(super) async fn inspect(disk: &Disk) -> Result<DiskView> {
-    let table = gpt::read_table(&disk.path).await?;
     let sector = sysfs_u64(&disk.name, "queue/logical_block_size");
     let mut disk = disk.clone();
     if let Some(sectors) = sysfs_u64(&disk.name, "size") {
         disk.size_bytes = sectors * 512;
     }
-    let probe = view_of(&disk, table.clone(), sector, &[])?;
-    let ours = probe
+    let direct = match sector {
+        Some(sector) => {
+            let path = disk.path.clone();
+            tokio::task::spawn_blocking(move || read_direct(&path, sector))
+                .await
+                .map_err(|e| Error::task("reading a partition table", e))?
+                .map_err(|e| Error::io("read the partition table of", &disk.path, e))?
+        }
+        None => None,
+    };
+    let (table, slots) = match direct {
+        Some((table, slots)) => (Some(table), slots),
+        None => {
+            disks::probe(&mut disk).await?;
+            let table = match disk.pttype {
+                Some(_) => gpt::read_table(&disk.path).await?,
+                None => None,
+            };
+            (table, None)
+        }
+    };
+    let view = view_of(&disk, table.clone(), sector, &[])?;
+    let ours = view
         .parts
         .iter()
         .any(|p| p.entry.name.starts_with(PARTITION_PREFIX));
-    if !ours || !probe.record_usable() {
-        return Ok(probe);
+    if !ours || !view.record_usable() {
+        return Ok(view);
     }
-    let slots = read_record(&disk.path).await?;
+    let slots = match slots {
+        Some(slots) => slots,
+        None => read_record(&disk.path).await?,
+    };
     view_of(&disk, table, sector, &slots)
+}
+
+/// An intact GPT of the disk at `path` and, if one of its entries carries
+/// our prefix, the name record: one open. Blocking.
+fn read_direct(
+    path: &Path,
+    sector: u64,
+) -> std::io::Result<Option<(gpt::Table, Option<Vec<Option<Slot>>>)>> {
+    let file = std::fs::File::open(path)?;
+    let Some(table) = gpt::ondisk::read_from(&file, sector)? else {
+        return Ok(None);
+    };
+    let ours = table
+        .partitions
+        .iter()
+        .any(|p| p.name.starts_with(PARTITION_PREFIX));
+    let slots = if ours { Some(read_slots(&file)?) } else { None };
+    Ok(Some((table, slots)))
 }
 
 #[cfg(test)]

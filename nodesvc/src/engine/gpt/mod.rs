@@ -1,7 +1,8 @@
-//! GPT partition tables: the command lines that read and change them
-//! (`sfdisk -J` reads, `sgdisk` writes, `partx` tells the kernel, `wipefs`
-//! erases signatures) and the pure arithmetic of their layout (aligned free
-//! extents, the usable area of a disk that has no table yet).
+//! GPT partition tables: reading them (an intact primary GPT straight from
+//! the disk, [`ondisk`]; any table through `sfdisk -J`), the command
+//! lines that change them (`sfdisk` scripts write, `partx` tells the
+//! kernel) and the pure arithmetic of their layout (aligned free extents,
+//! the usable area of a disk that has no table yet).
 //!
 //! Positions and lengths are in logical sectors of the disk unless a name
 //! says bytes; ranges are half-open (`start..end`).
@@ -13,6 +14,8 @@ use serde::Deserialize;
 
 use super::error::{Error, Result};
 
+pub mod ondisk;
+
 /// Type GUID of every partition we create: "Linux filesystem data"
 /// (sgdisk type code 8300).
 pub const LINUX_DATA_TYPE: &str = "0FC63DAF-8483-4772-8E79-3D69D8477DE4";
@@ -23,7 +26,8 @@ pub const ALIGN_BYTES: u64 = 1 << 20;
 /// Longest partition name GPT can hold, in UTF-16 code units.
 pub const NAME_UNITS: usize = 36;
 
-/// Entries in the tables `sgdisk -o` creates (the GPT default).
+/// Entries in the GPTs we write (the GPT default, also what `sgdisk -o`
+/// makes).
 pub const TABLE_ENTRIES: u64 = 128;
 
 /// Bytes of one partition entry.
@@ -183,8 +187,9 @@ fn aligned(start: u64, end: u64, align: u64) -> Option<Extent> {
     })
 }
 
-/// The usable sectors (`first_lba`, `last_lba` inclusive) that `sgdisk -o`
-/// gives a disk of `total_sectors`: a protective MBR, a header and the
+/// The usable sectors (`first_lba`, `last_lba` inclusive) of a new GPT of
+/// [`TABLE_ENTRIES`] entries (what `sgdisk -o` gives, and what we give
+/// `sfdisk`) a disk of `total_sectors`: a protective MBR, a header and the
 /// entry array at each end. `None` if the disk is too small.
 pub fn new_table_bounds(total_sectors: u64, sector_size: u64) -> Option<(u64, u64)> {
     let array = (TABLE_ENTRIES * ENTRY_BYTES).div_ceil(sector_size.max(1));
@@ -193,7 +198,8 @@ pub fn new_table_bounds(total_sectors: u64, sector_size: u64) -> Option<(u64, u6
     (last >= first).then_some((first, last))
 }
 
-/// Reads a disk's partition table; `None` when it has none.
+/// Reads a disk's partition table with `sfdisk -J`; `None` when it has
+/// none.
 pub async fn read_table(disk: &Path) -> Result<Option<Table>> {
     match sfdisk_json(disk).run().await {
         Ok(out) => parse_sfdisk(&out.stdout).map(Some),
@@ -219,59 +225,96 @@ pub struct NewPartition {
     pub start: u64,
     /// First sector after the partition.
     pub end: u64,
+    /// Partition name; a volume name's characters and `/` only (it is
+    /// written between double quotes).
     pub name: String,
     pub guid: String,
     pub type_guid: String,
 }
 
 impl NewPartition {
-    fn args(&self) -> Vec<String> {
-        let n = self.number;
-        vec![
-            "-n".into(),
-            format!("{n}:{}:{}", self.start, self.end.saturating_sub(1)),
-            "-c".into(),
-            format!("{n}:{}", self.name),
-            "-u".into(),
-            format!("{n}:{}", self.guid),
-            "-t".into(),
-            format!("{n}:{}", self.type_guid),
-        ]
+    /// The partition's fields as one sfdisk script line.
+    fn fields(&self) -> String {
+        debug_assert!(
+            !self.name.contains(['"', '\n', '\\']),
+            "partition names are built from checked volume names"
+        );
+        format!(
+            "start={}, size={}, type={}, uuid={}, name=\"{}\"",
+            self.start,
+            self.end.saturating_sub(self.start),
+            self.type_guid,
+            self.guid,
+            self.name
+        )
     }
 }
 
-/// `sgdisk [-o] -a <align> -n … -c … -u … -t … <disk>`: adds one entry,
-/// first writing a new empty GPT when `new_table`. sgdisk saves nothing
-/// when any step fails.
-pub fn sgdisk_create(disk: &Path, new_table: bool, align: u64, part: &NewPartition) -> Cmd {
-    let mut cmd = Cmd::new("sgdisk");
-    if new_table {
-        cmd = cmd.arg("-o");
-    }
-    cmd.args(["-a".to_string(), align.to_string()])
-        .args(part.args())
-        .arg(disk)
+/// The head of every `sfdisk` command that writes: quiet, and neither
+/// re-reading the table nor telling the kernel (`partx` does that, for the
+/// one entry that changed: a re-read makes kernels without a GPT parser
+/// drop every partition not in use), nor wiping anything we did not ask
+/// for. It writes nothing when any step of its script fails, and unlike
+/// `sgdisk` it does not `sync` the whole machine and sleep a second after
+/// each write.
+fn sfdisk_write() -> Cmd {
+    Cmd::new("sfdisk").args([
+        "--quiet",
+        "--no-reread",
+        "--no-tell-kernel",
+        "--wipe",
+        "never",
+        "--wipe-partitions",
+        "never",
+    ])
 }
 
-/// `sgdisk -d N -n N:… -c … -u … -t … <disk>`: rewrites entry N in one
+/// The usable sectors of a new GPT (`first_lba`, `last_lba` inclusive), as
+/// [`new_table_bounds`] gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewTable {
+    pub first_lba: u64,
+    pub last_lba: u64,
+}
+
+/// `sfdisk --append <disk>` with the entry on stdin: adds entry
+/// `part.number`, or, with `new_table`, writes a new GPT of
+/// [`TABLE_ENTRIES`] entries holding only it. The script names the entry
+/// as `<disk>p<N>`, from which sfdisk takes its number.
+pub fn sfdisk_add(disk: &Path, new_table: Option<NewTable>, part: &NewPartition) -> Cmd {
+    let mut script = String::new();
+    let mut cmd = sfdisk_write();
+    match new_table {
+        Some(t) => script.push_str(&format!(
+            "label: gpt\nfirst-lba: {}\nlast-lba: {}\ntable-length: {TABLE_ENTRIES}\n",
+            t.first_lba, t.last_lba
+        )),
+        None => cmd = cmd.arg("--append"),
+    }
+    script.push_str(&format!(
+        "{}p{} : {}\n",
+        disk.display(),
+        part.number,
+        part.fields()
+    ));
+    cmd.arg(disk).stdin(script)
+}
+
+/// `sfdisk -N N <disk>` with the entry on stdin: rewrites entry N in one
 /// table write (used to move its end; the data is not touched).
-pub fn sgdisk_replace(disk: &Path, align: u64, part: &NewPartition) -> Cmd {
-    Cmd::new("sgdisk")
-        .args([
-            "-a".to_string(),
-            align.to_string(),
-            "-d".to_string(),
-            part.number.to_string(),
-        ])
-        .args(part.args())
+pub fn sfdisk_replace(disk: &Path, part: &NewPartition) -> Cmd {
+    sfdisk_write()
+        .args(["-N".to_string(), part.number.to_string()])
         .arg(disk)
+        .stdin(format!("{}\n", part.fields()))
 }
 
-/// `sgdisk -d N <disk>`: removes entry N.
-pub fn sgdisk_delete(disk: &Path, number: u32) -> Cmd {
-    Cmd::new("sgdisk")
-        .args(["-d".to_string(), number.to_string()])
+/// `sfdisk --delete <disk> N`: removes entry N.
+pub fn sfdisk_delete(disk: &Path, number: u32) -> Cmd {
+    sfdisk_write()
+        .arg("--delete")
         .arg(disk)
+        .arg(number.to_string())
 }
 
 /// `partx -u [--nr N] <disk>`: makes the kernel's partitions match the
@@ -292,26 +335,14 @@ pub fn partx_delete(disk: &Path, number: u32) -> Cmd {
         .arg(disk)
 }
 
-/// `wipefs -a <device>`: erases every signature blkid knows (filesystem,
-/// RAID, partition table). Refuses a device that is mounted or open
-/// exclusively.
-pub fn wipefs_all(device: &Path) -> Cmd {
-    Cmd::new("wipefs").arg("-a").arg(device)
-}
-
-/// True if a command failed because the device is in use.
-pub fn is_busy(stderr: &str) -> bool {
-    stderr.contains("Device or resource busy")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const GPT: &str = include_str!("testdata/sfdisk.json");
-    const GPT_EMPTY: &str = include_str!("testdata/sfdisk-empty.json");
-    const GPT_4K: &str = include_str!("testdata/sfdisk-4k.json");
-    const DOS: &str = include_str!("testdata/sfdisk-dos.json");
+    const GPT: &str = include_str!("../testdata/sfdisk.json");
+    const GPT_EMPTY: &str = include_str!("../testdata/sfdisk-empty.json");
+    const GPT_4K: &str = include_str!("../testdata/sfdisk-4k.json");
+    const DOS: &str = include_str!("../testdata/sfdisk-dos.json");
 
     fn ext(start: u64, len: u64) -> Extent {
         Extent { start, len }
@@ -426,26 +457,38 @@ mod tests {
             guid: "12345678-1234-8234-9234-123456789ABC".into(),
             type_guid: LINUX_DATA_TYPE.into(),
         };
+        let new = NewTable {
+            first_lba: 34,
+            last_lba: 131038,
+        };
+        let quiet =
+            "sfdisk --quiet --no-reread --no-tell-kernel --wipe never --wipe-partitions never";
+        let fields = "start=2048, size=2048, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, uuid=12345678-1234-8234-9234-123456789ABC, name=\"carina.io/v\"";
+        let script = |c: &Cmd| String::from_utf8_lossy(c.input().expect("a script")).into_owned();
+        let add = sfdisk_add(disk, Some(new), &part);
+        assert_eq!(add.line(), format!("{quiet} /dev/loop7"));
         assert_eq!(
-            sgdisk_create(disk, true, 2048, &part).line(),
-            "sgdisk -o -a 2048 -n 2:2048:4095 -c 2:carina.io/v -u 2:12345678-1234-8234-9234-123456789ABC -t 2:0FC63DAF-8483-4772-8E79-3D69D8477DE4 /dev/loop7"
+            script(&add),
+            format!(
+                "label: gpt\nfirst-lba: 34\nlast-lba: 131038\ntable-length: 128\n/dev/loop7p2 : {fields}\n"
+            )
         );
-        assert!(
-            sgdisk_replace(disk, 2048, &part)
-                .line()
-                .starts_with("sgdisk -a 2048 -d 2 -n 2:2048:4095 -c 2:carina.io/v ")
+        let append = sfdisk_add(disk, None, &part);
+        assert_eq!(append.line(), format!("{quiet} --append /dev/loop7"));
+        assert_eq!(script(&append), format!("/dev/loop7p2 : {fields}\n"));
+        let replace = sfdisk_replace(disk, &part);
+        assert_eq!(replace.line(), format!("{quiet} -N 2 /dev/loop7"));
+        assert_eq!(script(&replace), format!("{fields}\n"));
+        assert_eq!(
+            sfdisk_delete(disk, 3).line(),
+            format!("{quiet} --delete /dev/loop7 3")
         );
-        assert_eq!(sgdisk_delete(disk, 3).line(), "sgdisk -d 3 /dev/loop7");
         assert_eq!(partx_update(disk, None).line(), "partx -u /dev/loop7");
         assert_eq!(
             partx_update(disk, Some(4)).line(),
             "partx -u --nr 4 /dev/loop7"
         );
         assert_eq!(partx_delete(disk, 4).line(), "partx -d --nr 4 /dev/loop7");
-        assert_eq!(
-            wipefs_all(Path::new("/dev/loop7p1")).line(),
-            "wipefs -a /dev/loop7p1"
-        );
         assert_eq!(sfdisk_json(disk).line(), "sfdisk -J /dev/loop7");
     }
 }
