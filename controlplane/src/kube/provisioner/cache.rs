@@ -96,12 +96,7 @@ impl Cache {
             *lock(&lv_error) = e;
             tx.send_modify(|n| *n = n.wrapping_add(1));
         });
-        let nsr_error = watch_error.clone();
-        let drive_nsrs = drive(nsr_events, "NodeStorageResources", move |e| {
-            if e.is_some() {
-                *lock(&nsr_error) = e;
-            }
-        });
+        let drive_nsrs = drive(nsr_events, "NodeStorageResources", |_| {});
         let task = tokio::spawn(async move {
             tokio::join!(drive_lvs, drive_nsrs);
         })
@@ -141,7 +136,8 @@ impl Cache {
         lvs.is_some_and(|r| r.is_ok()) && nsrs.is_some_and(|r| r.is_ok())
     }
 
-    /// The last watch error, if the last event was one.
+    /// The last error of the `LogicVolume` watch, if its last event was
+    /// one.
     pub(super) fn watch_error(&self) -> Option<String> {
         lock(&self.watch_error).clone()
     }
@@ -159,17 +155,20 @@ impl Cache {
         }
     }
 
-    /// Chooses with `choose` over `records` plus the reservations of
-    /// creates in flight (a reservation whose object `records` hold, by
-    /// uid, is not counted twice), and reserves the room of the object it
-    /// returns, in one step: no other choice sees that room before it is
-    /// reserved.
+    /// Chooses with `choose` over the `records` read plus the reservations
+    /// of creates in flight (a reservation whose object the records hold,
+    /// by uid, is not counted twice), and reserves the room of the object
+    /// it returns, in one step: no other choice sees that room before it
+    /// is reserved.
     pub(super) fn reserve<T, E>(
         &self,
-        mut records: Records,
+        records: impl FnOnce() -> Records,
         choose: impl FnOnce(&Records) -> Result<(T, LogicVolume), E>,
     ) -> Result<(T, Reservation<'_>), E> {
         let mut reservations = self.reservations();
+        // Read under the lock: a create that ends meanwhile has its object
+        // in these records, or its reservation still held.
+        let mut records = records();
         let known: HashSet<&str> = records
             .lvs
             .iter()
@@ -307,9 +306,10 @@ mod tests {
     /// How many volumes a choice sees, reserving `lv`.
     fn reserve_seeing(cache: &Cache, lv: LogicVolume) -> (usize, Reservation<'_>) {
         cache
-            .reserve(cache.records(), |records| {
-                Ok::<_, ()>((records.lvs.len(), lv))
-            })
+            .reserve(
+                || cache.records(),
+                |records| Ok::<_, ()>((records.lvs.len(), lv)),
+            )
             .expect("chosen")
     }
 
@@ -335,7 +335,7 @@ mod tests {
         let (seen, _) = reserve_seeing(&cache, pending());
         assert_eq!(seen, 1, "the store's copy stays");
         // A refusal reserves nothing.
-        let refused = cache.reserve(cache.records(), |_| Err::<((), LogicVolume), _>("no"));
+        let refused = cache.reserve(|| cache.records(), |_| Err::<((), LogicVolume), _>("no"));
         assert!(refused.is_err());
         let (seen, _) = reserve_seeing(&cache, pending());
         assert_eq!(seen, 1);

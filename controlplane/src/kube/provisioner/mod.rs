@@ -563,18 +563,21 @@ impl KubeProvisioner {
             Ok::<_, CsiError>((target, pending))
         };
         if self.cache.is_ready() {
-            let cached = self.cache.reserve(self.cache.records(), |records| {
-                let placed = choice(records).ok();
-                placed
-                    .filter(|(target, _)| settled(target, records))
-                    .ok_or(())
-            });
+            let cached = self.cache.reserve(
+                || self.cache.records(),
+                |records| {
+                    let placed = choice(records).ok();
+                    placed
+                        .filter(|(target, _)| settled(target, records))
+                        .ok_or(())
+                },
+            );
             if let Ok(placed) = cached {
                 return Ok(placed);
             }
         }
         let records = listed(&self.nsrs, &self.lvs).await?;
-        self.cache.reserve(records, choice)
+        self.cache.reserve(|| records, choice)
     }
 
     /// An object that already holds the name: returned (or waited for) if
