@@ -248,12 +248,12 @@ pub(super) async fn inspect(disk: &Disk) -> Result<DiskView> {
     view_of(&disk, table, sector, &slots)
 }
 
+/// The name record's slots, as read from a disk.
+type Slots = Vec<Option<Slot>>;
+
 /// An intact GPT of the disk at `path` and, if one of its entries carries
 /// our prefix, the name record: one open. Blocking.
-fn read_direct(
-    path: &Path,
-    sector: u64,
-) -> std::io::Result<Option<(gpt::Table, Option<Vec<Option<Slot>>>)>> {
+fn read_direct(path: &Path, sector: u64) -> std::io::Result<Option<(gpt::Table, Option<Slots>)>> {
     let file = std::fs::File::open(path)?;
     let Some(table) = gpt::ondisk::read_from(&file, sector)? else {
         return Ok(None);
