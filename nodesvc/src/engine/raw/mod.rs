@@ -105,6 +105,11 @@ pub struct RawGroup {
     config: GroupConfig,
     /// The disks discovery assigned at the last rescan, by name.
     disks: StdMutex<Vec<Disk>>,
+    /// Those disks held open (read-only) until the next rescan: closing a
+    /// block device's last descriptor drops its page cache, and then every
+    /// look at a table (each create, delete, capacity report) would read
+    /// the device again.
+    held: StdMutex<Vec<std::fs::File>>,
 }
 
 impl RawGroup {
@@ -112,6 +117,7 @@ impl RawGroup {
         RawGroup {
             config,
             disks: StdMutex::new(Vec::new()),
+            held: StdMutex::new(Vec::new()),
         }
     }
 
@@ -380,6 +386,18 @@ impl Backend for RawGroup {
         let mut disks = disks.to_vec();
         disks.sort_by(|a, b| a.name.cmp(&b.name));
         *self.disks.lock().unwrap_or_else(|p| p.into_inner()) = disks.clone();
+        let mut held = Vec::with_capacity(disks.len());
+        for disk in &disks {
+            match tokio::fs::File::open(&disk.path).await {
+                Ok(f) => held.push(f.into_std().await),
+                Err(e) => {
+                    tracing::warn!(disk = %disk.path.display(), error = %e, "cannot hold the disk open")
+                }
+            }
+        }
+        // The old descriptors close only now, so a disk the group keeps
+        // keeps its cache.
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
         // After a restart the kernel may not know the partitions yet.
         for disk in &disks {
             let view = inspect(disk).await?;
