@@ -84,7 +84,7 @@ pub fn parse_header(lba0_1: &[u8], sector: usize) -> Option<Header> {
         entries_crc: le_u32(h, 88),
     };
     let sane = header.entry_bytes >= 128
-        && header.entry_bytes % 8 == 0
+        && header.entry_bytes.is_multiple_of(8)
         && header.array_bytes() <= MAX_ARRAY_BYTES
         && header.entries_lba >= 2
         && header.first_lba <= header.last_lba;
