@@ -60,7 +60,9 @@
 //! its user. A delete first has the kernel forget the partition, which it
 //! refuses while anyone has it open, so nothing is deleted under a user.
 //! A disk read is in-process for an intact GPT, so a create or delete
-//! runs the same two programs as doing it by hand (`sfdisk`, `partx`).
+//! runs the same two programs as doing it by hand (`sfdisk`, `partx`);
+//! the group holds its disks open between rescans, so those reads (and
+//! sfdisk's) come from the page cache.
 
 mod codec;
 #[cfg(test)]
