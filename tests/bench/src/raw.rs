@@ -33,8 +33,11 @@ const SGDISK_ROUNDS: usize = 10;
 
 /// The bare commands on a disk of our own: an entry written by `sfdisk`
 /// (as the engine does: no re-read, no kernel update, no wipe) and the
-/// kernel told by `partx`.
+/// kernel told by `partx`. The disk is held open, as the engine holds its
+/// disks, so the commands read a warm page cache in both.
 struct Floor {
+    /// Closed before the disk is detached (fields drop in order).
+    _held: std::fs::File,
     disk: LoopDisk,
     sector: u64,
 }
@@ -47,7 +50,12 @@ impl Floor {
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(512);
-        Ok(Floor { disk, sector })
+        let held = std::fs::File::open(&disk.path)?;
+        Ok(Floor {
+            _held: held,
+            disk,
+            sector,
+        })
     }
 
     fn path(&self) -> &Path {

@@ -60,7 +60,9 @@
 //! its user. A delete first has the kernel forget the partition, which it
 //! refuses while anyone has it open, so nothing is deleted under a user.
 //! A disk read is in-process for an intact GPT, so a create or delete
-//! runs the same two programs as doing it by hand (`sfdisk`, `partx`).
+//! runs the same two programs as doing it by hand (`sfdisk`, `partx`);
+//! the group holds its disks open between rescans, so those reads (and
+//! sfdisk's) come from the page cache.
 
 mod codec;
 #[cfg(test)]
@@ -105,6 +107,11 @@ pub struct RawGroup {
     config: GroupConfig,
     /// The disks discovery assigned at the last rescan, by name.
     disks: StdMutex<Vec<Disk>>,
+    /// Those disks held open (read-only) until the next rescan: closing a
+    /// block device's last descriptor drops its page cache, and then every
+    /// look at a table (each create, delete, capacity report) would read
+    /// the device again.
+    held: StdMutex<Vec<std::fs::File>>,
 }
 
 impl RawGroup {
@@ -112,6 +119,7 @@ impl RawGroup {
         RawGroup {
             config,
             disks: StdMutex::new(Vec::new()),
+            held: StdMutex::new(Vec::new()),
         }
     }
 
@@ -205,6 +213,16 @@ impl RawGroup {
             };
             write_slot(path, number, Some(&slot)).await?;
         }
+        // Whether the new partition's ends already read as zeros is read
+        // from the disk while sfdisk runs: for a fresh area the wipe after
+        // partx then costs nothing.
+        let zeroed = {
+            let disk = path.clone();
+            let (offset, len) = (view.bytes(entry.start), view.bytes(entry.end - entry.start));
+            tokio::task::spawn_blocking(move || {
+                blockdev::range_ends_are_zero(&disk, offset, len, WIPE_BYTES)
+            })
+        };
         // A blank view's bounds are those of the new table.
         let new_table = view.blank.then_some(gpt::NewTable {
             first_lba: view.first_lba,
@@ -217,7 +235,12 @@ impl RawGroup {
             }
             return Err(e.into());
         }
-        match self.finish_create(view, &entry, volume, exclusive).await {
+        // An error or a failed task only means the wipe reads for itself.
+        let zeroed = matches!(zeroed.await, Ok(Ok(true)));
+        match self
+            .finish_create(view, &entry, volume, exclusive, zeroed)
+            .await
+        {
             Ok(v) => Ok(v),
             Err(e) => {
                 undo_create(view, number).await;
@@ -232,6 +255,7 @@ impl RawGroup {
         entry: &gpt::NewPartition,
         volume: &str,
         exclusive: bool,
+        zeroed: bool,
     ) -> Result<Volume> {
         sync_kernel(&view.disk, Some(entry.number), &view.numbers()).await?;
         let node = wait_node(&view.disk.name, entry.number)
@@ -239,7 +263,9 @@ impl RawGroup {
             .ok_or_else(|| no_node("create", volume, view, entry.number))?;
         // An old filesystem at this offset must not reach the new user.
         let size_bytes = view.bytes(entry.end - entry.start);
-        zero_ends(&node, size_bytes).await?;
+        if !zeroed {
+            zero_ends(&node, size_bytes).await?;
+        }
         let (major, minor) = devnum::of_path(&node)?;
         Ok(Volume {
             name: volume.to_string(),
@@ -380,6 +406,18 @@ impl Backend for RawGroup {
         let mut disks = disks.to_vec();
         disks.sort_by(|a, b| a.name.cmp(&b.name));
         *self.disks.lock().unwrap_or_else(|p| p.into_inner()) = disks.clone();
+        let mut held = Vec::with_capacity(disks.len());
+        for disk in &disks {
+            match tokio::fs::File::open(&disk.path).await {
+                Ok(f) => held.push(f.into_std().await),
+                Err(e) => {
+                    tracing::warn!(disk = %disk.path.display(), error = %e, "cannot hold the disk open")
+                }
+            }
+        }
+        // The old descriptors close only now, so a disk the group keeps
+        // keeps its cache.
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
         // After a restart the kernel may not know the partitions yet.
         for disk in &disks {
             let view = inspect(disk).await?;

@@ -223,7 +223,7 @@ pub(super) async fn inspect(disk: &Disk) -> Result<DiskView> {
         None => None,
     };
     let (table, slots) = match direct {
-        Some((table, slots)) => (Some(table), slots),
+        Some(Direct { table, slots }) => (Some(table), slots),
         None => {
             disks::probe(&mut disk).await?;
             let table = match disk.pttype {
@@ -248,12 +248,16 @@ pub(super) async fn inspect(disk: &Disk) -> Result<DiskView> {
     view_of(&disk, table, sector, &slots)
 }
 
-/// The name record's slots, as read from a disk.
-type Slots = Vec<Option<Slot>>;
+/// What one open of a disk with an intact GPT gives: the table and, if
+/// one of its entries carries our prefix, the name record.
+struct Direct {
+    table: gpt::Table,
+    slots: Option<Vec<Option<Slot>>>,
+}
 
-/// An intact GPT of the disk at `path` and, if one of its entries carries
-/// our prefix, the name record: one open. Blocking.
-fn read_direct(path: &Path, sector: u64) -> std::io::Result<Option<(gpt::Table, Option<Slots>)>> {
+/// [`Direct`] for the disk at `path`, `None` without an intact GPT.
+/// Blocking.
+fn read_direct(path: &Path, sector: u64) -> std::io::Result<Option<Direct>> {
     let file = std::fs::File::open(path)?;
     let Some(table) = gpt::ondisk::read_from(&file, sector)? else {
         return Ok(None);
@@ -263,7 +267,7 @@ fn read_direct(path: &Path, sector: u64) -> std::io::Result<Option<(gpt::Table, 
         .iter()
         .any(|p| p.name.starts_with(PARTITION_PREFIX));
     let slots = if ours { Some(read_slots(&file)?) } else { None };
-    Ok(Some((table, slots)))
+    Ok(Some(Direct { table, slots }))
 }
 
 #[cfg(test)]
