@@ -278,6 +278,46 @@ impl Drop for VgGuard {
         for dev in &devs {
             let _ = lvm(&devs, &["pvremove", "-ff", "-y", dev]);
         }
+        forget_vg_metadata(&self.name);
+    }
+}
+
+/// Removes the metadata backups LVM keeps of the volume group `name`
+/// (`backup/archive_dir` and `backup/backup_dir`). Every test makes
+/// volume groups with unique names; without this each leaves files
+/// behind, and LVM commands slow down as the archive grows.
+pub fn forget_vg_metadata(name: &str) {
+    static DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    let dirs = DIRS.get_or_init(|| {
+        let out = run(
+            "lvmconfig",
+            &["--typeconfig", "full", "backup/archive_dir", "backup/backup_dir"],
+        )
+        .unwrap_or_default();
+        out.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(_, v)| PathBuf::from(v.trim().trim_matches('"')))
+            .collect()
+    });
+    for dir in dirs {
+        let _ = std::fs::remove_file(dir.join(name));
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(name)) else {
+                continue;
+            };
+            // `<vg>_<seqno>-<random>.vg`
+            let is_archive = rest
+                .strip_prefix('_')
+                .and_then(|r| r.strip_suffix(".vg"))
+                .is_some_and(|r| r.chars().all(|c| c.is_ascii_digit() || c == '-'));
+            if is_archive {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
