@@ -21,6 +21,7 @@ pub mod quota;
 pub mod raw;
 mod scan;
 pub mod volume;
+pub mod wipe;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

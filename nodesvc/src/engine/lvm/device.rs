@@ -12,10 +12,6 @@ use crate::engine::error::{Error, Result};
 
 use super::report::{Lv, VgSnapshot};
 
-/// How many bytes at each end of a new volume are zeroed, so an old
-/// filesystem signature never shows through to the next user.
-const WIPE_BYTES: u64 = 512 << 10;
-
 /// How this group's LVs become block devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -73,31 +69,4 @@ pub(super) fn ensure_unused(dev: &Path, volume: &str) -> Result<()> {
         }),
         Err(e) => Err(Error::io("open", dev, e)),
     }
-}
-
-/// Zeroes the first and last [`WIPE_BYTES`] of a new device.
-pub(super) async fn wipe_ends(device: &Path, size: u64) -> Result<()> {
-    use tokio::io::{AsyncSeekExt, AsyncWriteExt};
-    let mut f = tokio::fs::OpenOptions::new()
-        .write(true)
-        .open(device)
-        .await
-        .map_err(|e| Error::io("open", device, e))?;
-    let n = WIPE_BYTES.min(size);
-    let zeros = vec![0u8; n as usize];
-    f.write_all(&zeros)
-        .await
-        .map_err(|e| Error::io("wipe", device, e))?;
-    if size > n {
-        f.seek(std::io::SeekFrom::Start(size - n))
-            .await
-            .map_err(|e| Error::io("seek", device, e))?;
-        f.write_all(&zeros)
-            .await
-            .map_err(|e| Error::io("wipe", device, e))?;
-    }
-    f.sync_all()
-        .await
-        .map_err(|e| Error::io("sync", device, e))?;
-    Ok(())
 }

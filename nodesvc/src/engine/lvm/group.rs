@@ -20,9 +20,10 @@ use crate::engine::disks::Disk;
 use crate::engine::error::{Error, Result};
 use crate::engine::names;
 use crate::engine::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
+use crate::engine::wipe::zero_ends;
 
 use super::cli::{OWNER_TAG, extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
-use super::device::{self, Mode, dm_path, ensure_unused, wipe_ends};
+use super::device::{self, Mode, dm_path, ensure_unused};
 use super::report::{Lv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
 use super::runner::LvmRunner;
 
@@ -250,7 +251,7 @@ impl LvmGroup {
         };
         let result = async {
             let device = self.expose(&snap, &lv, None).await?;
-            wipe_ends(&device, lv.size).await?;
+            zero_ends(&device, lv.size).await?;
             self.volume(&lv, device)
         }
         .await;

@@ -96,10 +96,8 @@ pub use record::{RECORD_OFFSET, SLOT_BYTES, SLOTS, Slot, decode_slot, encode_slo
 /// Allocation unit and alignment of partitions, in bytes.
 pub const UNIT_BYTES: u64 = gpt::ALIGN_BYTES;
 
-/// How many bytes at each end of a new partition are made to read as
-/// zeros (as for new LVM volumes): every Linux filesystem, LVM and RAID
-/// signature lies there.
-pub const WIPE_BYTES: u64 = 512 << 10;
+pub use crate::engine::wipe::WIPE_BYTES;
+use crate::engine::wipe::zero_ends;
 
 /// A RAW device group.
 #[derive(Debug)]
@@ -318,17 +316,6 @@ fn no_node(operation: &'static str, volume: &str, view: &DiskView, number: u32) 
     }
 }
 
-/// Makes the first and last [`WIPE_BYTES`] of the device `dev` (`size`
-/// bytes) read as zeros ([`blockdev::zero_ends`]).
-async fn zero_ends(dev: &std::path::Path, size: u64) -> Result<()> {
-    let path = dev.to_path_buf();
-    tokio::task::spawn_blocking(move || blockdev::zero_ends(&path, size, WIPE_BYTES))
-        .await
-        .map_err(|e| Error::task("zeroing the ends of a device", e))?
-        .map_err(|e| Error::io("zero the ends of", dev, e))?;
-    Ok(())
-}
-
 /// Removes the table of a disk whose partitions are all gone (from the
 /// table and the kernel), so it is blank again: its ends, where the
 /// protective MBR, both GPT headers and entry arrays and any other
@@ -336,7 +323,23 @@ async fn zero_ends(dev: &std::path::Path, size: u64) -> Result<()> {
 /// -a` would do as much, then sleep a quarter second before asking the
 /// kernel to re-read a table it needs no news of.)
 async fn blank_again(view: &DiskView) -> Result<()> {
-    zero_ends(&view.disk.path, view.disk.size_bytes).await
+    zero_ends(&view.disk.path, view.disk.size_bytes)
+        .await
+        .map(drop)
+}
+
+/// Removes entry `number` from the table of `view`'s disk: when it is the
+/// disk's `only` entry the table goes with it ([`blank_again`]), else
+/// sfdisk deletes the one entry.
+async fn remove_entry(view: &DiskView, number: u32, only: bool) -> Result<()> {
+    if only {
+        return blank_again(view).await;
+    }
+    gpt::sfdisk_delete(&view.disk.path, number)
+        .run()
+        .await
+        .map(drop)
+        .map_err(Error::from)
 }
 
 /// Best-effort removal of a partition `make` wrote: slot, entry (or the
@@ -349,16 +352,7 @@ async fn undo_create(view: &DiskView, number: u32) {
         tracing::error!(disk = %path.display(), error = %e, "undo: clearing the name slot failed");
     }
     let _ = gpt::partx_delete(path, number).run().await;
-    let undo = if view.blank {
-        blank_again(view).await
-    } else {
-        gpt::sfdisk_delete(path, number)
-            .run()
-            .await
-            .map(drop)
-            .map_err(Error::from)
-    };
-    if let Err(e) = undo {
+    if let Err(e) = remove_entry(view, number, view.blank).await {
         tracing::error!(disk = %path.display(), partition = number, error = %e, "undo: removing the partition failed");
         return;
     }
@@ -555,16 +549,7 @@ impl Backend for RawGroup {
         // The disk's only entry goes with its table, so it is blank again
         // for discovery.
         let last = view.parts.len() == 1;
-        let removed = if last {
-            blank_again(view).await
-        } else {
-            gpt::sfdisk_delete(path, number)
-                .run()
-                .await
-                .map(drop)
-                .map_err(Error::from)
-        };
-        if let Err(e) = removed {
+        if let Err(e) = remove_entry(view, number, last).await {
             // Still in the table: the kernel gets it back.
             let _ = sync_kernel(&view.disk, Some(number), &view.numbers()).await;
             return Err(e);
