@@ -1,6 +1,7 @@
 //! Engine tests for LVM groups on real loop devices (loop activation when
 //! the kernel has no device-mapper).
 
+use carina_node::engine::lvm::OWNER_TAG;
 use carina_node::engine::{Error, Policy, Volume};
 use carina_tests::engine::{EngineFixture, assert_not_found, engine_over};
 use carina_tests::{MountGuard, blockdev_size, lvm, run};
@@ -307,4 +308,59 @@ async fn wiped_on_create() {
         "no old filesystem shows through: {}",
         String::from_utf8_lossy(&probe.stdout)
     );
+}
+
+/// An LV of ours the engine has no record of is what a create leaves
+/// whose lvcreate committed but whose answer never came (the shell died
+/// or the time limit fired). The retry of that create (same name and
+/// size) finishes it, exposed and wiped as a create would have, instead
+/// of refusing the name; another size is still a conflict.
+#[tokio::test]
+async fn a_retry_finishes_a_create_whose_answer_was_lost() {
+    let Some(f) = lvm_fixture("lost", &[128 * MIB], 0).await else {
+        return;
+    };
+    // An old filesystem on the extents the leftover will take.
+    let old = dev_arg(&f.create(f.req("old", 32 * MIB)).await);
+    run("mkfs.ext4", &["-q", "-F", &old]).expect("mkfs");
+    f.engine.delete_volume("old").await.expect("delete");
+    // The lvcreate of the lost create, as the engine runs it.
+    let dev = f.disks[0].dev();
+    lvm(
+        &[&dev],
+        &[
+            "lvcreate",
+            "-q",
+            "-an",
+            "-Zn",
+            "-Wn",
+            "--driverloaded",
+            "n",
+            "--addtag",
+            OWNER_TAG,
+            "-L",
+            "32m",
+            "-n",
+            "lost",
+            &f.group,
+        ],
+    )
+    .expect("lvcreate");
+
+    let err = f.refused(f.req("lost", 16 * MIB)).await;
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
+    let lost = f.create(f.req("lost", 32 * MIB)).await;
+    assert_eq!(lost.size_bytes, 32 * MIB);
+    let probe = std::process::Command::new("blkid")
+        .args(["-p", &dev_arg(&lost)])
+        .output()
+        .expect("blkid");
+    assert_eq!(
+        probe.status.code(),
+        Some(2),
+        "the old filesystem does not show through: {}",
+        String::from_utf8_lossy(&probe.stdout)
+    );
+    assert_eq!(f.names().await, ["lost"]);
+    assert_eq!(f.create(f.req("lost", 32 * MIB)).await, lost, "a repeat");
 }

@@ -237,8 +237,7 @@ impl LvmGroup {
             .await;
         if let Err(e) = created {
             // Our picture was stale (someone else allocated): re-read it.
-            self.invalidate();
-            return Err(map_lvcreate_error(e, || self.exhausted(size, snap)));
+            return self.after_failed_lvcreate(req, e, snap).await;
         }
         self.update(|s| s.allocate(&req.name, &pv, start, extents, vec![OWNER_TAG.to_string()]));
         let snap = self.snapshot().await?;
@@ -270,6 +269,48 @@ impl LvmGroup {
         }
     }
 
+    /// A create of a name the VG already holds as `lv` (the engine knows
+    /// no volume of that name). An LV of ours of the requested size is
+    /// what a create whose lvcreate committed but whose answer never came
+    /// (the shell died, the time limit fired) leaves: nobody was given it,
+    /// so this create finishes it, exposed and wiped as a create would
+    /// have. Anything else (foreign, or another size) is a conflict.
+    async fn same_name(&self, req: &CreateRequest, snap: &VgSnapshot, lv: &Lv) -> Result<Volume> {
+        if !(lv.owned() && lv.size == req.size_bytes) {
+            return Err(Error::AlreadyExists {
+                name: req.name.clone(),
+                group: self.config.name.clone(),
+                existing_bytes: lv.size,
+                requested_bytes: req.size_bytes,
+            });
+        }
+        tracing::info!(lvm.lv = %req.name, "finishing an earlier create whose answer was lost");
+        let device = self.expose(snap, lv, None).await?;
+        zero_ends(&device, lv.size).await?;
+        self.volume(lv, device)
+    }
+
+    /// After lvcreate failed: a fresh look at the VG, and if an LV of the
+    /// name is there after all (our picture missed it), the decision of
+    /// [`Self::same_name`]; else the command's error.
+    async fn after_failed_lvcreate(
+        &self,
+        req: &CreateRequest,
+        e: CommandError,
+        snap: &VgSnapshot,
+    ) -> Result<Volume> {
+        self.invalidate();
+        if e.stderr().contains("already exists")
+            && let Ok(fresh) = self.snapshot().await
+            && let Some(lv) = fresh.lvs.get(&req.name).cloned()
+        {
+            return self.same_name(req, &fresh, &lv).await;
+        }
+        Err(map_lvcreate_error(e, || {
+            self.exhausted(req.size_bytes, snap)
+        }))
+    }
+
     async fn create_dm(&self, req: &CreateRequest, size: u64, snap: &VgSnapshot) -> Result<Volume> {
         let created = self
             .run(
@@ -281,8 +322,10 @@ impl LvmGroup {
                     .arg(self.vg()),
             )
             .await;
+        if let Err(e) = created {
+            return self.after_failed_lvcreate(req, e, snap).await;
+        }
         self.invalidate();
-        created.map_err(|e| map_lvcreate_error(e, || self.exhausted(size, snap)))?;
         let snap = self.refresh().await?;
         let lv =
             snap.lvs.get(&req.name).cloned().ok_or_else(|| {
@@ -377,13 +420,8 @@ impl Backend for LvmGroup {
         }
         // The engine knows no volume of ours by this name; a foreign LV of
         // that name is in the VG only, so this check is ours.
-        if let Some(lv) = snap.lvs.get(&req.name) {
-            return Err(Error::AlreadyExists {
-                name: req.name.clone(),
-                group: self.config.name.clone(),
-                existing_bytes: lv.size,
-                requested_bytes: req.size_bytes,
-            });
+        if let Some(lv) = snap.lvs.get(&req.name).cloned() {
+            return self.same_name(req, &snap, &lv).await;
         }
         // Already rounded to the extent size by the engine (round_size).
         let size = req.size_bytes;
