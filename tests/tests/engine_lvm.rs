@@ -364,3 +364,42 @@ async fn a_retry_finishes_a_create_whose_answer_was_lost() {
     assert_eq!(f.names().await, ["lost"]);
     assert_eq!(f.create(f.req("lost", 32 * MIB)).await, lost, "a repeat");
 }
+
+/// Listing while volumes come and go never leaves a loop device behind:
+/// a list that read the VG before a delete must not attach a loop for the
+/// volume the delete is removing (it would outlive the LV, over freed
+/// extents). Lists run back to back against create/delete cycles; at the
+/// end, with every volume deleted, no loop device is left on the PV.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_during_deletes_leave_no_loop_behind() {
+    let Some(f) = lvm_fixture("list-race", &[128 * MIB], 0).await else {
+        return;
+    };
+    let f = std::sync::Arc::new(f);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let (f, stop) = (f.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut lists = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.engine.list_volumes(None).await.expect("list");
+                lists += 1;
+            }
+            lists
+        })
+    };
+    for i in 0..40 {
+        let name = format!("v{i}");
+        f.create(f.req(&name, 4 * MIB)).await;
+        f.engine.delete_volume(&name).await.expect("delete");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let lists = lister.await.expect("lister");
+    assert!(lists > 0);
+    assert_eq!(f.names().await, Vec::<String>::new());
+    let left = carina_tests::loops_backed_by(&f.disks[0].dev());
+    assert!(
+        left.is_empty(),
+        "loop devices left on the PV after {lists} lists: {left:?}"
+    );
+}

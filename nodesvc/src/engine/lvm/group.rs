@@ -46,6 +46,12 @@ pub struct LvmGroup {
     state: Mutex<LvmState>,
     /// The node's `lvm` runner, shared by its groups.
     runner: Arc<LvmRunner>,
+    /// Held while loop devices are attached or detached, together with
+    /// the look at the VG that decided it: a list that read the VG before
+    /// a delete must not attach a loop for the LV being removed (it would
+    /// outlive the LV, over freed extents), and two exposures of one LV
+    /// must not attach two loops. Taken after the engine's group lock.
+    exposure: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +65,14 @@ struct LvmState {
     /// invalidation (a VG's extent size does not change), so
     /// [`Backend::round_size`] always rounds to the real unit.
     extent_size: Option<u64>,
+    /// Bumped whenever we start or finish changing the VG. A refresh
+    /// keeps what it read only if no change began or ended while it read
+    /// (reads run beside our serialised changes): a report taken just
+    /// before an lvcreate would hide the new LV, and one taken just after
+    /// it would be applied a second time by the change's own update.
+    generation: u64,
+    /// Between the start of a change's command and its update.
+    changing: bool,
 }
 
 impl LvmGroup {
@@ -87,6 +101,7 @@ impl LvmGroup {
             mode,
             state: Mutex::new(LvmState::default()),
             runner,
+            exposure: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -124,6 +139,7 @@ impl LvmGroup {
 
     /// Reads the VG from LVM and caches it.
     async fn refresh(&self) -> Result<VgSnapshot> {
+        let generation = self.lock().generation;
         let out = self
             .run(self.cmd("pvs").args(pvsegs_args(self.vg())))
             .await?;
@@ -132,7 +148,9 @@ impl LvmGroup {
         if snap.extent_size > 0 {
             state.extent_size = Some(snap.extent_size);
         }
-        state.snapshot = Some(snap.clone());
+        if !state.changing && state.generation == generation {
+            state.snapshot = Some(snap.clone());
+        }
         Ok(snap)
     }
 
@@ -144,14 +162,38 @@ impl LvmGroup {
         }
     }
 
+    /// Applies a change that succeeded to the cached picture.
     fn update<F: FnOnce(&mut VgSnapshot)>(&self, f: F) {
-        if let Some(s) = self.lock().snapshot.as_mut() {
+        let mut state = self.lock();
+        if let Some(s) = state.snapshot.as_mut() {
             f(s);
         }
+        state.changing = false;
+        state.generation += 1;
     }
 
+    /// Drops the cached picture (also ends a change).
     fn invalidate(&self) {
-        self.lock().snapshot = None;
+        let mut state = self.lock();
+        state.snapshot = None;
+        state.changing = false;
+        state.generation += 1;
+    }
+
+    /// Runs a command that changes the VG. On success the caller ends the
+    /// change with [`Self::update`] or [`Self::invalidate`]; a failure
+    /// invalidates here.
+    async fn change(&self, cmd: Cmd) -> Result<Output, CommandError> {
+        {
+            let mut state = self.lock();
+            state.changing = true;
+            state.generation += 1;
+        }
+        let result = self.run(cmd).await;
+        if result.is_err() {
+            self.invalidate();
+        }
+        result
     }
 
     /// The block device of an LV, attaching its loop device if needed.
@@ -195,7 +237,7 @@ impl LvmGroup {
     async fn roll_back(&self, name: &str) {
         let lv = format!("{}/{}", self.vg(), name);
         if let Err(e) = self
-            .run(self.cmd("lvremove").args(["-f", "-y"]).arg(&lv))
+            .change(self.cmd("lvremove").args(["-f", "-y"]).arg(&lv))
             .await
         {
             tracing::error!(lvm.lv = %lv, error = %e, "rollback of a half-created LV failed");
@@ -215,7 +257,7 @@ impl LvmGroup {
             .ok_or_else(|| self.exhausted(size, snap))?;
         let range = extent_range(&pv, start, extents);
         let created = self
-            .run(
+            .change(
                 self.cmd("lvcreate")
                     .args([
                         "-q",
@@ -249,7 +291,10 @@ impl LvmGroup {
             ));
         };
         let result = async {
-            let device = self.expose(&snap, &lv, None).await?;
+            let device = {
+                let _exposing = self.exposure.lock().await;
+                self.expose(&snap, &lv, None).await?
+            };
             zero_ends(&device, lv.size).await?;
             self.volume(&lv, device)
         }
@@ -285,7 +330,10 @@ impl LvmGroup {
             });
         }
         tracing::info!(lvm.lv = %req.name, "finishing an earlier create whose answer was lost");
-        let device = self.expose(snap, lv, None).await?;
+        let device = {
+            let _exposing = self.exposure.lock().await;
+            self.expose(snap, lv, None).await?
+        };
         zero_ends(&device, lv.size).await?;
         self.volume(lv, device)
     }
@@ -313,7 +361,7 @@ impl LvmGroup {
 
     async fn create_dm(&self, req: &CreateRequest, size: u64, snap: &VgSnapshot) -> Result<Volume> {
         let created = self
-            .run(
+            .change(
                 self.cmd("lvcreate")
                     .args(["-q", "-y", "-ay", "-Zy", "-Wy", "--addtag", OWNER_TAG, "-L"])
                     .arg(format!("{size}b"))
@@ -381,7 +429,8 @@ impl Backend for LvmGroup {
             for d in &new {
                 cmd = cmd.arg(&d.path);
             }
-            self.run(cmd).await?;
+            self.change(cmd).await?;
+            self.invalidate();
             tracing::info!(lvm.vg = %self.vg(), disks = ?new.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "{sub}");
         }
         let snap = if new.is_empty() {
@@ -398,6 +447,7 @@ impl Backend for LvmGroup {
                     .await?;
             }
             Mode::Loop => {
+                let _exposing = self.exposure.lock().await;
                 let loops = loopdev::list().await?;
                 for lv in snap.owned_lvs() {
                     if let Err(e) = self.expose(&snap, lv, Some(&loops)).await {
@@ -435,6 +485,7 @@ impl Backend for LvmGroup {
     }
 
     async fn get(&self, name: &str) -> Result<Option<Volume>> {
+        let _exposing = self.exposure.lock().await;
         let snap = self.snapshot().await?;
         let Some(lv) = snap.lvs.get(name).filter(|lv| lv.owned()) else {
             return Ok(None);
@@ -444,6 +495,7 @@ impl Backend for LvmGroup {
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
+        let _exposing = self.exposure.lock().await;
         let snap = self.refresh().await?;
         let loops = match self.mode {
             Mode::Loop => Some(loopdev::list().await?),
@@ -458,6 +510,8 @@ impl Backend for LvmGroup {
     }
 
     async fn resize(&self, name: &str, size_bytes: u64) -> Result<Volume> {
+        // A list's exposure must not set the loop back to the old size.
+        let _exposing = self.exposure.lock().await;
         let snap = self.refresh().await?;
         let lv = snap
             .lvs
@@ -498,7 +552,7 @@ impl Backend for LvmGroup {
                 .args(["--alloc", "contiguous"])
                 .arg(extent_range(&pv, start + len, extra));
         }
-        let result = self.run(cmd).await;
+        let result = self.change(cmd).await;
         self.invalidate();
         result.map_err(|e| map_lvcreate_error(e, || self.exhausted(growth, &snap)))?;
         let snap = self.refresh().await?;
@@ -514,6 +568,7 @@ impl Backend for LvmGroup {
     }
 
     async fn delete(&self, name: &str) -> Result<()> {
+        let _exposing = self.exposure.lock().await;
         let snap = self.snapshot().await?;
         let Some(lv) = snap.lvs.get(name).filter(|lv| lv.owned()).cloned() else {
             return Err(Error::VolumeNotFound {
@@ -536,7 +591,7 @@ impl Backend for LvmGroup {
             }
         }
         let result = self
-            .run(self.cmd("lvremove").args(["-q", "-f", "-y"]).arg(format!(
+            .change(self.cmd("lvremove").args(["-q", "-f", "-y"]).arg(format!(
                 "{}/{}",
                 self.vg(),
                 name
