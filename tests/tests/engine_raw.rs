@@ -572,3 +572,61 @@ async fn an_open_partition_is_not_deleted() {
     f.engine.delete_volume("other").await.expect("delete");
     assert_eq!(entries(&f.disks[0]), None, "blank again");
 }
+
+/// Kernel partitions of the disk `dev` (`/dev/loop3` → `loop3p1`, ...).
+fn kernel_partitions(dev: &str) -> Vec<String> {
+    let name = Path::new(dev)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Ok(entries) = std::fs::read_dir(format!("/sys/block/{name}")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("{name}p")))
+        .collect()
+}
+
+/// Listing while volumes come and go never leaves a kernel partition
+/// behind: a list that read a disk's table before a delete must not give
+/// the kernel back the partition the delete is removing. Lists run back
+/// to back against create/delete cycles; at the end, with every volume
+/// deleted, the disk has no partition left in the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_during_deletes_leave_no_partition_behind() {
+    let Some(f) = raw_fixture("list-race", &[128 * MIB], 0).await else {
+        return;
+    };
+    let f = std::sync::Arc::new(f);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let (f, stop) = (f.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut lists = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.engine.list_volumes(None).await.expect("list");
+                lists += 1;
+            }
+            lists
+        })
+    };
+    // A second volume stays, so deletes take the one-entry path too.
+    f.create(f.req("stays", 4 * MIB)).await;
+    for i in 0..40 {
+        let name = format!("v{i}");
+        f.create(f.req(&name, 4 * MIB)).await;
+        f.engine.delete_volume(&name).await.expect("delete");
+    }
+    f.engine.delete_volume("stays").await.expect("delete");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let lists = lister.await.expect("lister");
+    assert!(lists > 0);
+    assert_eq!(f.names().await, Vec::<String>::new());
+    let left = kernel_partitions(&f.disks[0].dev());
+    assert!(
+        left.is_empty(),
+        "kernel partitions left after {lists} lists: {left:?}"
+    );
+}

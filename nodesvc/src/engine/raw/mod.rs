@@ -110,6 +110,12 @@ pub struct RawGroup {
     /// look at a table (each create, delete, capacity report) would read
     /// the device again.
     held: StdMutex<Vec<std::fs::File>>,
+    /// Held by every look at the tables and every change of them. Reads
+    /// (list, get, capacity) run beside the engine's serialised changes,
+    /// and one that read a table mid-change would see it half-written, or
+    /// give the kernel back a partition a delete had just taken away.
+    /// Taken after the engine's group lock.
+    tables: tokio::sync::Mutex<()>,
 }
 
 impl RawGroup {
@@ -118,6 +124,7 @@ impl RawGroup {
             config,
             disks: StdMutex::new(Vec::new()),
             held: StdMutex::new(Vec::new()),
+            tables: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -397,6 +404,7 @@ impl Backend for RawGroup {
     }
 
     async fn rescan(&self, disks: &[Disk]) -> Result<()> {
+        let _tables = self.tables.lock().await;
         let mut disks = disks.to_vec();
         disks.sort_by(|a, b| a.name.cmp(&b.name));
         *self.disks.lock().unwrap_or_else(|p| p.into_inner()) = disks.clone();
@@ -423,6 +431,7 @@ impl Backend for RawGroup {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
+        let _tables = self.tables.lock().await;
         // Rounded to UNIT_BYTES, and a name no volume has: the engine's checks.
         let size = req.size_bytes;
         let views = self.views().await?;
@@ -437,6 +446,7 @@ impl Backend for RawGroup {
     }
 
     async fn get(&self, name: &str) -> Result<Option<Volume>> {
+        let _tables = self.tables.lock().await;
         for view in self.views().await? {
             if let Some((part, owner)) = view.find(name) {
                 return self.volume(&view, part, owner).await.map(Some);
@@ -446,6 +456,7 @@ impl Backend for RawGroup {
     }
 
     async fn list(&self) -> Result<Vec<Volume>> {
+        let _tables = self.tables.lock().await;
         let mut out = Vec::new();
         for view in self.views().await? {
             for (part, owner) in view.owned() {
@@ -457,6 +468,7 @@ impl Backend for RawGroup {
     }
 
     async fn resize(&self, name: &str, size: u64) -> Result<Volume> {
+        let _tables = self.tables.lock().await;
         // Rounded to UNIT_BYTES and larger than the volume: the engine's checks.
         let views = self.views().await?;
         let (view, part, owner) = find_volume(&views, name)?;
@@ -527,6 +539,7 @@ impl Backend for RawGroup {
     }
 
     async fn delete(&self, name: &str) -> Result<()> {
+        let _tables = self.tables.lock().await;
         let views = self.views().await?;
         let (view, part, _) = find_volume(&views, name)?;
         let number = part.entry.number;
@@ -571,6 +584,7 @@ impl Backend for RawGroup {
     }
 
     async fn capacity(&self) -> Result<GroupCapacity> {
+        let _tables = self.tables.lock().await;
         let views = self.views().await?;
         let total_bytes = views
             .iter()
