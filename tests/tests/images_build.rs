@@ -6,13 +6,15 @@
 //! the node's with LVM set up for a container.
 //!
 //! Needs root, mmdebstrap and skopeo (`make deps`) and the apt sources.
-//! Loading into containerd is part of the real-node tests.
+//! Last, containerd (from `tests/tools/build.sh containerd`, run privately)
+//! imports each archive and reports the reference and digest we state.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
-use carina_tests::{have_root, run};
+use carina_tests::containerd::{Containerd, import};
+use carina_tests::{have_root, run, unique};
 use serde_json::Value;
 
 /// One row of `images.tsv`.
@@ -217,5 +219,26 @@ fn images_are_reproducible_and_run() -> Result<()> {
     }
     let version = in_root(&node, &["lvm", "version"])?;
     assert!(version.contains("LVM version"), "{version}");
+
+    // containerd takes each archive as it is: the reference from the
+    // index's annotation, the manifest digest we state, every blob present.
+    let mut containerd = Containerd::start()?;
+    let namespace = unique("images");
+    for (name, image) in &built {
+        let archive = first.join(format!("{name}.oci.tar"));
+        let listed = import(&mut containerd, &namespace, &archive)?;
+        assert!(
+            listed.contains(&(image.reference.clone(), image.manifest_digest.clone())),
+            "{name}: containerd lists {listed:?}, want {} at {}",
+            image.reference,
+            image.manifest_digest
+        );
+        let filter = format!("name=={}", image.reference);
+        let check = containerd.ctr(&namespace, &["images", "check", &filter])?;
+        assert!(
+            check.contains("complete"),
+            "{name}: ctr images check: {check}"
+        );
+    }
     Ok(())
 }

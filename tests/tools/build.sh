@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build the upstream Go programs carina's tests run against (csi-sanity, etcd,
-# the Kubernetes control plane, external-provisioner, jaeger) from the Go module
-# proxy into a versioned cache outside the clone.  See tests/tools/README.md.
+# the Kubernetes control plane, external-provisioner, jaeger, containerd) from
+# the Go module proxy into a versioned cache outside the clone.  See
+# tests/tools/README.md.
 #
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
 #   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir, no build
 #
-# TOOL: csi-sanity | etcd | kube | csi-provisioner | jaeger | all
+# TOOL: csi-sanity | etcd | kube | csi-provisioner | jaeger | containerd | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -15,11 +16,12 @@ ETCD_VERSION=v3.6.16            # go.etcd.io/etcd/server/v3
 KUBE_VERSION=v1.36.3            # k8s.io/kubernetes (staging modules v0.36.3)
 CSI_PROVISIONER_VERSION=v6.3.0  # github.com/kubernetes-csi/external-provisioner/v6
 JAEGER_VERSION=v1.76.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
+CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
 
-TOOLS=(csi-sanity etcd kube csi-provisioner jaeger)
+TOOLS=(csi-sanity etcd kube csi-provisioner jaeger containerd)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 
-usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
 die() { echo "build.sh: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
@@ -30,6 +32,7 @@ tool_version() {
     kube) echo "$KUBE_VERSION" ;;
     csi-provisioner) echo "$CSI_PROVISIONER_VERSION" ;;
     jaeger) echo "$JAEGER_VERSION" ;;
+    containerd) echo "$CONTAINERD_VERSION" ;;
     *) die "unknown tool '$1' (want one of: ${TOOLS[*]} all)" ;;
     esac
 }
@@ -37,6 +40,7 @@ tool_version() {
 tool_binaries() {
     case $1 in
     kube) echo kube-apiserver kube-controller-manager kube-scheduler ;;
+    containerd) echo containerd containerd-shim-runc-v2 ctr ;;
     *) echo "$1" ;;
     esac
 }
@@ -192,6 +196,17 @@ build_jaeger() {
     new_wrapper "$1" github.com/jaegertracing/jaeger "$v"
     wrapper_build "$1" -ldflags "-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion=$v" \
         -o "$2/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
+}
+
+build_containerd() {
+    # The daemon, the runc shim and ctr, without the snapshotters that need
+    # cgo or kernel modules this project does not use (overlayfs and native
+    # stay).
+    local v=$CONTAINERD_VERSION m=github.com/containerd/containerd/v2
+    new_wrapper "$1" "$m" "$v"
+    wrapper_build "$1" -tags no_btrfs,no_devmapper,no_zfs,no_aufs \
+        -ldflags "-s -w -X $m/version.Version=$v" -o "$2/" \
+        "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
 }
 
 # ---- cache handling -----------------------------------------------------------------
