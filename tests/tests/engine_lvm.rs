@@ -403,3 +403,40 @@ async fn lists_during_deletes_leave_no_loop_behind() {
         "loop devices left on the PV after {lists} lists: {left:?}"
     );
 }
+
+/// Creates that run at once each get their own extents and their own
+/// loop device (the tail of a create, its loop and wipe, runs beside the
+/// next create's lvcreate); deleting them all leaves no loop behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_get_their_own_devices() {
+    let Some(f) = lvm_fixture("concurrent", &[256 * MIB], 0).await else {
+        return;
+    };
+    let f = std::sync::Arc::new(f);
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let f = f.clone();
+            tokio::spawn(async move { f.create(f.req(&format!("c{i}"), 8 * MIB)).await })
+        })
+        .collect();
+    let mut devices = std::collections::BTreeSet::new();
+    for t in tasks {
+        let v = t.await.expect("create task");
+        assert_eq!(v.size_bytes, 8 * MIB);
+        assert_eq!(
+            blockdev_size(v.device_path.as_deref().expect("a device")),
+            8 * MIB,
+            "{v:?}"
+        );
+        assert!(devices.insert(dev_arg(&v)), "{} given twice", dev_arg(&v));
+    }
+    assert_eq!(f.names().await.len(), 16);
+    for i in 0..16 {
+        f.engine
+            .delete_volume(&format!("c{i}"))
+            .await
+            .expect("delete");
+    }
+    let left = carina_tests::loops_backed_by(&f.disks[0].dev());
+    assert!(left.is_empty(), "loop devices left on the PV: {left:?}");
+}

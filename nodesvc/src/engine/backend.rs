@@ -2,7 +2,10 @@
 //! one backend per configured group and serialises mutations per group, so
 //! a backend's free-space check and its allocation cannot race.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::config::GroupConfig;
 use super::disks::Disk;
@@ -28,7 +31,10 @@ use super::volume::{CreateRequest, GroupCapacity, Volume};
 ///   a smaller size is refused (`FAILED_PRECONDITION`) — neither reaches
 ///   the backend;
 /// - `create`, `resize`, `delete` and `rescan` of one group never run
-///   concurrently, and no two calls for the same volume name do.
+///   concurrently (but for the part of a create a backend runs after
+///   releasing the group's lock, see
+///   [`create_releasing`](Backend::create_releasing)), and no two calls
+///   for the same volume name do.
 ///
 /// What only the backend can know stays its to check: free and contiguous
 /// space, the reserve, whole-disk rules, foreign objects in its way, and
@@ -51,6 +57,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// behind.
     async fn create(&self, req: &CreateRequest) -> Result<Volume>;
 
+    /// [`create`](Self::create), called with the group's lock held as
+    /// `lock`. A backend may [`release`](GroupLock::release) it once the
+    /// rest of the create no longer touches what the lock guards (the
+    /// allocation is made and recorded, what is left concerns only the new
+    /// volume), so the group's next change need not wait for it; it must
+    /// [`reacquire`](GroupLock::reacquire) it before changing the group
+    /// again (a rollback). The default keeps it for the whole create.
+    async fn create_releasing(&self, req: &CreateRequest, lock: &GroupLock) -> Result<Volume> {
+        let _ = lock;
+        self.create(req).await
+    }
+
     /// The volume of that name owned by us in this group, if any.
     async fn get(&self, name: &str) -> Result<Option<Volume>>;
 
@@ -72,4 +90,42 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// result would overflow. The engine applies it to every size before
     /// `create` and `resize`, so it must use the group's real unit.
     fn round_size(&self, size_bytes: u64) -> Option<u64>;
+}
+
+/// The engine's lock of one group (held by every change of it), as a
+/// create holds it: released early by a backend that can, and taken again
+/// for a rollback. Dropping it releases it.
+#[derive(Debug)]
+pub struct GroupLock {
+    mutex: Arc<Mutex<()>>,
+    guard: std::sync::Mutex<Option<OwnedMutexGuard<()>>>,
+}
+
+impl GroupLock {
+    /// Waits for the group's lock `mutex`.
+    pub async fn acquire(mutex: Arc<Mutex<()>>) -> GroupLock {
+        let guard = mutex.clone().lock_owned().await;
+        GroupLock {
+            mutex,
+            guard: std::sync::Mutex::new(Some(guard)),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<OwnedMutexGuard<()>>> {
+        self.guard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets the group's other changes run.
+    pub fn release(&self) {
+        self.slot().take();
+    }
+
+    /// Holds the lock again (at once if it was never released).
+    pub async fn reacquire(&self) {
+        if self.slot().is_some() {
+            return;
+        }
+        let guard = self.mutex.clone().lock_owned().await;
+        *self.slot() = Some(guard);
+    }
 }

@@ -32,7 +32,7 @@ use tracing::{Instrument, instrument};
 
 use self::scan::build_groups;
 
-pub use backend::Backend;
+pub use backend::{Backend, GroupLock};
 pub use config::{Activation, Config, GroupConfig, Policy, SchedulerStrategy};
 pub use disks::{Disk, DiskStatus};
 pub use error::{Error, Result};
@@ -218,9 +218,9 @@ impl Engine {
             ..req
         };
         let volume = {
-            let _m = slot.mutate.lock().await;
+            let lock = GroupLock::acquire(slot.mutate.clone()).await;
             backend
-                .create(&rounded_req)
+                .create_releasing(&rounded_req, &lock)
                 .instrument(backend_span(backend.as_ref(), "create"))
                 .await?
         };

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use carina_sys::command::{Cmd, CommandError, Output};
 use carina_sys::loopdev::{self, LosetupDevice};
 
-use crate::engine::backend::Backend;
+use crate::engine::backend::{Backend, GroupLock};
 use crate::engine::config::{Activation, GroupConfig, Policy};
 use crate::engine::devnum;
 use crate::engine::disks::Disk;
@@ -250,6 +250,7 @@ impl LvmGroup {
         req: &CreateRequest,
         size: u64,
         snap: &VgSnapshot,
+        lock: Option<&GroupLock>,
     ) -> Result<Volume> {
         let extents = size / snap.extent_size;
         let (pv, start) = snap
@@ -290,6 +291,12 @@ impl LvmGroup {
                 "created but missing from the cache",
             ));
         };
+        // The extents are taken and recorded; attaching the new LV's loop
+        // and wiping its ends concern it alone, so the group's next change
+        // (the next lvcreate) runs meanwhile.
+        if let Some(lock) = lock {
+            lock.release();
+        }
         let result = async {
             let device = {
                 let _exposing = self.exposure.lock().await;
@@ -302,6 +309,10 @@ impl LvmGroup {
         match result {
             Ok(v) => Ok(v),
             Err(e) => {
+                if let Some(lock) = lock {
+                    lock.reacquire().await;
+                }
+                let _exposing = self.exposure.lock().await;
                 if let Some((pv, offset)) = snap.byte_offset(&lv)
                     && let Ok(loops) = loopdev::list().await
                     && let Some(l) = loopdev::find(&loops, &pv, offset)
@@ -311,6 +322,33 @@ impl LvmGroup {
                 self.roll_back(&req.name).await;
                 Err(e)
             }
+        }
+    }
+
+    /// [`Backend::create`], with the group's lock when the engine hands
+    /// it over ([`Backend::create_releasing`]).
+    async fn create_with(&self, req: &CreateRequest, lock: Option<&GroupLock>) -> Result<Volume> {
+        let snap = self.snapshot().await?;
+        if snap.vg.is_empty() {
+            return Err(Error::ResourceExhausted {
+                group: self.config.name.clone(),
+                requested_bytes: req.size_bytes,
+                allocatable_bytes: 0,
+            });
+        }
+        // The engine knows no volume of ours by this name; a foreign LV of
+        // that name is in the VG only, so this check is ours.
+        if let Some(lv) = snap.lvs.get(&req.name).cloned() {
+            return self.same_name(req, &snap, &lv).await;
+        }
+        // Already rounded to the extent size by the engine (round_size).
+        let size = req.size_bytes;
+        if size > GroupCapacity::allocatable(snap.free, self.config.reserve_bytes) {
+            return Err(self.exhausted(size, &snap));
+        }
+        match self.mode {
+            Mode::Loop => self.create_loop(req, size, &snap, lock).await,
+            Mode::DeviceMapper => self.create_dm(req, size, &snap).await,
         }
     }
 
@@ -460,28 +498,11 @@ impl Backend for LvmGroup {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
-        let snap = self.snapshot().await?;
-        if snap.vg.is_empty() {
-            return Err(Error::ResourceExhausted {
-                group: self.config.name.clone(),
-                requested_bytes: req.size_bytes,
-                allocatable_bytes: 0,
-            });
-        }
-        // The engine knows no volume of ours by this name; a foreign LV of
-        // that name is in the VG only, so this check is ours.
-        if let Some(lv) = snap.lvs.get(&req.name).cloned() {
-            return self.same_name(req, &snap, &lv).await;
-        }
-        // Already rounded to the extent size by the engine (round_size).
-        let size = req.size_bytes;
-        if size > GroupCapacity::allocatable(snap.free, self.config.reserve_bytes) {
-            return Err(self.exhausted(size, &snap));
-        }
-        match self.mode {
-            Mode::Loop => self.create_loop(req, size, &snap).await,
-            Mode::DeviceMapper => self.create_dm(req, size, &snap).await,
-        }
+        self.create_with(req, None).await
+    }
+
+    async fn create_releasing(&self, req: &CreateRequest, lock: &GroupLock) -> Result<Volume> {
+        self.create_with(req, Some(lock)).await
     }
 
     async fn get(&self, name: &str) -> Result<Option<Volume>> {
