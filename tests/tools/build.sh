@@ -7,7 +7,8 @@
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
 #   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir, no build
 #
-# TOOL: csi-sanity | etcd | kube | csi-provisioner | jaeger | containerd | all
+# TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | jaeger |
+#       containerd | crictl | cni | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -17,11 +18,13 @@ KUBE_VERSION=v1.36.3            # k8s.io/kubernetes (staging modules v0.36.3)
 CSI_PROVISIONER_VERSION=v6.3.0  # github.com/kubernetes-csi/external-provisioner/v6
 JAEGER_VERSION=v1.76.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
 CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
+CRICTL_VERSION=v1.37.0          # sigs.k8s.io/cri-tools
+CNI_PLUGINS_VERSION=v1.10.0     # github.com/containernetworking/plugins
 
-TOOLS=(csi-sanity etcd kube csi-provisioner jaeger containerd)
+TOOLS=(csi-sanity etcd kube kubelet csi-provisioner jaeger containerd crictl cni)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 
-usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
 die() { echo "build.sh: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
@@ -29,10 +32,12 @@ tool_version() {
     case $1 in
     csi-sanity) echo "$CSI_SANITY_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
-    kube) echo "$KUBE_VERSION" ;;
+    kube | kubelet) echo "$KUBE_VERSION" ;;
     csi-provisioner) echo "$CSI_PROVISIONER_VERSION" ;;
     jaeger) echo "$JAEGER_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
+    crictl) echo "$CRICTL_VERSION" ;;
+    cni) echo "$CNI_PLUGINS_VERSION" ;;
     *) die "unknown tool '$1' (want one of: ${TOOLS[*]} all)" ;;
     esac
 }
@@ -40,7 +45,9 @@ tool_version() {
 tool_binaries() {
     case $1 in
     kube) echo kube-apiserver kube-controller-manager kube-scheduler ;;
+    kubelet) echo kubelet kubectl ;;
     containerd) echo containerd containerd-shim-runc-v2 ctr ;;
+    cni) echo bridge host-local loopback ;;
     *) echo "$1" ;;
     esac
 }
@@ -168,21 +175,31 @@ kube_staging() {
     echo "$1@${KUBE_VERSION/#v1./v0.}"
 }
 
-build_kube() {
-    local v=$KUBE_VERSION minor major flags=() key val
+# kube_build WRAPPER_DIR OUT_BIN_DIR PACKAGE...: commands of k8s.io/kubernetes,
+# stamped with the version as hack/lib/version.sh does (minus git data).
+kube_build() {
+    local dir=$1 out=$2 v=$KUBE_VERSION minor major flags=() key val
+    shift 2
     major=${v#v}; major=${major%%.*}
     minor=${v#v*.}; minor=${minor%%.*}
-    new_wrapper "$1" k8s.io/kubernetes "$v" kube_staging
-    # What hack/lib/version.sh and hack/lib/golang.sh pass (minus git data).
+    new_wrapper "$dir" k8s.io/kubernetes "$v" kube_staging
     for key in gitVersion=$v gitMajor=$major gitMinor=$minor gitTreeState=clean; do
         for val in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
             flags+=("-X $val.$key")
         done
     done
-    wrapper_build "$1" -tags selinux,notest,grpcnotrace -ldflags "-s -w ${flags[*]}" -o "$2/" \
+    wrapper_build "$dir" -tags selinux,notest,grpcnotrace -ldflags "-s -w ${flags[*]}" -o "$out/" "$@"
+}
+
+build_kube() {
+    kube_build "$1" "$2" \
         k8s.io/kubernetes/cmd/kube-apiserver \
         k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler
+}
+
+build_kubelet() {
+    kube_build "$1" "$2" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
 }
 
 build_csi_provisioner() {
@@ -207,6 +224,20 @@ build_containerd() {
     wrapper_build "$1" -tags no_btrfs,no_devmapper,no_zfs,no_aufs \
         -ldflags "-s -w -X $m/version.Version=$v" -o "$2/" \
         "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
+}
+
+build_crictl() {
+    local v=$CRICTL_VERSION m=sigs.k8s.io/cri-tools
+    new_wrapper "$1" "$m" "$v"
+    wrapper_build "$1" -ldflags "-s -w -X $m/pkg/version.Version=$v" -o "$2/crictl" "$m/cmd/crictl"
+}
+
+build_cni() {
+    # What a one-node cluster needs: a bridge, addresses from a range, lo.
+    local v=$CNI_PLUGINS_VERSION m=github.com/containernetworking/plugins
+    new_wrapper "$1" "$m" "$v"
+    wrapper_build "$1" -ldflags "-s -w" -o "$2/" \
+        "$m/plugins/main/bridge" "$m/plugins/ipam/host-local" "$m/plugins/main/loopback"
 }
 
 # ---- cache handling -----------------------------------------------------------------
