@@ -14,10 +14,10 @@
 //! machines whose kernel has no quota support.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 use carina_sys::command::Cmd;
+use carina_sys::mount::MountEntry;
 use tracing::instrument;
 
 use super::error::{Error, Result};
@@ -43,67 +43,25 @@ impl Mount {
     }
 }
 
-/// Parses mountinfo text; lines that do not have the documented shape are
-/// skipped.
+/// The mounts of mountinfo text, each line read by [`carina_sys::mount`]'s
+/// parser; a line that does not parse is skipped.
 pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    text.lines().filter_map(parse_mountinfo_line).collect()
+    text.lines()
+        .filter_map(|line| carina_sys::mount::parse_mountinfo(line).ok())
+        .flatten()
+        .map(Mount::from)
+        .collect()
 }
 
-/// `id parent major:minor root mount-point options [optional...] - fstype
-/// source super-options`. Spaces inside fields are escaped as `\040`, so a
-/// single space separates fields and ` - ` ends the optional fields.
-fn parse_mountinfo_line(line: &str) -> Option<Mount> {
-    let (before, after) = line.split_once(" - ")?;
-    let before: Vec<&str> = before.split(' ').collect();
-    if before.len() < 6 {
-        return None;
-    }
-    let mut after = after.split(' ');
-    let fstype = after.next().filter(|t| !t.is_empty())?;
-    let source = after.next()?;
-    let super_options = after.next().unwrap_or("");
-    let options = before[5]
-        .split(',')
-        .chain(super_options.split(','))
-        .filter(|o| !o.is_empty())
-        .map(str::to_string)
-        .collect();
-    Some(Mount {
-        mount_point: PathBuf::from(OsString::from_vec(unescape(before[4]))),
-        fstype: unescape_lossy(fstype),
-        source: unescape_lossy(source),
-        options,
-    })
-}
-
-/// Undoes the kernel's octal escapes (`\040` for a space, `\134` for a
-/// backslash, ...). A backslash not followed by three octal digits is kept.
-fn unescape(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() {
-            let digits = &bytes[i + 1..i + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits
-                    .iter()
-                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-                if let Ok(byte) = u8::try_from(value) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
+impl From<MountEntry> for Mount {
+    fn from(m: MountEntry) -> Mount {
+        Mount {
+            mount_point: m.mount_point,
+            fstype: m.fs_type,
+            source: m.source.to_string_lossy().into_owned(),
+            options: m.options.into_iter().chain(m.super_options).collect(),
         }
-        out.push(bytes[i]);
-        i += 1;
     }
-    out
-}
-
-fn unescape_lossy(field: &str) -> String {
-    String::from_utf8_lossy(&unescape(field)).into_owned()
 }
 
 /// The mount that holds `path` (absolute, symlinks resolved): the longest
@@ -354,16 +312,6 @@ this line is not mountinfo
         assert_eq!(m[3].mount_point, Path::new("/data/ext"));
         assert_eq!(m[4].mount_point, Path::new("/mnt/with space"));
         assert_eq!(m[4].source, "tmp fs");
-    }
-
-    #[test]
-    fn unescapes_only_octal_triples() {
-        assert_eq!(unescape(r"a\040b"), b"a b");
-        assert_eq!(unescape(r"back\134slash"), b"back\\slash");
-        assert_eq!(unescape(r"tab\011"), b"tab\t");
-        assert_eq!(unescape(r"odd\09"), br"odd\09");
-        assert_eq!(unescape(r"end\04"), br"end\04");
-        assert_eq!(unescape(r"\"), br"\");
     }
 
     #[test]
