@@ -115,6 +115,23 @@ pub fn bytes_quantity(bytes: u64) -> Quantity {
 
 #[cfg(test)]
 mod tests {
+
+    proptest::proptest! {
+        /// Any quantity text converts or is refused; what converts is at
+        /// most 2^63-1 and reads back from its own byte form.
+        #[test]
+        fn quantities_take_anything(
+            text in proptest::prelude::prop_oneof![
+                carina_sys::testkit::noisy_text(),
+                "[+-]?[0-9]{0,22}(\\.[0-9]{0,6})?([eE][+-]?[0-9]{1,3})?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?",
+            ],
+        ) {
+            if let Ok(bytes) = super::quantity_bytes(&Quantity(text)) {
+                proptest::prop_assert!(bytes <= i64::MAX as u64);
+                proptest::prop_assert_eq!(super::quantity_bytes(&super::bytes_quantity(bytes)), Ok(bytes));
+            }
+        }
+    }
     use super::*;
 
     fn q(s: &str) -> Result<u64, QuantityError> {

@@ -65,6 +65,17 @@ fn is_plain(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    proptest::proptest! {
+        /// Every CSI name maps to a name `is_local_name` accepts, the same
+        /// every time.
+        #[test]
+        fn any_csi_name_has_one_local_name(name in ".{0,300}") {
+            let local = super::local_name(&name);
+            proptest::prop_assert!(super::is_local_name(&local), "{:?} -> {:?}", name, local);
+            proptest::prop_assert_eq!(super::local_name(&name), local);
+        }
+    }
     use super::*;
 
     #[test]

@@ -179,6 +179,35 @@ fn parse_bcache(raw: &HashMap<String, String>) -> Result<Option<BcacheParams>, C
 
 #[cfg(test)]
 mod tests {
+
+    proptest::proptest! {
+        /// StorageClass parameters with Carina's keys and any values are
+        /// parsed or refused with INVALID_ARGUMENT, never a panic.
+        #[test]
+        fn parameters_take_any_values(
+            values in proptest::collection::vec(carina_sys::testkit::noisy_text(), 8),
+            keys in proptest::collection::vec(".{0,40}", 0..4),
+        ) {
+            let known = [
+                "csi.storage.k8s.io/fstype",
+                "carina.storage.io/disk-group-name",
+                "carina.storage.io/exclusively-raw-disk",
+                "carina.storage.io/backend-disk-group-name",
+                "carina.storage.io/cache-disk-group-name",
+                "carina.storage.io/cache-disk-ratio",
+                "carina.storage.io/cache-policy",
+                "carina.storage.io/volume-type",
+            ];
+            let mut raw: HashMap<String, String> =
+                known.iter().map(|k| k.to_string()).zip(values).collect();
+            for k in keys {
+                raw.insert(k, "x".into());
+            }
+            if let Err(e) = Parameters::parse(&raw) {
+                proptest::prop_assert_eq!(e.code(), tonic::Code::InvalidArgument, "{:?}", e);
+            }
+        }
+    }
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {

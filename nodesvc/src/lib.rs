@@ -9,4 +9,6 @@
 pub mod cli;
 pub mod csi_local;
 pub mod engine;
+#[cfg(test)]
+mod proptests;
 pub mod server;

@@ -355,6 +355,34 @@ mod tests {
         Extender::new(Arc::new(objects), strategy, Duration::from_millis(50))
     }
 
+    const ARGS: &str = r#"{"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {"volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": "c"}}]}},
+        "NodeNames": ["a", "b", "c"]}"#;
+
+    proptest::proptest! {
+        /// Any body sent to /filter or /prioritize gets an answer or a
+        /// bad-request refusal, never a panic; an answer is JSON.
+        #[test]
+        fn extender_requests_take_anything(
+            body in proptest::prelude::prop_oneof![
+                carina_sys::testkit::noisy_text(),
+                carina_sys::testkit::mutated_text(ARGS),
+            ],
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime");
+            let e = extender(Strategy::Spreadout);
+            runtime.block_on(async {
+                let answers = [e.filter(body.as_bytes()).await, e.prioritize(body.as_bytes()).await];
+                for bytes in answers.into_iter().flatten() {
+                    serde_json::from_slice::<Value>(&bytes).expect("the answer is JSON");
+                }
+            });
+        }
+    }
+
     fn args(pod_claims: &[&str], nodes: &[&str]) -> Vec<u8> {
         let volumes: Vec<Value> = pod_claims
             .iter()

@@ -28,6 +28,10 @@ pub mod format;
 mod io_error;
 pub mod loopdev;
 pub mod mount;
+#[cfg(test)]
+mod proptests;
 pub mod statvfs;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 
 pub use io_error::IoError;

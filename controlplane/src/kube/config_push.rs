@@ -403,6 +403,21 @@ impl State {
 
 #[cfg(test)]
 mod tests {
+
+    proptest::proptest! {
+        /// Any ConfigMap text parses or is refused with a reason.
+        #[test]
+        fn config_text_takes_anything(
+            text in proptest::prelude::prop_oneof![
+                carina_sys::testkit::noisy_text(),
+                carina_sys::testkit::mutated_text(r#"{"diskSelector": [{"name": "carina-vg-ssd", "re": ["loop*"], "policy": "LVM", "nodeLabel": "kubernetes.io/hostname"}], "diskScanInterval": "300", "schedulerStrategy": "spreadout"}"#),
+            ],
+        ) {
+            if let Err(e) = super::parse_config(&text) {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
     use super::*;
     use serde_json::json;
 

@@ -215,6 +215,34 @@ mod tests {
         parse_entries(&header, &disk[at..], sector as u64)
     }
 
+    proptest::proptest! {
+        /// Any entry array whose checksum matches, under any header shape
+        /// parse_header lets through, parses or is refused without a panic.
+        #[test]
+        fn entries_of_any_content_with_a_matching_checksum(
+            entries in 0u32..64,
+            entry_words in 16u32..64,
+            array in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..(64 * 512)),
+            lbas in proptest::prelude::any::<(u64, u64, u64)>(),
+        ) {
+            let entry_bytes = entry_words * 8;
+            let len = (entries * entry_bytes) as usize;
+            let mut array = array;
+            array.resize(len, 0);
+            let header = Header {
+                first_lba: lbas.0,
+                last_lba: lbas.1,
+                entries_lba: lbas.2,
+                entries,
+                entry_bytes,
+                entries_crc: crc32(&array),
+            };
+            if let Some(table) = parse_entries(&header, &array, 512) {
+                proptest::prop_assert!(table.partitions.len() <= entries as usize);
+            }
+        }
+    }
+
     #[test]
     fn crc32_check_value() {
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);

@@ -245,6 +245,36 @@ pub(super) fn parse_profile_dir(stdout: &str) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Whatever the report pipe delivers, taking answers off it never
+        /// panics, and each answer taken shortens what is left.
+        #[test]
+        fn answers_are_taken_from_any_bytes(
+            bytes in proptest::prelude::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+                carina_sys::testkit::mutated_bytes(br#"{"log": [{"log_seq_num": "1", "log_type": "status", "log_context": "shell", "log_object_type": "cmd", "log_object_name": "", "log_object_id": "", "log_object_group": "", "log_object_group_id": "", "log_message": "success", "log_errno": "0", "log_ret_code": "1"}]}"#),
+            ],
+        ) {
+            let mut buf = bytes;
+            for _ in 0..8 {
+                let before = buf.len();
+                match take_answer(&mut buf) {
+                    Ok(Some(_)) => proptest::prop_assert!(buf.len() < before),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+
+        /// Any argument list either becomes one shell line or is refused.
+        #[test]
+        fn any_arguments_make_a_line_or_none(words in proptest::collection::vec(".{0,20}", 1..6)) {
+            let argv: Vec<OsString> = words.iter().map(OsString::from).collect();
+            if let Some(l) = line(&argv) {
+                proptest::prop_assert!(!l.contains('\n'));
+            }
+        }
+    }
+
     fn args(words: &[&str]) -> Vec<OsString> {
         words.iter().map(OsString::from).collect()
     }

@@ -109,6 +109,19 @@ pub(super) async fn write_slot(path: &Path, number: u32, slot: Option<&Slot>) ->
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// A slot read from any bytes is one that encodes back to them.
+        #[test]
+        fn slots_decode_only_what_encodes_back(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..(2 * SLOT_BYTES)),
+        ) {
+            if let Some(slot) = decode_slot(&bytes) {
+                let again = encode_slot(&slot).expect("a decoded slot encodes");
+                proptest::prop_assert_eq!(decode_slot(&again), Some(slot));
+            }
+        }
+    }
+
     #[test]
     fn slots_round_trip_and_reject_garbage() {
         let slot = Slot {
