@@ -1,0 +1,420 @@
+//! The NodeStorage surface under hostile input: a real `carina-node`
+//! process (one HOST group) gets, for every RPC, messages with random
+//! field values, valid messages with a few bytes changed, and random
+//! bytes, sent over mTLS as the controller would. For every call:
+//!
+//! - the node answers (no panic, no dropped connection) and keeps serving;
+//! - a refusal carries a code that says what was wrong: never `UNKNOWN`,
+//!   and `INTERNAL` only for bytes that do not decode as the request;
+//! - a refused call changes nothing (the volumes and groups are the same
+//!   before and after it).
+//!
+//! Accepted calls are allowed their effect (volumes made are deleted at
+//! the end, an accepted configuration is replaced by the original one).
+//! The generator is seeded, so a failure names the seed and case that
+//! reproduce it. `CARINA_FUZZ_CASES` sets the calls per RPC (default
+//! 1000) and `CARINA_FUZZ_SEED` the seed.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use bytes::{Buf, BufMut};
+use carina_proto::nodestorage as pb;
+use carina_tests::cluster::{NodeArgs, Pki};
+use carina_tests::grpc::{Client, host_config};
+use carina_tests::{have_root, unique};
+use prost::Message;
+use tonic::Code;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+const SERVICE: &str = "/carina.nodestorage.v1.NodeStorage/";
+
+/// Sends and receives message bodies as they are.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let mut out = vec![0u8; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
+/// xorshift64*: small, seeded, enough to spread inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+    fn bytes(&mut self, max: usize) -> Vec<u8> {
+        let n = self.below(max + 1);
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+    fn text(&mut self, max: usize) -> String {
+        const PIECES: &[&str] = &[
+            "a",
+            "Z",
+            "-",
+            ".",
+            "/",
+            "..",
+            " ",
+            "\0",
+            "\u{e9}",
+            "\u{1F4BE}",
+            "%",
+            "\\",
+            "\"",
+            "{",
+            "}",
+            "0",
+            "9",
+            "pvc-",
+            "carina",
+            ":",
+            "\n",
+        ];
+        let n = self.below(max + 1);
+        (0..n).map(|_| *self.pick(PIECES)).collect()
+    }
+}
+
+/// The request of `rpc` with random field values drawn from pools of
+/// good, bad and strange values.
+fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
+    let names = |rng: &mut Rng| -> String {
+        match rng.below(6) {
+            0 => format!("fuzz-{}", rng.below(4)),
+            1 => String::new(),
+            2 => "x".repeat(rng.below(400)),
+            3 => format!("pvc-{:x}", rng.next()),
+            _ => rng.text(40),
+        }
+    };
+    let groups = |rng: &mut Rng| -> String {
+        match rng.below(4) {
+            0 | 1 => group.to_string(),
+            2 => String::new(),
+            _ => rng.text(20),
+        }
+    };
+    let sizes = |rng: &mut Rng| -> u64 {
+        let any = rng.next();
+        *rng.pick(&[
+            0,
+            1,
+            4095,
+            4096,
+            1 << 20,
+            1 << 30,
+            1 << 40,
+            (1 << 63) - 1,
+            1 << 63,
+            u64::MAX,
+            any,
+        ])
+    };
+    match rpc {
+        "CreateLV" => pb::CreateLvRequest {
+            name: names(rng),
+            device_group: groups(rng),
+            size_bytes: sizes(rng),
+            exclusive: rng.below(4) == 0,
+        }
+        .encode_to_vec(),
+        "DeleteLV" => pb::DeleteLvRequest { name: names(rng) }.encode_to_vec(),
+        "ResizeLV" => pb::ResizeLvRequest {
+            name: names(rng),
+            size_bytes: sizes(rng),
+        }
+        .encode_to_vec(),
+        "GetLV" => pb::GetLvRequest { name: names(rng) }.encode_to_vec(),
+        "ListLVs" => pb::ListLVsRequest {
+            device_group: groups(rng),
+            page_size: {
+                let any = rng.next() as u32;
+                *rng.pick(&[0, 1, 2, u32::MAX, any])
+            },
+            page_token: if rng.below(2) == 0 {
+                String::new()
+            } else {
+                rng.text(30)
+            },
+        }
+        .encode_to_vec(),
+        "Capacity" => pb::CapacityRequest {
+            device_group: groups(rng),
+        }
+        .encode_to_vec(),
+        "ListDisks" => pb::ListDisksRequest {}.encode_to_vec(),
+        "ApplyConfig" => pb::ApplyConfigRequest {
+            config_json: match rng.below(3) {
+                0 => rng.text(200),
+                1 => mutate(
+                    rng,
+                    host_config(group, Path::new("/nonexistent"), 0).into_bytes(),
+                )
+                .into_iter()
+                .map(char::from)
+                .collect(),
+                _ => r#"{"diskSelector": []}"#.to_string(),
+            },
+        }
+        .encode_to_vec(),
+        "CreateBcache" => pb::CreateBcacheRequest {
+            name: names(rng),
+            backing_volume: names(rng),
+            cache_volume: names(rng),
+            cache_mode: rng.below(7) as i32 - 1,
+        }
+        .encode_to_vec(),
+        "DeleteBcache" => pb::DeleteBcacheRequest { name: names(rng) }.encode_to_vec(),
+        "GetBcache" => pb::GetBcacheRequest { name: names(rng) }.encode_to_vec(),
+        "SetCacheMode" => pb::SetCacheModeRequest {
+            name: names(rng),
+            cache_mode: rng.below(7) as i32 - 1,
+        }
+        .encode_to_vec(),
+        other => panic!("no generator for {other}"),
+    }
+}
+
+/// `bytes` with up to eight bytes replaced, inserted or removed.
+fn mutate(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
+    for _ in 0..=rng.below(8) {
+        let at = rng.below(bytes.len() + 1);
+        match rng.below(3) {
+            0 if at < bytes.len() => bytes[at] = rng.next() as u8,
+            1 => bytes.insert(at, rng.next() as u8),
+            _ if at < bytes.len() => {
+                bytes.remove(at);
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
+/// Whether `bytes` decodes as the request message of `rpc`.
+fn decodes(rpc: &str, bytes: &[u8]) -> bool {
+    match rpc {
+        "CreateLV" => pb::CreateLvRequest::decode(bytes).is_ok(),
+        "DeleteLV" => pb::DeleteLvRequest::decode(bytes).is_ok(),
+        "ResizeLV" => pb::ResizeLvRequest::decode(bytes).is_ok(),
+        "GetLV" => pb::GetLvRequest::decode(bytes).is_ok(),
+        "ListLVs" => pb::ListLVsRequest::decode(bytes).is_ok(),
+        "Capacity" => pb::CapacityRequest::decode(bytes).is_ok(),
+        "ListDisks" => pb::ListDisksRequest::decode(bytes).is_ok(),
+        "ApplyConfig" => pb::ApplyConfigRequest::decode(bytes).is_ok(),
+        "CreateBcache" => pb::CreateBcacheRequest::decode(bytes).is_ok(),
+        "DeleteBcache" => pb::DeleteBcacheRequest::decode(bytes).is_ok(),
+        "GetBcache" => pb::GetBcacheRequest::decode(bytes).is_ok(),
+        "SetCacheMode" => pb::SetCacheModeRequest::decode(bytes).is_ok(),
+        _ => false,
+    }
+}
+
+/// What a refused call must leave as it was: every volume (name, group,
+/// size) and every group.
+async fn state(client: &mut Client) -> Result<(Vec<(String, String, u64)>, Vec<String>)> {
+    let mut volumes: Vec<(String, String, u64)> = client
+        .list_l_vs(pb::ListLVsRequest::default())
+        .await?
+        .into_inner()
+        .volumes
+        .into_iter()
+        .map(|v| (v.name, v.device_group, v.size_bytes))
+        .collect();
+    volumes.sort();
+    let mut groups: Vec<String> = client
+        .capacity(pb::CapacityRequest::default())
+        .await?
+        .into_inner()
+        .groups
+        .into_iter()
+        .map(|g| g.device_group)
+        .collect();
+    groups.sort();
+    Ok((volumes, groups))
+}
+
+const MUTATING: &[&str] = &[
+    "CreateLV",
+    "DeleteLV",
+    "ResizeLV",
+    "ApplyConfig",
+    "CreateBcache",
+    "DeleteBcache",
+    "SetCacheMode",
+];
+
+#[tokio::test]
+async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_nothing() -> Result<()>
+{
+    if !have_root("fuzz_grpc") {
+        return Ok(());
+    }
+    let cases: usize = std::env::var("CARINA_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let seed: u64 = std::env::var("CARINA_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x00C0_FFEE);
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("host");
+    std::fs::create_dir_all(&root)?;
+    let group = unique("fuzz");
+    let config = host_config(&group, &root, 0);
+    let pki = Pki::write(&dir.path().join("pki"))?;
+    let node_name = unique("fuzz-node");
+    let log = dir.path().join("node.log");
+    let args = NodeArgs::new(&node_name, &pki, &config, &dir.path().join("node"), &log)?;
+    let mut node = args.start().await?;
+    let mut client = pki.node_client(&node_name, &args.endpoint()).await?;
+    let channel = carina_proto::tls::connect(&args.endpoint(), &pki.client_tls(&node_name)?)
+        .await
+        .context("raw channel")?;
+    let mut raw = tonic::client::Grpc::new(channel);
+
+    let rpcs = [
+        "CreateLV",
+        "DeleteLV",
+        "ResizeLV",
+        "GetLV",
+        "ListLVs",
+        "Capacity",
+        "ListDisks",
+        "ApplyConfig",
+        "CreateBcache",
+        "DeleteBcache",
+        "GetBcache",
+        "SetCacheMode",
+    ];
+    let mut rng = Rng(seed | 1);
+    let mut counts = Vec::new();
+    for rpc in rpcs {
+        let path: http::uri::PathAndQuery = format!("{SERVICE}{rpc}").parse()?;
+        let (mut accepted, mut refused) = (0usize, 0usize);
+        for case in 0..cases {
+            let body = match case % 3 {
+                0 => random_message(&mut rng, rpc, &group),
+                1 => {
+                    let valid = random_message(&mut rng, rpc, &group);
+                    mutate(&mut rng, valid)
+                }
+                _ => rng.bytes(64),
+            };
+            let mutating = MUTATING.contains(&rpc);
+            let before = if mutating {
+                Some(state(&mut client).await?)
+            } else {
+                None
+            };
+            raw.ready().await.context("the node stopped taking calls")?;
+            let answer = raw
+                .unary(tonic::Request::new(body.clone()), path.clone(), RawCodec)
+                .await;
+            let at = || format!("{rpc} case {case} (seed {seed}), body {body:02x?}");
+            match answer {
+                Ok(_) => {
+                    accepted += 1;
+                    if rpc == "ApplyConfig" {
+                        client
+                            .apply_config(pb::ApplyConfigRequest {
+                                config_json: config.clone(),
+                            })
+                            .await
+                            .with_context(|| format!("restore the configuration after {}", at()))?;
+                    }
+                }
+                Err(status) => {
+                    refused += 1;
+                    let code = status.code();
+                    ensure!(code != Code::Unknown, "{}: UNKNOWN {status:?}", at());
+                    ensure!(
+                        code != Code::Unavailable && code != Code::Cancelled,
+                        "{}: the node did not answer: {status:?}",
+                        at()
+                    );
+                    if code == Code::Internal && decodes(rpc, &body) {
+                        bail!("{}: INTERNAL for a message that decodes: {status:?}", at());
+                    }
+                    if let Some(before) = before {
+                        let after = state(&mut client).await?;
+                        ensure!(
+                            before == after,
+                            "{}: refused ({status:?}) but changed {before:?} -> {after:?}",
+                            at()
+                        );
+                    }
+                }
+            }
+        }
+        counts.push((rpc, accepted, refused));
+        node.check_running()?;
+    }
+
+    // Still serving, and what the accepted creates made goes away.
+    let (volumes, groups) = state(&mut client).await?;
+    assert_eq!(
+        groups,
+        [group.clone()],
+        "the original configuration is back"
+    );
+    for (name, _, _) in volumes {
+        client
+            .delete_lv(pb::DeleteLvRequest { name: name.clone() })
+            .await
+            .with_context(|| format!("delete {name}"))?;
+    }
+    assert!(state(&mut client).await?.0.is_empty());
+    // The group's own bookkeeping (`.carina`) stays; no volume directory.
+    let left: Vec<_> = std::fs::read_dir(&root)?
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != ".carina")
+        .collect();
+    assert!(left.is_empty(), "left in the HOST root: {left:?}");
+    node.stop().await;
+    for (rpc, accepted, refused) in counts {
+        println!("{rpc:>13}: {accepted:>5} accepted, {refused:>5} refused");
+    }
+    Ok(())
+}
