@@ -395,7 +395,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
     let (volumes, groups) = state(&mut client).await?;
     assert_eq!(
         groups,
-        [group.clone()],
+        std::slice::from_ref(&group),
         "the original configuration is back"
     );
     for (name, _, _) in volumes {
