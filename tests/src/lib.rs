@@ -291,7 +291,12 @@ pub fn forget_vg_metadata(name: &str) {
     let dirs = DIRS.get_or_init(|| {
         let out = run(
             "lvmconfig",
-            &["--typeconfig", "full", "backup/archive_dir", "backup/backup_dir"],
+            &[
+                "--typeconfig",
+                "full",
+                "backup/archive_dir",
+                "backup/backup_dir",
+            ],
         )
         .unwrap_or_default();
         out.lines()
