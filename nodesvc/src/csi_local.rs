@@ -1,7 +1,9 @@
 //! The node's CSI side: [`EngineVolumes`] tells the CSI Node service which
-//! local device or directory a volume id is, by asking the engine, and
-//! [`serve`] runs CSI Identity and Node on the kubelet plugin socket.
+//! local device or directory a volume id is, by asking the engine,
+//! [`serve`] runs CSI Identity and Node on the kubelet plugin socket, and
+//! [`registration`] registers that socket with kubelet.
 
+pub mod registration;
 pub mod serve;
 
 use async_trait::async_trait;

@@ -1,5 +1,5 @@
-//! The wire of Carina: generated NodeStorage and CSI code (private, re-exported
-//! on purpose), mutual-TLS configuration with hot reload, W3C trace-context
+//! The wire of Carina: generated NodeStorage, CSI and kubelet plugin
+//! registration code (private, re-exported on purpose), mutual-TLS configuration with hot reload, W3C trace-context
 //! propagation for tonic clients and servers, and telemetry initialisation.
 
 #[allow(
@@ -16,6 +16,9 @@ mod generated {
     }
     pub mod csi {
         tonic::include_proto!("csi.v1");
+    }
+    pub mod pluginregistration {
+        tonic::include_proto!("pluginregistration");
     }
 }
 
@@ -34,6 +37,13 @@ pub mod nodestorage {
 /// their clients, wire-compatible with kubelet and the Kubernetes sidecars.
 pub mod csi {
     pub use crate::generated::csi::*;
+}
+
+/// kubelet's plugin-registration API (package `pluginregistration`, kubelet's
+/// `pluginregistration/v1`): the `Registration` server trait a plugin serves
+/// on its registration socket, the client kubelet uses, and the messages.
+pub mod pluginregistration {
+    pub use crate::generated::pluginregistration::*;
 }
 
 /// Encoded `FileDescriptorSet` of every Carina proto, for gRPC reflection.
@@ -329,5 +339,97 @@ mod csi_wire_tests {
         ] {
             assert!(fds.file.iter().any(|f| f.name() == wkt), "{wkt} missing");
         }
+    }
+}
+
+#[cfg(test)]
+mod pluginregistration_wire_tests {
+    //! The bytes kubelet sends and expects: field numbers, the package and
+    //! the method names, checked against kubelet's pluginregistration v1
+    //! (its `api.proto`), not against our `.proto`.
+
+    use prost::Message;
+
+    use crate::pluginregistration as reg;
+
+    #[test]
+    fn plugin_info_field_numbers() {
+        let one = |info: reg::PluginInfo| info.encode_to_vec();
+        // Key byte = field number << 3 | 2 (length-delimited).
+        let t = reg::PluginInfo {
+            r#type: "t".into(),
+            ..Default::default()
+        };
+        assert_eq!(one(t), [0x0a, 1, b't']);
+        let n = reg::PluginInfo {
+            name: "n".into(),
+            ..Default::default()
+        };
+        assert_eq!(one(n), [0x12, 1, b'n']);
+        let e = reg::PluginInfo {
+            endpoint: "e".into(),
+            ..Default::default()
+        };
+        assert_eq!(one(e), [0x1a, 1, b'e']);
+        let v = reg::PluginInfo {
+            supported_versions: vec!["1".into(), "2".into()],
+            ..Default::default()
+        };
+        assert_eq!(one(v), [0x22, 1, b'1', 0x22, 1, b'2']);
+    }
+
+    #[test]
+    fn registration_status_field_numbers() {
+        let ok = reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        };
+        assert_eq!(ok.encode_to_vec(), [0x08, 1]);
+        let failed = reg::RegistrationStatus {
+            plugin_registered: false,
+            error: "x".into(),
+        };
+        assert_eq!(failed.encode_to_vec(), [0x12, 1, b'x']);
+        assert!(reg::InfoRequest {}.encode_to_vec().is_empty());
+        assert!(
+            reg::RegistrationStatusResponse {}
+                .encode_to_vec()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn service_and_method_names() {
+        let fds = prost_types::FileDescriptorSet::decode(crate::FILE_DESCRIPTOR_SET)
+            .expect("descriptor set");
+        let file = fds
+            .file
+            .iter()
+            .find(|f| f.package() == "pluginregistration")
+            .expect("package pluginregistration, no version suffix");
+        let [service] = file.service.as_slice() else {
+            panic!("one service, got {:?}", file.service);
+        };
+        assert_eq!(service.name(), "Registration");
+        let methods: Vec<(&str, &str, &str)> = service
+            .method
+            .iter()
+            .map(|m| (m.name(), m.input_type(), m.output_type()))
+            .collect();
+        assert_eq!(
+            methods,
+            [
+                (
+                    "GetInfo",
+                    ".pluginregistration.InfoRequest",
+                    ".pluginregistration.PluginInfo"
+                ),
+                (
+                    "NotifyRegistrationStatus",
+                    ".pluginregistration.RegistrationStatus",
+                    ".pluginregistration.RegistrationStatusResponse"
+                ),
+            ]
+        );
     }
 }

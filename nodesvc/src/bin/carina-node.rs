@@ -1,10 +1,13 @@
 //! `carina-node`: the node daemon. Starts the storage engine on the
 //! node's device groups and serves `NodeStorage` over mutual TLS, CSI
 //! Identity and Node on a unix socket (`--csi-endpoint`), and `/metrics`.
-//! Every flag has an environment fallback.
+//! With `--plugin-registration-dir` it registers the CSI socket with
+//! kubelet itself (no registrar sidecar). Every flag has an environment
+//! fallback.
 //!
-//! SIGTERM or SIGINT: stop accepting, let in-flight calls finish (bounded
-//! by `--shutdown-grace-secs`), exit 0.
+//! SIGTERM or SIGINT: remove the registration socket (kubelet deregisters
+//! the plugin), stop accepting, let in-flight calls finish (bounded by
+//! `--shutdown-grace-secs`), exit 0.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use carina_node::csi_local::registration::{PluginRegistration, advertised_endpoint};
 use carina_node::csi_local::serve::{CsiNodeServer, bind};
 use carina_node::engine::lvm::LvmOptions;
 use carina_node::engine::{Config, Engine, EngineOptions, Policy};
@@ -21,6 +25,7 @@ use carina_proto::tls::{
 };
 use clap::Parser;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 #[derive(Debug, Parser)]
@@ -60,6 +65,21 @@ struct Args {
     #[arg(long, env = "CSI_ENDPOINT")]
     csi_endpoint: Option<String>,
 
+    /// kubelet's plugin registration directory
+    /// (`<kubelet dir>/plugins_registry`, mounted at the same path). When
+    /// set, the node registers its CSI socket with kubelet by serving
+    /// kubelet's plugin-registration API on
+    /// `<dir>/carina.storage.io-reg.sock`. Needs --csi-endpoint; the
+    /// directory must exist.
+    #[arg(long, env = "CARINA_PLUGIN_REGISTRATION_DIR")]
+    plugin_registration_dir: Option<PathBuf>,
+
+    /// The CSI socket kubelet is told to dial, as a path on the host
+    /// (default: the path of --csi-endpoint, right when the pod mounts the
+    /// socket's directory at the host's path).
+    #[arg(long, env = "CARINA_PLUGIN_REGISTRATION_ENDPOINT")]
+    plugin_registration_endpoint: Option<String>,
+
     /// NodeGetInfo's max_volumes_per_node (0: no limit).
     #[arg(long, env = "CARINA_MAX_VOLUMES", default_value_t = 0)]
     max_volumes: u64,
@@ -90,6 +110,8 @@ async fn main() -> Result<()> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    // Checked first: a missing directory is a deployment mistake.
+    let registration = plugin_registration(&args)?;
     let config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -175,13 +197,40 @@ async fn run(args: Args) -> Result<()> {
     ));
     tracing::info!(metrics.listen = %args.metrics_listen, "serving /metrics");
 
+    // Installed before the registration socket exists, so a SIGTERM from
+    // here on removes it.
+    let term = signal(SignalKind::terminate());
+    let signal_stop = stop_tx.clone();
     tokio::spawn(async move {
-        let signal = wait_for_signal().await;
+        let signal = wait_for_signal(term).await;
         tracing::info!(signal, "received signal");
-        let _ = stop_tx.send(true);
+        let _ = signal_stop.send(true);
     });
 
+    // Last: kubelet dials the CSI socket as soon as it sees this one, and
+    // every other socket is bound by now.
+    let registration_task = match registration {
+        Some(registration) => {
+            let socket = registration.bind()?;
+            let serve = registration.serve(socket, server.metrics(), stopped(stop_rx.clone()));
+            let stop = stop_tx.clone();
+            Some(tokio::spawn(async move {
+                let result = serve.await;
+                if let Err(e) = &result {
+                    // kubelet could no longer re-register the plugin.
+                    tracing::error!(error = %e, "plugin registration server failed; stopping");
+                    let _ = stop.send(true);
+                }
+                result
+            }))
+        }
+        None => None,
+    };
+
     server.serve(listener, tls, stopped(stop_rx)).await?;
+    if let Some(task) = registration_task {
+        task.await.context("plugin registration task")??;
+    }
     let _ = metrics_task.await;
     if let Some(task) = csi_task {
         task.await.context("CSI server task")??;
@@ -230,10 +279,29 @@ async fn log_summary(args: &Args, config: &Config, engine: &Engine) {
     );
 }
 
-/// The name of the first SIGTERM or SIGINT.
-async fn wait_for_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
+/// The kubelet registration the flags ask for, checked (None without
+/// `--plugin-registration-dir`).
+fn plugin_registration(args: &Args) -> Result<Option<PluginRegistration>> {
+    let Some(dir) = &args.plugin_registration_dir else {
+        if let Some(endpoint) = &args.plugin_registration_endpoint {
+            tracing::warn!(
+                endpoint,
+                "--plugin-registration-endpoint without --plugin-registration-dir: not registering with kubelet"
+            );
+        }
+        return Ok(None);
+    };
+    let endpoint = advertised_endpoint(
+        args.csi_endpoint.as_deref(),
+        args.plugin_registration_endpoint.as_deref(),
+    )?;
+    Ok(Some(PluginRegistration::new(dir, endpoint)?))
+}
+
+/// The name of the first SIGTERM (`term`, installed by the caller) or
+/// SIGINT.
+async fn wait_for_signal(term: std::io::Result<Signal>) -> &'static str {
+    let mut term = match term {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the node");

@@ -1,6 +1,7 @@
 //! `/metrics` in the Prometheus text format: NodeStorage requests by
-//! method and status code, and the capacity of every device group as of
-//! the engine's latest snapshot. Served over plain HTTP/1 on its own
+//! method and status code, the capacity of every device group as of
+//! the engine's latest snapshot, and whether kubelet has registered the
+//! CSI plugin (when the node registers itself). Served over plain HTTP/1 on its own
 //! (by default loopback) address; it carries no volume names.
 
 use std::collections::BTreeMap;
@@ -16,10 +17,13 @@ use tonic::Code;
 
 use crate::engine::{CapacitySnapshot, Engine, GroupCapacity};
 
-/// Request counters, shared by the gRPC service and the auth layer.
+/// Request counters, shared by the gRPC service and the auth layer, and
+/// the kubelet registration state, set by the registration service.
 #[derive(Debug, Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// None: the node does not register itself with kubelet.
+    plugin_registered: Mutex<Option<bool>>,
 }
 
 impl Metrics {
@@ -39,6 +43,24 @@ impl Metrics {
             .get(&(method.to_string(), code_name(code)))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Records kubelet's latest word on the plugin registration (`false`
+    /// also before kubelet has said anything); from the first call on,
+    /// `carina_node_plugin_registered` is rendered.
+    pub fn set_plugin_registered(&self, registered: bool) {
+        *self
+            .plugin_registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(registered);
+    }
+
+    /// The registration state (None: not registering with kubelet).
+    pub fn plugin_registered(&self) -> Option<bool> {
+        *self
+            .plugin_registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The exposition text for `node` given the latest capacity snapshot.
@@ -68,6 +90,15 @@ impl Metrics {
              carina_node_capacity_generation{{node=\"{node}\"}} {}",
             snapshot.generation
         );
+        if let Some(registered) = self.plugin_registered() {
+            let _ = writeln!(
+                out,
+                "# HELP carina_node_plugin_registered 1 when kubelet last reported the CSI plugin registered, 0 before that and after a failure.\n\
+                 # TYPE carina_node_plugin_registered gauge\n\
+                 carina_node_plugin_registered{{node=\"{node}\"}} {}",
+                u8::from(registered)
+            );
+        }
         let gauges: [(&str, &str, Gauge); 5] = [
             ("volumes", "Volumes in the device group.", |g| {
                 u64::from(g.volume_count)
@@ -199,7 +230,14 @@ mod tests {
             }],
         };
         let text = m.render("node-a", &snap);
+        assert!(
+            !text.contains("carina_node_plugin_registered"),
+            "not registering, no gauge:\n{text}"
+        );
+        m.set_plugin_registered(true);
+        let text = m.render("node-a", &snap);
         for line in [
+            r#"carina_node_plugin_registered{node="node-a"} 1"#,
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="OK"} 2"#,
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="RESOURCE_EXHAUSTED"} 1"#,
             r#"carina_node_capacity_generation{node="node-a"} 7"#,
