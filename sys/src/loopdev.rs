@@ -54,7 +54,20 @@ type Result<T, E = LoopError> = std::result::Result<T, E>;
 #[derive(Debug, Deserialize)]
 struct LosetupReport {
     #[serde(default)]
-    loopdevices: Vec<LosetupDevice>,
+    loopdevices: Vec<LosetupEntry>,
+}
+
+/// One row of `losetup -J -l`; `null` where losetup could not read a
+/// field (a device being set up or torn down at that moment).
+#[derive(Debug, Deserialize)]
+struct LosetupEntry {
+    name: String,
+    #[serde(default)]
+    sizelimit: Option<u64>,
+    #[serde(default)]
+    offset: Option<u64>,
+    #[serde(rename = "back-file", default)]
+    back_file: Option<String>,
 }
 
 /// One attached loop device.
@@ -69,7 +82,9 @@ pub struct LosetupDevice {
     pub back_file: Option<String>,
 }
 
-/// Parses `losetup -J -l` (empty output: no loop devices).
+/// Parses `losetup -J -l` (empty output: no loop devices). A device
+/// whose offset or size limit losetup could not read (`null`: it was being
+/// set up or torn down) is left out.
 pub fn parse_losetup(json: &str) -> Result<Vec<LosetupDevice>> {
     if json.trim().is_empty() {
         return Ok(Vec::new());
@@ -78,7 +93,18 @@ pub fn parse_losetup(json: &str) -> Result<Vec<LosetupDevice>> {
         what: "losetup output",
         reason: e.to_string(),
     })?;
-    Ok(report.loopdevices)
+    Ok(report
+        .loopdevices
+        .into_iter()
+        .filter_map(|e| {
+            Some(LosetupDevice {
+                name: e.name,
+                sizelimit: e.sizelimit?,
+                offset: e.offset?,
+                back_file: e.back_file,
+            })
+        })
+        .collect())
 }
 
 /// Attaches a new loop device over `backing` at `offset` bytes, `size`
@@ -394,6 +420,15 @@ mod tests {
         .expect("parses");
         assert_eq!(loops[0].back_file.as_deref(), Some("/tmp/t2.img"));
         assert!(parse_losetup("").expect("empty is none").is_empty());
+        // A device caught mid-teardown: null fields, left out.
+        let loops = parse_losetup(
+            r#"{"loopdevices": [{"name": "/dev/loop1", "sizelimit": null, "offset": null,
+                "autoclear": false, "ro": false, "back-file": null, "dio": false, "log-sec": 512},
+                {"name": "/dev/loop2", "sizelimit": 0, "offset": 4096, "back-file": "/d.img"}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(loops.len(), 1);
+        assert_eq!(loops[0].name, "/dev/loop2");
     }
 
     #[test]

@@ -201,10 +201,12 @@ pub async fn probe(disk: &mut Disk) -> Result<()> {
     }
 }
 
-/// Every attached loop device.
+/// Every attached loop device, from sysfs ([`loopdev::list`]): no
+/// process, and a device another program is setting up or tearing down
+/// just then is left out rather than failing the scan (`losetup -J`
+/// prints `null` for the fields it cannot read at that moment).
 pub async fn list_loops() -> Result<Vec<LosetupDevice>> {
-    let out = Cmd::new("losetup").args(["-J", "-l"]).run().await?;
-    Ok(loopdev::parse_losetup(&out.stdout)?)
+    Ok(loopdev::list().await?)
 }
 
 /// Decides which group may take each disk. Pure: the caller has probed the
