@@ -14,6 +14,9 @@
 //! file system, not on disks: their tests build their configuration and
 //! call [`engine_for`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use carina_node::engine::lvm::LvmOptions;
 use carina_node::engine::{
     Config, CreateRequest, Engine, EngineOptions, Error, GroupCapacity, Volume,
@@ -236,4 +239,37 @@ async fn start(config_json: &str, options: EngineOptions) -> Engine {
     Engine::start(Config::from_json(config_json).expect("config"), options)
         .await
         .expect("engine starts")
+}
+
+/// Lists the volumes of an engine back to back in a task of its own, to
+/// run reads beside changes; [`Lister::stop`] says how many lists ran.
+#[derive(Debug)]
+pub struct Lister {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u32>,
+}
+
+impl Lister {
+    pub fn start(engine: Engine) -> Lister {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut lists = 0u32;
+            while !flag.load(Ordering::Relaxed) {
+                engine.list_volumes(None).await.expect("list");
+                lists += 1;
+            }
+            lists
+        });
+        Lister { stop, task }
+    }
+
+    /// Stops the lists; how many ran (at least one, or the reads never
+    /// met the changes).
+    pub async fn stop(self) -> u32 {
+        self.stop.store(true, Ordering::Relaxed);
+        let lists = self.task.await.expect("the lister");
+        assert!(lists > 0, "no list ran");
+        lists
+    }
 }

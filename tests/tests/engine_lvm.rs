@@ -3,13 +3,25 @@
 
 use carina_node::engine::lvm::OWNER_TAG;
 use carina_node::engine::{Error, Policy, Volume};
-use carina_tests::engine::{EngineFixture, assert_not_found, engine_over};
+use carina_tests::engine::{EngineFixture, Lister, assert_not_found, engine_over};
 use carina_tests::{MountGuard, blockdev_size, lvm, run};
 
 const MIB: u64 = 1 << 20;
 
 async fn lvm_fixture(test: &str, sizes: &[u64], reserve: u64) -> Option<EngineFixture> {
     EngineFixture::new(test, "LVM", sizes, reserve).await
+}
+
+/// An LV made behind the engine's back (`lvcreate` as the engine runs it,
+/// not activated), with `tags`, `size` given as lvcreate's `-L`.
+fn lvcreate_aside(f: &EngineFixture, name: &str, size: &str, tags: &[&str]) {
+    let dev = f.disks[0].dev();
+    let mut args = vec!["lvcreate", "-q", "-an", "-Zn", "-Wn", "--driverloaded", "n"];
+    for t in tags {
+        args.extend(["--addtag", t]);
+    }
+    args.extend(["-L", size, "-n", name, &f.group]);
+    lvm(&[&dev], &args).expect("lvcreate aside");
 }
 
 /// The volume's block device, as an argument for mkfs and mount.
@@ -139,25 +151,8 @@ async fn foreign_lvs_are_never_listed_or_deleted() {
         return;
     };
     f.create(f.req("ours", 8 * MIB)).await;
+    lvcreate_aside(&f, "theirs", "8m", &[]);
     let dev = f.disks[0].dev();
-    lvm(
-        &[&dev],
-        &[
-            "lvcreate",
-            "-q",
-            "-an",
-            "-Zn",
-            "-Wn",
-            "--driverloaded",
-            "n",
-            "-L",
-            "8m",
-            "-n",
-            "theirs",
-            &f.group,
-        ],
-    )
-    .expect("foreign lvcreate");
     f.engine.rescan().await.expect("rescan");
     assert_eq!(f.names().await, ["ours"]);
     assert_not_found(&f.engine, "theirs").await;
@@ -325,27 +320,7 @@ async fn a_retry_finishes_a_create_whose_answer_was_lost() {
     run("mkfs.ext4", &["-q", "-F", &old]).expect("mkfs");
     f.engine.delete_volume("old").await.expect("delete");
     // The lvcreate of the lost create, as the engine runs it.
-    let dev = f.disks[0].dev();
-    lvm(
-        &[&dev],
-        &[
-            "lvcreate",
-            "-q",
-            "-an",
-            "-Zn",
-            "-Wn",
-            "--driverloaded",
-            "n",
-            "--addtag",
-            OWNER_TAG,
-            "-L",
-            "32m",
-            "-n",
-            "lost",
-            &f.group,
-        ],
-    )
-    .expect("lvcreate");
+    lvcreate_aside(&f, "lost", "32m", &[OWNER_TAG]);
 
     let err = f.refused(f.req("lost", 16 * MIB)).await;
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
@@ -375,27 +350,13 @@ async fn lists_during_deletes_leave_no_loop_behind() {
     let Some(f) = lvm_fixture("list-race", &[128 * MIB], 0).await else {
         return;
     };
-    let f = std::sync::Arc::new(f);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let lister = {
-        let (f, stop) = (f.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut lists = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                f.engine.list_volumes(None).await.expect("list");
-                lists += 1;
-            }
-            lists
-        })
-    };
+    let lister = Lister::start(f.engine.clone());
     for i in 0..40 {
         let name = format!("v{i}");
         f.create(f.req(&name, 4 * MIB)).await;
         f.engine.delete_volume(&name).await.expect("delete");
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let lists = lister.await.expect("lister");
-    assert!(lists > 0);
+    let lists = lister.stop().await;
     assert_eq!(f.names().await, Vec::<String>::new());
     let left = carina_tests::loops_backed_by(&f.disks[0].dev());
     assert!(

@@ -9,7 +9,7 @@ use std::path::Path;
 use carina_node::engine::gpt::{self, Partition};
 use carina_node::engine::raw::partition_name;
 use carina_node::engine::{Error, Policy, Volume};
-use carina_tests::engine::{EngineFixture, assert_not_found, names};
+use carina_tests::engine::{EngineFixture, Lister, assert_not_found, names};
 use carina_tests::{LoopDisk, MountGuard, blockdev_size, run};
 
 const MIB: u64 = 1 << 20;
@@ -599,19 +599,7 @@ async fn lists_during_deletes_leave_no_partition_behind() {
     let Some(f) = raw_fixture("list-race", &[128 * MIB], 0).await else {
         return;
     };
-    let f = std::sync::Arc::new(f);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let lister = {
-        let (f, stop) = (f.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut lists = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                f.engine.list_volumes(None).await.expect("list");
-                lists += 1;
-            }
-            lists
-        })
-    };
+    let lister = Lister::start(f.engine.clone());
     // A second volume stays, so deletes take the one-entry path too.
     f.create(f.req("stays", 4 * MIB)).await;
     for i in 0..40 {
@@ -620,9 +608,7 @@ async fn lists_during_deletes_leave_no_partition_behind() {
         f.engine.delete_volume(&name).await.expect("delete");
     }
     f.engine.delete_volume("stays").await.expect("delete");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let lists = lister.await.expect("lister");
-    assert!(lists > 0);
+    let lists = lister.stop().await;
     assert_eq!(f.names().await, Vec::<String>::new());
     let left = kernel_partitions(&f.disks[0].dev());
     assert!(
