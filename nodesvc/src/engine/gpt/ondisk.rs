@@ -4,7 +4,8 @@
 //! what `sfdisk -J` reports, without starting a program on every look at
 //! a disk; anything else (no table, another label, a damaged primary
 //! table that sfdisk would repair from the backup) is `None` and left to
-//! `sfdisk`. [`parse`] is pure; [`read`] does the (blocking) I/O.
+//! `sfdisk`. [`parse_header`] and [`parse_entries`] are pure; [`read`]
+//! does the (blocking) I/O.
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;

@@ -1,12 +1,11 @@
 //! The LVM device group backend ([`LvmGroup`]): the VG named after the
-//! group on its disks, a cached [`VgSnapshot`] kept exact by our own
-//! changes and re-read on every rescan and list, and volumes created,
-//! grown, listed and deleted as tagged LVs. Runs the commands built in
-//! [`super::cli`]; placement comes from [`super::extents`], devices from
-//! [`super::device`].
+//! group on its disks, its picture cached ([`super::cache`]), and volumes
+//! created ([`create`]), grown, listed and deleted as tagged LVs. Runs the
+//! commands built in [`super::cli`]; placement comes from
+//! [`super::extents`], devices from [`super::device`].
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -20,12 +19,14 @@ use crate::engine::disks::Disk;
 use crate::engine::error::{Error, Result};
 use crate::engine::names;
 use crate::engine::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
-use crate::engine::wipe::zero_ends;
 
+use super::cache::VgCache;
 use super::cli::{OWNER_TAG, extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
 use super::device::{self, Mode, dm_path, ensure_unused};
 use super::report::{Lv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
 use super::runner::LvmRunner;
+
+mod create;
 
 /// The VG each of `paths` belongs to (only those that are PVs).
 pub async fn pv_vg_names(
@@ -44,6 +45,8 @@ pub struct LvmGroup {
     config: GroupConfig,
     mode: Mode,
     state: Mutex<LvmState>,
+    /// The VG as last read, kept exact by our own changes.
+    cache: VgCache,
     /// The node's `lvm` runner, shared by its groups.
     runner: Arc<LvmRunner>,
     /// Held while loop devices are attached or detached, together with
@@ -58,21 +61,6 @@ pub struct LvmGroup {
 struct LvmState {
     /// The group's disks (the LVM device filter).
     devices: Vec<PathBuf>,
-    /// Last known picture of the VG; kept exact by our own mutations and
-    /// refreshed on every rescan and list.
-    snapshot: Option<VgSnapshot>,
-    /// The VG's extent size as last read. Unlike the snapshot it survives
-    /// invalidation (a VG's extent size does not change), so
-    /// [`Backend::round_size`] always rounds to the real unit.
-    extent_size: Option<u64>,
-    /// Bumped whenever we start or finish changing the VG. A refresh
-    /// keeps what it read only if no change began or ended while it read
-    /// (reads run beside our serialised changes): a report taken just
-    /// before an lvcreate would hide the new LV, and one taken just after
-    /// it would be applied a second time by the change's own update.
-    generation: u64,
-    /// Between the start of a change's command and its update.
-    changing: bool,
 }
 
 impl LvmGroup {
@@ -100,6 +88,7 @@ impl LvmGroup {
             config,
             mode,
             state: Mutex::new(LvmState::default()),
+            cache: VgCache::default(),
             runner,
             exposure: tokio::sync::Mutex::new(()),
         })
@@ -139,24 +128,17 @@ impl LvmGroup {
 
     /// Reads the VG from LVM and caches it.
     async fn refresh(&self) -> Result<VgSnapshot> {
-        let generation = self.lock().generation;
+        let mark = self.cache.read_mark();
         let out = self
             .run(self.cmd("pvs").args(pvsegs_args(self.vg())))
             .await?;
         let snap = parse_pvsegs(&out.stdout)?;
-        let mut state = self.lock();
-        if snap.extent_size > 0 {
-            state.extent_size = Some(snap.extent_size);
-        }
-        if !state.changing && state.generation == generation {
-            state.snapshot = Some(snap.clone());
-        }
+        self.cache.store(mark, &snap);
         Ok(snap)
     }
 
     async fn snapshot(&self) -> Result<VgSnapshot> {
-        let cached = self.lock().snapshot.clone();
-        match cached {
+        match self.cache.get() {
             Some(s) => Ok(s),
             None => self.refresh().await,
         }
@@ -164,31 +146,19 @@ impl LvmGroup {
 
     /// Applies a change that succeeded to the cached picture.
     fn update<F: FnOnce(&mut VgSnapshot)>(&self, f: F) {
-        let mut state = self.lock();
-        if let Some(s) = state.snapshot.as_mut() {
-            f(s);
-        }
-        state.changing = false;
-        state.generation += 1;
+        self.cache.update(f);
     }
 
     /// Drops the cached picture (also ends a change).
     fn invalidate(&self) {
-        let mut state = self.lock();
-        state.snapshot = None;
-        state.changing = false;
-        state.generation += 1;
+        self.cache.invalidate();
     }
 
     /// Runs a command that changes the VG. On success the caller ends the
     /// change with [`Self::update`] or [`Self::invalidate`]; a failure
     /// invalidates here.
     async fn change(&self, cmd: Cmd) -> Result<Output, CommandError> {
-        {
-            let mut state = self.lock();
-            state.changing = true;
-            state.generation += 1;
-        }
+        self.cache.begin_change();
         let result = self.run(cmd).await;
         if result.is_err() {
             self.invalidate();
@@ -230,200 +200,6 @@ impl LvmGroup {
             group: self.config.name.clone(),
             requested_bytes: requested,
             allocatable_bytes: GroupCapacity::allocatable(snap.free, self.config.reserve_bytes),
-        }
-    }
-
-    /// Removes an LV we just created after a later step failed.
-    async fn roll_back(&self, name: &str) {
-        let lv = format!("{}/{}", self.vg(), name);
-        if let Err(e) = self
-            .change(self.cmd("lvremove").args(["-f", "-y"]).arg(&lv))
-            .await
-        {
-            tracing::error!(lvm.lv = %lv, error = %e, "rollback of a half-created LV failed");
-        }
-        self.invalidate();
-    }
-
-    async fn create_loop(
-        &self,
-        req: &CreateRequest,
-        size: u64,
-        snap: &VgSnapshot,
-        lock: Option<&GroupLock>,
-    ) -> Result<Volume> {
-        let extents = size / snap.extent_size;
-        let (pv, start) = snap
-            .best_fit(extents)
-            .ok_or_else(|| self.exhausted(size, snap))?;
-        let range = extent_range(&pv, start, extents);
-        let created = self
-            .change(
-                self.cmd("lvcreate")
-                    .args([
-                        "-q",
-                        "-an",
-                        "-Zn",
-                        "-Wn",
-                        "--alloc",
-                        "contiguous",
-                        "--addtag",
-                        OWNER_TAG,
-                        "-l",
-                    ])
-                    .arg(extents.to_string())
-                    .arg("-n")
-                    .arg(&req.name)
-                    .arg(self.vg())
-                    .arg(&range),
-            )
-            .await;
-        if let Err(e) = created {
-            // Our picture was stale (someone else allocated): re-read it.
-            return self.after_failed_lvcreate(req, e, snap).await;
-        }
-        self.update(|s| s.allocate(&req.name, &pv, start, extents, vec![OWNER_TAG.to_string()]));
-        let snap = self.snapshot().await?;
-        let Some(lv) = snap.lvs.get(&req.name).cloned() else {
-            self.roll_back(&req.name).await;
-            return Err(Error::parse(
-                format!("LV {}", req.name),
-                "created but missing from the cache",
-            ));
-        };
-        // The extents are taken and recorded; attaching the new LV's loop
-        // and wiping its ends concern it alone, so the group's next change
-        // (the next lvcreate) runs meanwhile.
-        if let Some(lock) = lock {
-            lock.release();
-        }
-        let result = async {
-            let device = {
-                let _exposing = self.exposure.lock().await;
-                self.expose(&snap, &lv, None).await?
-            };
-            zero_ends(&device, lv.size).await?;
-            self.volume(&lv, device)
-        }
-        .await;
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if let Some(lock) = lock {
-                    lock.reacquire().await;
-                }
-                let _exposing = self.exposure.lock().await;
-                if let Some((pv, offset)) = snap.byte_offset(&lv)
-                    && let Ok(loops) = loopdev::list().await
-                    && let Some(l) = loopdev::find(&loops, &pv, offset)
-                {
-                    let _ = loopdev::detach(Path::new(&l.name)).await;
-                }
-                self.roll_back(&req.name).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// [`Backend::create`], with the group's lock when the engine hands
-    /// it over ([`Backend::create_releasing`]).
-    async fn create_with(&self, req: &CreateRequest, lock: Option<&GroupLock>) -> Result<Volume> {
-        let snap = self.snapshot().await?;
-        if snap.vg.is_empty() {
-            return Err(Error::ResourceExhausted {
-                group: self.config.name.clone(),
-                requested_bytes: req.size_bytes,
-                allocatable_bytes: 0,
-            });
-        }
-        // The engine knows no volume of ours by this name; a foreign LV of
-        // that name is in the VG only, so this check is ours.
-        if let Some(lv) = snap.lvs.get(&req.name).cloned() {
-            return self.same_name(req, &snap, &lv).await;
-        }
-        // Already rounded to the extent size by the engine (round_size).
-        let size = req.size_bytes;
-        if size > GroupCapacity::allocatable(snap.free, self.config.reserve_bytes) {
-            return Err(self.exhausted(size, &snap));
-        }
-        match self.mode {
-            Mode::Loop => self.create_loop(req, size, &snap, lock).await,
-            Mode::DeviceMapper => self.create_dm(req, size, &snap).await,
-        }
-    }
-
-    /// A create of a name the VG already holds as `lv` (the engine knows
-    /// no volume of that name). An LV of ours of the requested size is
-    /// what a create whose lvcreate committed but whose answer never came
-    /// (the shell died, the time limit fired) leaves: nobody was given it,
-    /// so this create finishes it, exposed and wiped as a create would
-    /// have. Anything else (foreign, or another size) is a conflict.
-    async fn same_name(&self, req: &CreateRequest, snap: &VgSnapshot, lv: &Lv) -> Result<Volume> {
-        if !(lv.owned() && lv.size == req.size_bytes) {
-            return Err(Error::AlreadyExists {
-                name: req.name.clone(),
-                group: self.config.name.clone(),
-                existing_bytes: lv.size,
-                requested_bytes: req.size_bytes,
-            });
-        }
-        tracing::info!(lvm.lv = %req.name, "finishing an earlier create whose answer was lost");
-        let device = {
-            let _exposing = self.exposure.lock().await;
-            self.expose(snap, lv, None).await?
-        };
-        zero_ends(&device, lv.size).await?;
-        self.volume(lv, device)
-    }
-
-    /// After lvcreate failed: a fresh look at the VG, and if an LV of the
-    /// name is there after all (our picture missed it), the decision of
-    /// [`Self::same_name`]; else the command's error.
-    async fn after_failed_lvcreate(
-        &self,
-        req: &CreateRequest,
-        e: CommandError,
-        snap: &VgSnapshot,
-    ) -> Result<Volume> {
-        self.invalidate();
-        if e.stderr().contains("already exists")
-            && let Ok(fresh) = self.snapshot().await
-            && let Some(lv) = fresh.lvs.get(&req.name).cloned()
-        {
-            return self.same_name(req, &fresh, &lv).await;
-        }
-        Err(map_lvcreate_error(e, || {
-            self.exhausted(req.size_bytes, snap)
-        }))
-    }
-
-    async fn create_dm(&self, req: &CreateRequest, size: u64, snap: &VgSnapshot) -> Result<Volume> {
-        let created = self
-            .change(
-                self.cmd("lvcreate")
-                    .args(["-q", "-y", "-ay", "-Zy", "-Wy", "--addtag", OWNER_TAG, "-L"])
-                    .arg(format!("{size}b"))
-                    .arg("-n")
-                    .arg(&req.name)
-                    .arg(self.vg()),
-            )
-            .await;
-        if let Err(e) = created {
-            return self.after_failed_lvcreate(req, e, snap).await;
-        }
-        self.invalidate();
-        let snap = self.refresh().await?;
-        let lv =
-            snap.lvs.get(&req.name).cloned().ok_or_else(|| {
-                Error::parse(format!("LV {}", req.name), "created but not reported")
-            })?;
-        let device = self.expose(&snap, &lv, None).await?;
-        match self.volume(&lv, device) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                self.roll_back(&req.name).await;
-                Err(e)
-            }
         }
     }
 }
@@ -660,8 +436,8 @@ impl Backend for LvmGroup {
 
     fn round_size(&self, size_bytes: u64) -> Option<u64> {
         let extent = self
-            .lock()
-            .extent_size
+            .cache
+            .extent_size()
             .filter(|e| *e > 0)
             .unwrap_or(4 << 20);
         names::round_up(size_bytes, extent)

@@ -22,10 +22,13 @@
 //! The files: `cli` builds the commands, `runner` runs them (the shell or
 //! a process each), `shell` is the shell's protocol (what is written, how
 //! answers are cut and read), `report` parses their JSON, `extents` does
-//! the placement arithmetic, `device` exposes and checks LV devices (a new
-//! one is wiped by `engine::wipe`), and `group` is the [`LvmGroup`]
-//! backend that runs them. This file only re-exports the public paths.
+//! the placement arithmetic, `cache` keeps the VG's picture beside reads
+//! and changes, `device` exposes and checks LV devices (a new one is wiped
+//! by `engine::wipe`), and `group` is the [`LvmGroup`] backend that runs
+//! them (`group/create` its create path). This file only re-exports the
+//! public paths.
 
+mod cache;
 mod cli;
 mod device;
 mod extents;
