@@ -9,12 +9,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "carina/nodestorage/v1/nodestorage.proto",
         "csi/v1/csi.proto",
+        "carina/identity/v1/identity.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed=proto/{f}");
     }
-    // One compile: the descriptor set (served by gRPC reflection) holds both
-    // files and the well-known types they import.
+    // One compile: the descriptor set (served by gRPC reflection) holds every
+    // file and the well-known types they import.
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;

@@ -1,5 +1,5 @@
-//! The wire of Carina: generated NodeStorage and CSI code (private, re-exported
-//! on purpose), mutual-TLS configuration with hot reload, W3C trace-context
+//! The wire of Carina: generated NodeStorage, NodeIdentity and CSI code
+//! (private, re-exported on purpose), mutual-TLS configuration with hot reload, W3C trace-context
 //! propagation for tonic clients and servers, and telemetry initialisation.
 
 #[allow(
@@ -16,6 +16,9 @@ mod generated {
     }
     pub mod csi {
         tonic::include_proto!("csi.v1");
+    }
+    pub mod identity {
+        tonic::include_proto!("carina.identity.v1");
     }
 }
 
@@ -34,6 +37,12 @@ pub mod nodestorage {
 /// their clients, wire-compatible with kubelet and the Kubernetes sidecars.
 pub mod csi {
     pub use crate::generated::csi::*;
+}
+
+/// NodeIdentity v1: the node's certificate request to the control plane,
+/// the server trait and the client.
+pub mod identity {
+    pub use crate::generated::identity::*;
 }
 
 /// Encoded `FileDescriptorSet` of every Carina proto, for gRPC reflection.
