@@ -171,7 +171,11 @@ struct Args {
 
     /// Kube mode: the ConfigMap whose `ca.crt` the controller keeps equal
     /// to the CA certificate (the nodes mount it).
-    #[arg(long, env = "CARINA_IDENTITY_CA_CONFIGMAP", default_value = "carina-ca")]
+    #[arg(
+        long,
+        env = "CARINA_IDENTITY_CA_CONFIGMAP",
+        default_value = "carina-ca"
+    )]
     identity_ca_configmap: String,
 
     /// Kube mode: where to serve the node-identity issuer
@@ -349,7 +353,9 @@ fn kube_client_tls(
         return Ok((client_tls(args, "kube")?, None));
     };
     let ca_pem = match &args.tls_ca {
-        Some(path) => std::fs::read(path).with_context(|| format!("read --tls-ca {}", path.display()))?,
+        Some(path) => {
+            std::fs::read(path).with_context(|| format!("read --tls-ca {}", path.display()))?
+        }
         None => started
             .map(|s| s.ca_bundle_pem.clone().into_bytes())
             .unwrap_or_default(),
@@ -580,7 +586,10 @@ mod tests {
         assert_eq!(args.identity_cert_ttl, Duration::from_secs(90));
         assert_eq!(args.identity_server_names, ["localhost", "carina.example"]);
         let config = identity_config(&args, false).expect("config");
-        assert_eq!(config.node_service_account.to_string(), "carina:carina-node");
+        assert_eq!(
+            config.node_service_account.to_string(),
+            "carina:carina-node"
+        );
         assert!(own_client_cert(&args).is_err(), "a cert without its key");
         assert!(
             Args::try_parse_from(["carina-controller", "--identity-cert-ttl=1s"]).is_err(),

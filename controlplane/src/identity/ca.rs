@@ -133,14 +133,20 @@ impl ClusterCa {
             .map_err(|e| invalid("tls.crt", e.to_string()))?;
         let key = KeyPair::from_pem(tls_key).map_err(|e| invalid("tls.key", e.to_string()))?;
         if cert.tbs_certificate.subject_pki.raw != key.subject_public_key_info().as_slice() {
-            return Err(invalid("tls.key", "does not match the certificate in tls.crt"));
+            return Err(invalid(
+                "tls.key",
+                "does not match the certificate in tls.crt",
+            ));
         }
         let is_ca = cert
             .basic_constraints()
             .map_err(|e| invalid("tls.crt", e.to_string()))?
             .is_some_and(|bc| bc.value.ca);
         if !is_ca {
-            return Err(invalid("tls.crt", "the first certificate is not a CA (basicConstraints CA:TRUE)"));
+            return Err(invalid(
+                "tls.crt",
+                "the first certificate is not a CA (basicConstraints CA:TRUE)",
+            ));
         }
         if !cert.validity().is_valid() {
             return Err(invalid(
@@ -212,7 +218,9 @@ impl ClusterCa {
         let not_after = params.not_after;
         let cert = params
             .signed_by(public_key, &self.issuer)
-            .map_err(rcgen_err(format!("sign the certificate of node {node_name}")))?;
+            .map_err(rcgen_err(format!(
+                "sign the certificate of node {node_name}"
+            )))?;
         Ok(Issued {
             chain_pem: format!("{}{}", cert.pem(), self.cert_pem),
             key_pem: String::new(),
@@ -334,7 +342,10 @@ mod tests {
         let again = ClusterCa::from_pem(ca.cert_pem(), ca.key_pem(), None).expect("reload");
         assert_eq!(again.bundle_pem(), ca.cert_pem());
         let issued = again
-            .issue_server(&["carina-controller.ns.svc".to_string()], Duration::from_secs(60))
+            .issue_server(
+                &["carina-controller.ns.svc".to_string()],
+                Duration::from_secs(60),
+            )
             .expect("server");
         let der = leaf_of(&issued.chain_pem);
         let (_, cert) = X509Certificate::from_der(&der).expect("parses");
@@ -357,8 +368,12 @@ mod tests {
             let (_, cert) = X509Certificate::from_der(&der).expect("parses");
             cert.raw_serial().to_vec()
         };
-        let a = ca.sign_node("node-a", &key, Duration::from_secs(60)).expect("a");
-        let b = ca.sign_node("node-a", &key, Duration::from_secs(60)).expect("b");
+        let a = ca
+            .sign_node("node-a", &key, Duration::from_secs(60))
+            .expect("a");
+        let b = ca
+            .sign_node("node-a", &key, Duration::from_secs(60))
+            .expect("b");
         assert_ne!(serial(&a), serial(&b));
     }
 
@@ -375,8 +390,12 @@ mod tests {
         assert!(err.to_string().contains("not a CA"), "{err}");
         let err = ClusterCa::from_pem("", ca.key_pem(), None).expect_err("empty");
         assert!(err.to_string().contains("tls.crt"), "{err}");
-        let err = ClusterCa::from_pem(ca.cert_pem(), ca.key_pem(), Some("garbage-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
-            .expect_err("bad ca.crt");
+        let err = ClusterCa::from_pem(
+            ca.cert_pem(),
+            ca.key_pem(),
+            Some("garbage-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
+        )
+        .expect_err("bad ca.crt");
         assert!(err.to_string().contains("ca.crt"), "{err}");
     }
 }

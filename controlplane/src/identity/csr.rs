@@ -8,6 +8,7 @@
 //! the certificate's contents are decided by the issuer (`ca.rs`).
 
 use std::fmt;
+use std::net::IpAddr;
 
 use rcgen::SubjectPublicKeyInfo;
 use x509_parser::certification_request::X509CertificationRequest;
@@ -90,8 +91,11 @@ pub fn check_csr(pem: &str, node_name: &str) -> Result<CheckedCsr, CsrError> {
                     for name in &san.general_names {
                         match name {
                             GeneralName::DNSName(dns) => names.push(dns.to_string()),
-                            GeneralName::IPAddress(_) => {
-                                return Err(forbidden(format!("the IP address SAN {name}")));
+                            GeneralName::IPAddress(bytes) => {
+                                return Err(forbidden(format!(
+                                    "the IP address SAN {}",
+                                    ip_text(bytes)
+                                )));
                             }
                             GeneralName::URI(uri) => {
                                 return Err(forbidden(format!("the URI SAN {uri:?}")));
@@ -104,7 +108,9 @@ pub fn check_csr(pem: &str, node_name: &str) -> Result<CheckedCsr, CsrError> {
                     }
                 }
                 ParsedExtension::BasicConstraints(bc) if bc.ca => {
-                    return Err(forbidden("a CA certificate (basicConstraints CA:TRUE)".into()));
+                    return Err(forbidden(
+                        "a CA certificate (basicConstraints CA:TRUE)".into(),
+                    ));
                 }
                 ParsedExtension::BasicConstraints(_) => {}
                 ParsedExtension::KeyUsage(usage) if usage.flags & !1 != 0 => {
@@ -143,6 +149,23 @@ pub fn check_csr(pem: &str, node_name: &str) -> Result<CheckedCsr, CsrError> {
             Err(forbidden(format!("more than one DNS SAN ({extra:?})")))
         }
     }
+}
+
+/// An IP address SAN as people write it (hex if it is neither v4 nor v6).
+fn ip_text(bytes: &[u8]) -> String {
+    match bytes.len() {
+        4 => {
+            <[u8; 4]>::try_from(bytes).map_or_else(|_| hex(bytes), |b| IpAddr::from(b).to_string())
+        }
+        16 => {
+            <[u8; 16]>::try_from(bytes).map_or_else(|_| hex(bytes), |b| IpAddr::from(b).to_string())
+        }
+        _ => hex(bytes),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The request's key when it is one of [`ACCEPTED_KEYS`].
@@ -255,12 +278,15 @@ mod tests {
     #[test]
     fn refuses_anything_but_the_node_name() {
         let extra = refused(&csr(|p| p.subject_alt_names.push(dns("node-b"))));
-        assert!(extra.contains("more than one DNS SAN") && extra.contains("node-b"), "{extra}");
+        assert!(
+            extra.contains("more than one DNS SAN") && extra.contains("node-b"),
+            "{extra}"
+        );
         let ip = refused(&csr(|p| {
             p.subject_alt_names
                 .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)))
         }));
-        assert!(ip.contains("IP address SAN"), "{ip}");
+        assert!(ip.contains("the IP address SAN 127.0.0.1;"), "{ip}");
         let uri = refused(&csr(|p| {
             p.subject_alt_names.push(SanType::URI(
                 "spiffe://carina.storage.io/carina/controller"
@@ -271,8 +297,9 @@ mod tests {
         }));
         assert!(uri.contains("URI SAN"), "{uri}");
         let mail = refused(&csr(|p| {
-            p.subject_alt_names
-                .push(SanType::Rfc822Name("a@b.c".to_string().try_into().expect("ia5")))
+            p.subject_alt_names.push(SanType::Rfc822Name(
+                "a@b.c".to_string().try_into().expect("ia5"),
+            ))
         }));
         assert!(mail.contains("email SAN"), "{mail}");
         let other = refused(&csr(|p| p.subject_alt_names = vec![dns("node-b")]));
@@ -283,7 +310,9 @@ mod tests {
 
     #[test]
     fn refuses_ca_and_extra_usages() {
-        let ca = refused(&csr(|p| p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained)));
+        let ca = refused(&csr(|p| {
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained)
+        }));
         assert!(ca.contains("CA:TRUE"), "{ca}");
         let usage = refused(&csr(|p| {
             p.key_usages = vec![

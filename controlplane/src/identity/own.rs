@@ -171,16 +171,25 @@ mod tests {
 
     #[test]
     fn renewal_is_at_two_thirds() {
-        assert_eq!(renew_after(Duration::from_secs(24 * 3600)), Duration::from_secs(16 * 3600));
+        assert_eq!(
+            renew_after(Duration::from_secs(24 * 3600)),
+            Duration::from_secs(16 * 3600)
+        );
         assert_eq!(renew_after(Duration::from_secs(9)), Duration::from_secs(6));
     }
 
     #[test]
     fn issuer_names_start_with_the_service() {
-        let names = issuer_names("kube-system", &["localhost".into(), "carina-controller".into()]);
+        let names = issuer_names(
+            "kube-system",
+            &["localhost".into(), "carina-controller".into()],
+        );
         assert_eq!(names[0], "carina-controller.kube-system.svc");
         assert_eq!(names.last().map(String::as_str), Some("localhost"));
-        assert_eq!(names.iter().filter(|n| *n == "carina-controller").count(), 1);
+        assert_eq!(
+            names.iter().filter(|n| *n == "carina-controller").count(),
+            1
+        );
     }
 
     #[tokio::test]

@@ -270,7 +270,10 @@ mod tests {
 
     #[test]
     fn service_account_refs_parse() {
-        assert_eq!(sa().username(), "system:serviceaccount:kube-system:carina-node");
+        assert_eq!(
+            sa().username(),
+            "system:serviceaccount:kube-system:carina-node"
+        );
         for bad in ["carina-node", ":x", "x:", "a:b:c"] {
             assert!(ServiceAccountRef::parse(bad).is_err(), "{bad}");
         }
@@ -284,7 +287,10 @@ mod tests {
             Err(Refusal::WrongServiceAccount { .. })
         ));
         let unbound = user("system:serviceaccount:kube-system:carina-node", None);
-        assert!(matches!(bound_pod(&unbound, &sa()), Err(Refusal::NotBoundToPod)));
+        assert!(matches!(
+            bound_pod(&unbound, &sa()),
+            Err(Refusal::NotBoundToPod)
+        ));
         let bound = user(
             "system:serviceaccount:kube-system:carina-node",
             Some(("carina-node-x", "uid-1")),

@@ -199,7 +199,8 @@ mod tests {
 
     fn csr_for(name: &str) -> String {
         let mut params = CertificateParams::default();
-        params.subject_alt_names = vec![SanType::DnsName(name.to_string().try_into().expect("ia5"))];
+        params.subject_alt_names =
+            vec![SanType::DnsName(name.to_string().try_into().expect("ia5"))];
         params
             .serialize_request(&KeyPair::generate().expect("key"))
             .expect("CSR")
@@ -228,17 +229,52 @@ mod tests {
             .await
             .expect("issued")
             .into_inner();
-        assert_eq!(ok.certificate_chain_pem.matches("BEGIN CERTIFICATE").count(), 2);
-        assert!(ok.not_after.expect("not_after").seconds > OffsetDateTime::now_utc().unix_timestamp());
+        assert_eq!(
+            ok.certificate_chain_pem
+                .matches("BEGIN CERTIFICATE")
+                .count(),
+            2
+        );
+        assert!(
+            ok.not_after.expect("not_after").seconds > OffsetDateTime::now_utc().unix_timestamp()
+        );
 
         let cases = [
-            (request("", csr_for("node-a"), "good"), Code::InvalidArgument, "node_name: empty"),
-            (request("Node_A", csr_for("node-a"), "good"), Code::InvalidArgument, "node_name:"),
-            (request("node-a", String::new(), "good"), Code::InvalidArgument, "csr_pem: empty"),
-            (request("node-a", csr_for("node-b"), "good"), Code::InvalidArgument, "csr_pem:"),
-            (request("node-a", csr_for("node-a"), ""), Code::Unauthenticated, "token: empty"),
-            (request("node-a", csr_for("node-a"), "old"), Code::Unauthenticated, "expired"),
-            (request("node-b", csr_for("node-b"), "good"), Code::PermissionDenied, "runs on node"),
+            (
+                request("", csr_for("node-a"), "good"),
+                Code::InvalidArgument,
+                "node_name: empty",
+            ),
+            (
+                request("Node_A", csr_for("node-a"), "good"),
+                Code::InvalidArgument,
+                "node_name:",
+            ),
+            (
+                request("node-a", String::new(), "good"),
+                Code::InvalidArgument,
+                "csr_pem: empty",
+            ),
+            (
+                request("node-a", csr_for("node-b"), "good"),
+                Code::InvalidArgument,
+                "csr_pem:",
+            ),
+            (
+                request("node-a", csr_for("node-a"), ""),
+                Code::Unauthenticated,
+                "token: empty",
+            ),
+            (
+                request("node-a", csr_for("node-a"), "old"),
+                Code::Unauthenticated,
+                "expired",
+            ),
+            (
+                request("node-b", csr_for("node-b"), "good"),
+                Code::PermissionDenied,
+                "runs on node",
+            ),
         ];
         for (req, code, text) in cases {
             let status = svc.issue_certificate(req).await.expect_err("refused");

@@ -141,7 +141,10 @@ pub async fn load_or_create_ca(client: &Client, at: &CaLocation) -> Result<Clust
         secret: name.clone(),
         source,
     })?;
-    match api.create(&PostParams::default(), &new_secret(at, &ca)).await {
+    match api
+        .create(&PostParams::default(), &new_secret(at, &ca))
+        .await
+    {
         Ok(_) => {
             tracing::info!(ca.secret = %name, "no CA Secret: made a new CA and stored it");
             Ok(ca)

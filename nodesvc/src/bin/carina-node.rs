@@ -218,9 +218,7 @@ async fn run(args: Args) -> Result<()> {
 
     let tls = match (file_tls, &args.identity_issuer) {
         (Some(tls), _) => Some(tls),
-        (None, Some(issuer)) => {
-            issued_tls(&args, issuer, server.metrics(), stop_rx.clone()).await
-        }
+        (None, Some(issuer)) => issued_tls(&args, issuer, server.metrics(), stop_rx.clone()).await,
         // clap requires one of the two.
         (None, None) => anyhow::bail!("give --tls-cert and --tls-key, or --identity-issuer"),
     };

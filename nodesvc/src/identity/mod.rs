@@ -97,6 +97,21 @@ fn log_issued(options: &IdentityOptions, cert: &IssuedCert, what: &str) {
     );
 }
 
+/// An error and its sources, `: `-separated (a transport error says why).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Completes when `stop` turns true (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The guard wait_for returns must not live in a select's output.
@@ -133,7 +148,7 @@ pub async fn obtain(
                 tracing::warn!(
                     node.name = %options.node_name,
                     issuer = %options.issuer,
-                    reason = %e,
+                    reason = %chain(&e),
                     retry_in = ?delay,
                     "no certificate from the issuer yet"
                 );
@@ -151,8 +166,8 @@ async fn request_usable(
     options: &IdentityOptions,
 ) -> Result<(IssuedCert, Arc<ServerConfig>), RequestError> {
     let cert = request_certificate(&options.target()).await?;
-    let config = config_for(&cert, &options.ca_file)
-        .map_err(|e| RequestError::Answer(e.to_string()))?;
+    let config =
+        config_for(&cert, &options.ca_file).map_err(|e| RequestError::Answer(e.to_string()))?;
     Ok((cert, config))
 }
 
@@ -222,7 +237,7 @@ pub async fn keep_renewed(
                         tracing::warn!(
                             node.name = %options.node_name,
                             issuer = %options.issuer,
-                            reason = %e,
+                            reason = %chain(&e),
                             retry_in = ?delay,
                             not_after = %utc(current.not_after),
                             "cannot renew the certificate yet; the current one is still served"
@@ -245,5 +260,16 @@ mod tests {
         let secs: Vec<u64> = (1..=8).map(|n| b.delay(n).as_secs()).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
         assert_eq!(b.delay(200), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn reasons_carry_their_sources_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(chain(&Outer(inner)), "outer: refused");
+        let token = RequestError::EmptyToken { path: "/t".into() };
+        assert_eq!(chain(&token), "the token file /t is empty");
     }
 }

@@ -50,7 +50,8 @@ impl Metrics {
     /// A certificate from the issuer is in force until `not_after` (Unix
     /// seconds).
     pub fn certificate_issued(&self, not_after: i64) {
-        self.certificate_not_after.store(not_after, Ordering::Relaxed);
+        self.certificate_not_after
+            .store(not_after, Ordering::Relaxed);
         self.certificates_issued.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -98,14 +98,16 @@ mod tests {
         let second = ca
             .issue_client("carina.storage.io", "controller", Validity::days(1))
             .expect("client");
-        let live =
-            LiveClientCert::from_pem(first.cert_pem.as_bytes(), first.key_pem.as_bytes())
-                .expect("loads");
+        let live = LiveClientCert::from_pem(first.cert_pem.as_bytes(), first.key_pem.as_bytes())
+            .expect("loads");
         let before = live.chain();
         let err = live
             .replace(second.cert_pem.as_bytes(), first.key_pem.as_bytes())
             .expect_err("a key that does not match");
-        assert!(err.to_string().contains("client certificate and key"), "{err}");
+        assert!(
+            err.to_string().contains("client certificate and key"),
+            "{err}"
+        );
         assert_eq!(live.chain(), before, "the old one stays after an error");
         live.replace(second.cert_pem.as_bytes(), second.key_pem.as_bytes())
             .expect("replaces");

@@ -59,9 +59,8 @@ pub use client::{ClientTls, client_config_without_cert, connect, connect_with_co
 pub use live::LiveClientCert;
 pub use roles::{DEFAULT_TRUST_DOMAIN, Role, RoleError, role_from_cert, role_from_uri, spiffe_id};
 pub use server::{
-    HANDSHAKE_TIMEOUT, RELOAD_INTERVAL, ReloadingServerConfig, ServerConfigUpdater,
-    ServerTlsFiles, ServerTlsStream, server_config, server_config_without_client_auth,
-    tls_incoming,
+    HANDSHAKE_TIMEOUT, RELOAD_INTERVAL, ReloadingServerConfig, ServerConfigUpdater, ServerTlsFiles,
+    ServerTlsStream, server_config, server_config_without_client_auth, tls_incoming,
 };
 
 /// The ALPN protocol of gRPC.
