@@ -10,12 +10,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "carina/nodestorage/v1/nodestorage.proto",
         "csi/v1/csi.proto",
         "kubelet/pluginregistration/v1/registration.proto",
+        "carina/identity/v1/identity.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed=proto/{f}");
     }
-    // One compile: the descriptor set (served by gRPC reflection) holds
-    // every file and the well-known types they import.
+    // One compile: the descriptor set (served by gRPC reflection) holds every
+    // file and the well-known types they import.
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("descriptor.bin"), fds.encode_to_vec())?;

@@ -1,5 +1,6 @@
-//! The wire of Carina: generated NodeStorage, CSI and kubelet plugin
-//! registration code (private, re-exported on purpose), mutual-TLS configuration with hot reload, W3C trace-context
+//! The wire of Carina: generated NodeStorage, NodeIdentity, CSI and
+//! kubelet plugin registration code (private, re-exported on purpose),
+//! mutual-TLS configuration with hot reload, W3C trace-context
 //! propagation for tonic clients and servers, and telemetry initialisation.
 
 #[allow(
@@ -19,6 +20,9 @@ mod generated {
     }
     pub mod pluginregistration {
         tonic::include_proto!("pluginregistration");
+    }
+    pub mod identity {
+        tonic::include_proto!("carina.identity.v1");
     }
 }
 
@@ -44,6 +48,12 @@ pub mod csi {
 /// on its registration socket, the client kubelet uses, and the messages.
 pub mod pluginregistration {
     pub use crate::generated::pluginregistration::*;
+}
+
+/// NodeIdentity v1: the node's certificate request to the control plane,
+/// the server trait and the client.
+pub mod identity {
+    pub use crate::generated::identity::*;
 }
 
 /// Encoded `FileDescriptorSet` of every Carina proto, for gRPC reflection.

@@ -241,6 +241,12 @@ impl KubeCluster {
         self.dir.path()
     }
 
+    /// The private key the apiserver signs ServiceAccount tokens with
+    /// (PEM, ECDSA P-256).
+    pub fn service_account_key(&self) -> &Path {
+        &self.pki.sa_private
+    }
+
     /// Where `etcd.log` and `kube-apiserver.log` are written.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir

@@ -10,6 +10,7 @@ pub mod containerd;
 pub mod csi;
 pub mod engine;
 pub mod grpc;
+pub mod identity;
 pub mod kube;
 pub mod process;
 pub mod scale;

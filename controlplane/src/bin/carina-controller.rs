@@ -13,17 +13,28 @@
 //!   mode. The API is reached through `--kubeconfig`, else `KUBECONFIG`
 //!   or the in-cluster service account.
 //!
+//! In kube mode the controller also keeps the node-identity CA (the Secret
+//! `--identity-ca-secret`, published in the ConfigMap
+//! `--identity-ca-configmap`) when it serves the issuer
+//! (`--identity-listen`) or needs its own client certificate: without
+//! `--tls-cert/--tls-key` it signs one for itself from that CA and renews
+//! it, and verifies the nodes against that CA unless `--tls-ca` is given.
+//!
 //! Every flag has an environment fallback. SIGTERM or SIGINT: stop
 //! accepting, let in-flight calls finish (bounded by
 //! `--shutdown-grace-secs`), remove the socket; in kube mode stop the led
 //! work and release the lease; exit 0.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use carina_controlplane::direct::DirectProvisioner;
+use carina_controlplane::identity::review::ServiceAccountRef;
+use carina_controlplane::identity::store::CaLocation;
+use carina_controlplane::identity::{self, DEFAULT_AUDIENCE, IdentityConfig, parse_ttl};
 use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
@@ -32,7 +43,7 @@ use carina_controlplane::nodes::spec::NodeList;
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_csi::Provisioner;
 use carina_csi::strategy::Strategy;
-use carina_proto::tls::ClientTls;
+use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, LiveClientCert};
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::sync::{oneshot, watch};
 
@@ -146,6 +157,57 @@ struct Args {
     /// ControllerExpandVolume wait for the bridge's answer.
     #[arg(long, env = "CARINA_CREATE_TIMEOUT_SECS", default_value_t = 60)]
     create_timeout_secs: u64,
+
+    /// Kube mode: the namespace of the identity CA Secret and ConfigMap
+    /// (the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    namespace: String,
+
+    /// Kube mode: the kubernetes.io/tls Secret holding the node-identity
+    /// CA (tls.crt, tls.key, optionally ca.crt); made with a new CA when
+    /// missing, used as it is when provided.
+    #[arg(long, env = "CARINA_IDENTITY_CA_SECRET", default_value = "carina-ca")]
+    identity_ca_secret: String,
+
+    /// Kube mode: the ConfigMap whose `ca.crt` the controller keeps equal
+    /// to the CA certificate (the nodes mount it).
+    #[arg(
+        long,
+        env = "CARINA_IDENTITY_CA_CONFIGMAP",
+        default_value = "carina-ca"
+    )]
+    identity_ca_configmap: String,
+
+    /// Kube mode: where to serve the node-identity issuer
+    /// (carina.identity.v1.NodeIdentity over TLS), e.g. 0.0.0.0:7444;
+    /// unset: no issuer.
+    #[arg(long, env = "CARINA_IDENTITY_LISTEN")]
+    identity_listen: Option<SocketAddr>,
+
+    /// Kube mode: the audience node tokens must be issued for.
+    #[arg(long, env = "CARINA_IDENTITY_AUDIENCE", default_value = DEFAULT_AUDIENCE)]
+    identity_audience: String,
+
+    /// Kube mode: `<namespace>:<name>` of the only ServiceAccount whose
+    /// tokens may get node certificates (default: `<--namespace>:carina-node`).
+    #[arg(long, env = "CARINA_IDENTITY_NODE_SERVICE_ACCOUNT")]
+    identity_node_service_account: Option<String>,
+
+    /// Kube mode: lifetime of issued certificates (90s, 15m, 24h, 7d);
+    /// they are renewed at two thirds of it.
+    #[arg(long, env = "CARINA_IDENTITY_CERT_TTL", default_value = "24h", value_parser = parse_ttl)]
+    identity_cert_ttl: Duration,
+
+    /// Kube mode: more DNS names for the issuer's certificate, comma
+    /// separated (it always names carina-controller.<namespace>.svc and
+    /// the Service's shorter and longer forms).
+    #[arg(long, env = "CARINA_IDENTITY_SERVER_NAMES", value_delimiter = ',')]
+    identity_server_names: Vec<String>,
+
+    /// Trust domain of the controller's own SPIFFE ID
+    /// (spiffe://<domain>/carina/controller) when it signs its certificate.
+    #[arg(long, env = "CARINA_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    trust_domain: String,
 }
 
 #[tokio::main]
@@ -239,11 +301,96 @@ fn identity(
         .map(|s| s.trim().to_string())
 }
 
+/// Whether the controller signs its own client certificate: neither
+/// `--tls-cert` nor `--tls-key` given (one without the other is an error).
+fn own_client_cert(args: &Args) -> Result<bool> {
+    match (&args.tls_cert, &args.tls_key) {
+        (None, None) => Ok(true),
+        (Some(_), Some(_)) => Ok(false),
+        _ => anyhow::bail!(
+            "give both --tls-cert and --tls-key, or neither (then the controller signs its own from the identity CA)"
+        ),
+    }
+}
+
+/// The identity settings from the flags.
+fn identity_config(args: &Args, own_client_cert: bool) -> Result<IdentityConfig> {
+    let sa = args
+        .identity_node_service_account
+        .clone()
+        .unwrap_or_else(|| format!("{}:carina-node", args.namespace));
+    let node_service_account = ServiceAccountRef::parse(&sa)
+        .map_err(|e| anyhow::anyhow!("--identity-node-service-account: {e}"))?;
+    Ok(IdentityConfig {
+        ca: CaLocation {
+            namespace: args.namespace.clone(),
+            secret: args.identity_ca_secret.clone(),
+            configmap: args.identity_ca_configmap.clone(),
+        },
+        listen: args.identity_listen,
+        audience: args.identity_audience.clone(),
+        node_service_account,
+        cert_ttl: args.identity_cert_ttl,
+        extra_server_names: args
+            .identity_server_names
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect(),
+        own_client_cert,
+        trust_domain: args.trust_domain.clone(),
+    })
+}
+
+/// The nodes' client TLS in kube mode: the files, or the controller's own
+/// certificate from the identity CA (which then also verifies the nodes,
+/// unless `--tls-ca` names another CA).
+fn kube_client_tls(
+    args: &Args,
+    started: Option<&identity::Started>,
+) -> Result<(ClientTls, Option<LiveClientCert>)> {
+    let Some(live) = started.and_then(|s| s.client_cert.clone()) else {
+        return Ok((client_tls(args, "kube")?, None));
+    };
+    let ca_pem = match &args.tls_ca {
+        Some(path) => {
+            std::fs::read(path).with_context(|| format!("read --tls-ca {}", path.display()))?
+        }
+        None => started
+            .map(|s| s.ca_bundle_pem.clone().into_bytes())
+            .unwrap_or_default(),
+    };
+    let tls = ClientTls {
+        ca_pem,
+        cert_pem: Vec::new(),
+        key_pem: Vec::new(),
+        server_name: String::new(),
+    };
+    tls.client_config_live(&live)
+        .context("the CA does not make a client config")?;
+    Ok((tls, Some(live)))
+}
+
 async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
-    let tls = client_tls(&args, "kube")?;
+    let own_client_cert = own_client_cert(&args)?;
+    if !own_client_cert {
+        // Fail before touching the API when the files are unusable.
+        client_tls(&args, "kube")?;
+    }
     // `--kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the in-cluster
     // service account.
     let client = carina_api::client::connect(args.kubeconfig.as_deref()).await?;
+    let identity_started = if own_client_cert || args.identity_listen.is_some() {
+        let config = identity_config(&args, own_client_cert)?;
+        Some(
+            identity::start(client.clone(), config, stop.clone())
+                .await
+                .context("node identity")?,
+        )
+    } else {
+        None
+    };
+    let (tls, live_cert) = kube_client_tls(&args, identity_started.as_ref())?;
     let identity = identity(
         args.identity.as_deref(),
         std::env::var("POD_NAME").ok(),
@@ -261,6 +408,7 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
         node_port: args.node_port,
         call_timeout: Duration::from_secs(args.node_call_timeout_secs),
         instance: Some(identity.clone()),
+        live_cert,
         ..BridgeConfig::new(tls)
     };
     let provisioner = KubeProvisioner::new(
@@ -318,6 +466,16 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
     let bound = margin + lease.renew_deadline;
     if tokio::time::timeout(bound, leadership).await.is_err() {
         tracing::warn!(waited = ?bound, "the led work or the lease release did not finish in time");
+    }
+    if let Some(started) = identity_started {
+        // They stop on the same signal; the issuer lets calls finish.
+        let all = futures::future::join_all(started.tasks);
+        if tokio::time::timeout(Duration::from_secs(args.shutdown_grace_secs), all)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the node identity issuer did not stop in time");
+        }
     }
     served
 }
@@ -399,5 +557,43 @@ mod tests {
         assert_eq!(args.node_port, 7443);
         assert_eq!(args.create_timeout_secs, 60);
         assert_eq!(args.kubeconfig, None);
+        assert_eq!(args.namespace, "kube-system");
+        assert_eq!(args.identity_ca_secret, "carina-ca");
+        assert_eq!(args.identity_ca_configmap, "carina-ca");
+        assert_eq!(args.identity_listen, None);
+        assert_eq!(args.identity_audience, "carina.storage.io/node-identity");
+        assert_eq!(args.identity_cert_ttl, Duration::from_secs(24 * 3600));
+        let config = identity_config(&args, true).expect("config");
+        assert_eq!(
+            config.node_service_account.username(),
+            "system:serviceaccount:kube-system:carina-node"
+        );
+        assert!(own_client_cert(&args).expect("neither file"));
+    }
+
+    #[test]
+    fn identity_flags_parse() {
+        let args = Args::try_parse_from([
+            "carina-controller",
+            "--mode=kube",
+            "--namespace=carina",
+            "--identity-listen=127.0.0.1:7444",
+            "--identity-cert-ttl=90s",
+            "--identity-server-names=localhost,carina.example",
+            "--tls-cert=/c",
+        ])
+        .expect("parses");
+        assert_eq!(args.identity_cert_ttl, Duration::from_secs(90));
+        assert_eq!(args.identity_server_names, ["localhost", "carina.example"]);
+        let config = identity_config(&args, false).expect("config");
+        assert_eq!(
+            config.node_service_account.to_string(),
+            "carina:carina-node"
+        );
+        assert!(own_client_cert(&args).is_err(), "a cert without its key");
+        assert!(
+            Args::try_parse_from(["carina-controller", "--identity-cert-ttl=1s"]).is_err(),
+            "too short"
+        );
     }
 }

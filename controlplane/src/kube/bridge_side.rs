@@ -11,7 +11,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use carina_proto::tls::ClientTls;
+use carina_proto::tls::{ClientTls, LiveClientCert};
 use kube::Client;
 use tokio::sync::{mpsc, watch};
 
@@ -29,6 +29,9 @@ pub struct BridgeConfig {
     /// Client certificate of role `controller`, the CA of the nodes'
     /// certificates; `server_name` is replaced by each node's name.
     pub tls: ClientTls,
+    /// When set, the client certificate offered (renewed in place)
+    /// instead of `tls`'s; `tls` still gives the CA.
+    pub live_cert: Option<LiveClientCert>,
     /// NodeStorage port, used with a Node's `InternalIP` when the Node
     /// has no endpoint annotation.
     pub node_port: u16,
@@ -61,6 +64,7 @@ impl BridgeConfig {
     pub fn new(tls: ClientTls) -> Self {
         BridgeConfig {
             tls,
+            live_cert: None,
             node_port: DEFAULT_NODE_PORT,
             concurrency: 16,
             call_timeout: DEFAULT_CALL_TIMEOUT,
@@ -85,9 +89,16 @@ pub async fn run(
     config: BridgeConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), bridge::Error> {
-    config.tls.client_config()?;
+    match &config.live_cert {
+        Some(live) => config.tls.client_config_live(live)?,
+        None => config.tls.client_config()?,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let clients = Arc::new(NodeClients::new(config.tls.clone()).call_timeout(config.call_timeout));
+    let clients = Arc::new(
+        NodeClients::new(config.tls.clone())
+            .live_cert(config.live_cert.clone())
+            .call_timeout(config.call_timeout),
+    );
     let (nodes, watch_nodes) = Nodes::watch(
         client.clone(),
         config.node_selector.as_deref(),

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use carina_csi::CsiError;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
-use carina_proto::tls::{ClientTls, connect};
+use carina_proto::tls::{ClientTls, LiveClientCert, TlsError, connect_with_config};
 use carina_proto::trace::{TracedChannel, traced};
 use tonic::Status;
 
@@ -58,6 +58,7 @@ struct Cached {
 #[derive(Debug)]
 pub struct NodeClients {
     tls: ClientTls,
+    live_cert: Option<LiveClientCert>,
     call_timeout: Duration,
     clients: Mutex<HashMap<String, Cached>>,
 }
@@ -68,9 +69,17 @@ impl NodeClients {
     pub fn new(tls: ClientTls) -> Self {
         NodeClients {
             tls,
+            live_cert: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             clients: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Offer the certificate `live` holds at each handshake instead of
+    /// `tls`'s (a certificate renewed in place); `tls` still gives the CA.
+    pub fn live_cert(mut self, live: Option<LiveClientCert>) -> Self {
+        self.live_cert = live;
+        self
     }
 
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
@@ -105,8 +114,13 @@ impl NodeClients {
         if let Some(c) = self.cached(name, endpoint) {
             return Ok(c);
         }
-        let tls = self.tls.for_server(name);
-        let channel = tokio::time::timeout(self.call_timeout, connect(endpoint, &tls))
+        let config = match &self.live_cert {
+            Some(live) => self.tls.client_config_live(live),
+            None => self.tls.client_config(),
+        }
+        .map_err(|e: TlsError| CsiError::Unavailable(format!("node {name}: client TLS: {e}")))?;
+        let connect = connect_with_config(endpoint, name, config);
+        let channel = tokio::time::timeout(self.call_timeout, connect)
             .await
             .map_err(|_| {
                 CsiError::Unavailable(format!(

@@ -5,6 +5,12 @@
 //! kubelet itself (no registrar sidecar). Every flag has an environment
 //! fallback.
 //!
+//! The server certificate comes either from files (`--tls-cert`,
+//! `--tls-key`, reloaded when they change) or from the control plane's
+//! issuer (`--identity-issuer`): then NodeStorage is served once the first
+//! certificate arrives, and it is renewed in memory at two thirds of its
+//! lifetime. `--tls-ca` verifies the clients (and the issuer).
+//!
 //! SIGTERM or SIGINT: remove the registration socket (kubelet deregisters
 //! the plugin), stop accepting, let in-flight calls finish (bounded by
 //! `--shutdown-grace-secs`), exit 0.
@@ -19,6 +25,8 @@ use carina_node::csi_local::registration::{PluginRegistration, advertised_endpoi
 use carina_node::csi_local::serve::{CsiNodeServer, bind};
 use carina_node::engine::lvm::LvmOptions;
 use carina_node::engine::{Config, Engine, EngineOptions, Policy};
+use carina_node::identity::{self, Backoff, DEFAULT_TOKEN_FILE, IdentityOptions};
+use carina_node::server::metrics::Metrics;
 use carina_node::server::{NodeServer, metrics};
 use carina_proto::tls::{
     DEFAULT_TRUST_DOMAIN, RELOAD_INTERVAL, ReloadingServerConfig, ServerTlsFiles,
@@ -44,17 +52,41 @@ struct Args {
     #[arg(long, env = "CARINA_LISTEN", default_value = "0.0.0.0:7443")]
     listen: SocketAddr,
 
-    /// Server certificate (PEM); reloaded when it changes.
-    #[arg(long, env = "CARINA_TLS_CERT")]
-    tls_cert: PathBuf,
+    /// Server certificate (PEM); reloaded when it changes. Not with
+    /// --identity-issuer.
+    #[arg(
+        long,
+        env = "CARINA_TLS_CERT",
+        required_unless_present = "identity_issuer",
+        conflicts_with = "identity_issuer"
+    )]
+    tls_cert: Option<PathBuf>,
 
-    /// Server private key (PEM); reloaded when it changes.
-    #[arg(long, env = "CARINA_TLS_KEY")]
-    tls_key: PathBuf,
+    /// Server private key (PEM); reloaded when it changes. Not with
+    /// --identity-issuer.
+    #[arg(
+        long,
+        env = "CARINA_TLS_KEY",
+        required_unless_present = "identity_issuer",
+        conflicts_with = "identity_issuer"
+    )]
+    tls_key: Option<PathBuf>,
 
     /// CA that signs client certificates (PEM); reloaded when it changes.
+    /// With --identity-issuer it also verifies the issuer.
     #[arg(long, env = "CARINA_TLS_CA")]
     tls_ca: PathBuf,
+
+    /// Get the server certificate from the control plane's issuer
+    /// (https://carina-controller.<namespace>.svc:7444) with a CSR and the
+    /// pod's token, instead of --tls-cert/--tls-key.
+    #[arg(long, env = "CARINA_IDENTITY_ISSUER")]
+    identity_issuer: Option<String>,
+
+    /// The pod's projected ServiceAccount token for the issuer (audience
+    /// carina.storage.io/node-identity); read at every request.
+    #[arg(long, env = "CARINA_IDENTITY_TOKEN_FILE", default_value = DEFAULT_TOKEN_FILE)]
+    identity_token_file: PathBuf,
 
     /// Trust domain of client SPIFFE IDs (spiffe://<domain>/carina/<role>).
     #[arg(long, env = "CARINA_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
@@ -123,15 +155,21 @@ async fn run(args: Args) -> Result<()> {
             Config::default()
         }
     };
-    let tls = ReloadingServerConfig::watch(
-        ServerTlsFiles {
-            cert: args.tls_cert.clone(),
-            key: args.tls_key.clone(),
-            ca: args.tls_ca.clone(),
-        },
-        RELOAD_INTERVAL,
-    )
-    .context("load TLS certificate, key and CA")?;
+    // Files: loaded now, a failure is fatal. Issued: after start-up.
+    let file_tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            ReloadingServerConfig::watch(
+                ServerTlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    ca: args.tls_ca.clone(),
+                },
+                RELOAD_INTERVAL,
+            )
+            .context("load TLS certificate, key and CA")?,
+        ),
+        _ => None,
+    };
 
     let engine = Engine::start(
         config.clone(),
@@ -178,9 +216,6 @@ async fn run(args: Args) -> Result<()> {
         }
     };
 
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
     let metrics_listener = TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("listen on {} (metrics)", args.metrics_listen))?;
@@ -208,7 +243,8 @@ async fn run(args: Args) -> Result<()> {
     });
 
     // Last: kubelet dials the CSI socket as soon as it sees this one, and
-    // every other socket is bound by now.
+    // the CSI socket is serving by now (NodeStorage, which kubelet does not
+    // use, may still wait below for its certificate).
     let registration_task = match registration {
         Some(registration) => {
             let socket = registration.bind()?;
@@ -227,7 +263,20 @@ async fn run(args: Args) -> Result<()> {
         None => None,
     };
 
-    server.serve(listener, tls, stopped(stop_rx)).await?;
+    let tls = match (file_tls, &args.identity_issuer) {
+        (Some(tls), _) => Some(tls),
+        (None, Some(issuer)) => issued_tls(&args, issuer, server.metrics(), stop_rx.clone()).await,
+        // clap requires one of the two.
+        (None, None) => anyhow::bail!("give --tls-cert and --tls-key, or --identity-issuer"),
+    };
+    if let Some(tls) = tls {
+        let listener = TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listen on {}", args.listen))?;
+        server.serve(listener, tls, stopped(stop_rx)).await?;
+    } else {
+        tracing::info!("stopped before a certificate arrived: NodeStorage was never served");
+    }
     if let Some(task) = registration_task {
         task.await.context("plugin registration task")??;
     }
@@ -237,6 +286,34 @@ async fn run(args: Args) -> Result<()> {
     }
     tracing::info!("carina-node exits");
     Ok(())
+}
+
+/// The first certificate from the issuer (asked for until it comes, or
+/// `None` when stopped first) as a server config kept renewed.
+async fn issued_tls(
+    args: &Args,
+    issuer: &str,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Option<ReloadingServerConfig> {
+    let options = IdentityOptions {
+        issuer: issuer.to_string(),
+        node_name: args.node_name.clone(),
+        token_file: args.identity_token_file.clone(),
+        ca_file: args.tls_ca.clone(),
+        backoff: Backoff::default(),
+        metrics,
+    };
+    tracing::info!(
+        issuer,
+        token_file = %args.identity_token_file.display(),
+        "asking the issuer for the node certificate; NodeStorage is served once it arrives"
+    );
+    let mut waiting = stop.clone();
+    let (first, config) = identity::obtain(&options, &mut waiting).await?;
+    let (updater, tls) = ReloadingServerConfig::updatable(config);
+    tokio::spawn(identity::keep_renewed(options, first, updater, stop));
+    Some(tls)
 }
 
 async fn log_summary(args: &Args, config: &Config, engine: &Engine) {

@@ -1,13 +1,16 @@
 //! `/metrics` in the Prometheus text format: NodeStorage requests by
 //! method and status code, the capacity of every device group as of
-//! the engine's latest snapshot, and whether kubelet has registered the
-//! CSI plugin (when the node registers itself). Served over plain HTTP/1 on its own
-//! (by default loopback) address; it carries no volume names.
+//! the engine's latest snapshot, whether kubelet has registered the CSI
+//! plugin (when the node registers itself), and, for a certificate from
+//! the issuer, when it expires and how requests for one went. Served over
+//! plain HTTP/1 on its own (by default loopback) address; it carries no
+//! volume names.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hyper::service::service_fn;
@@ -24,6 +27,10 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// None: the node does not register itself with kubelet.
     plugin_registered: Mutex<Option<bool>>,
+    /// Unix time the issued certificate expires; 0 without one.
+    certificate_not_after: AtomicI64,
+    certificates_issued: AtomicU64,
+    certificate_requests_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -63,6 +70,20 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A certificate from the issuer is in force until `not_after` (Unix
+    /// seconds).
+    pub fn certificate_issued(&self, not_after: i64) {
+        self.certificate_not_after
+            .store(not_after, Ordering::Relaxed);
+        self.certificates_issued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request to the issuer failed (refused or unreachable).
+    pub fn certificate_request_failed(&self) {
+        self.certificate_requests_failed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The exposition text for `node` given the latest capacity snapshot.
     pub fn render(&self, node: &str, snapshot: &CapacitySnapshot) -> String {
         let mut out = String::new();
@@ -97,6 +118,23 @@ impl Metrics {
                  # TYPE carina_node_plugin_registered gauge\n\
                  carina_node_plugin_registered{{node=\"{node}\"}} {}",
                 u8::from(registered)
+            );
+        }
+        let not_after = self.certificate_not_after.load(Ordering::Relaxed);
+        if not_after != 0 {
+            let _ = writeln!(
+                out,
+                "# HELP carina_node_certificate_not_after_seconds When the certificate from the issuer expires (Unix time).\n\
+                 # TYPE carina_node_certificate_not_after_seconds gauge\n\
+                 carina_node_certificate_not_after_seconds{{node=\"{node}\"}} {not_after}\n\
+                 # HELP carina_node_certificates_issued_total Certificates received from the issuer.\n\
+                 # TYPE carina_node_certificates_issued_total counter\n\
+                 carina_node_certificates_issued_total{{node=\"{node}\"}} {}\n\
+                 # HELP carina_node_certificate_requests_failed_total Requests to the issuer that brought no certificate.\n\
+                 # TYPE carina_node_certificate_requests_failed_total counter\n\
+                 carina_node_certificate_requests_failed_total{{node=\"{node}\"}} {}",
+                self.certificates_issued.load(Ordering::Relaxed),
+                self.certificate_requests_failed.load(Ordering::Relaxed),
             );
         }
         let gauges: [(&str, &str, Gauge); 5] = [
@@ -236,8 +274,15 @@ mod tests {
         );
         m.set_plugin_registered(true);
         let text = m.render("node-a", &snap);
+        assert!(!text.contains("certificate"), "no issued certificate yet");
+        m.certificate_request_failed();
+        m.certificate_issued(1_900_000_000);
+        let text = m.render("node-a", &snap);
         for line in [
             r#"carina_node_plugin_registered{node="node-a"} 1"#,
+            r#"carina_node_certificate_not_after_seconds{node="node-a"} 1900000000"#,
+            r#"carina_node_certificates_issued_total{node="node-a"} 1"#,
+            r#"carina_node_certificate_requests_failed_total{node="node-a"} 1"#,
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="OK"} 2"#,
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="RESOURCE_EXHAUSTED"} 1"#,
             r#"carina_node_capacity_generation{node="node-a"} 7"#,

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::{ALPN_H2, TlsError, certs, crypto_provider, key, read, roots};
+use super::{ALPN_H2, LiveClientCert, TlsError, certs, crypto_provider, key, read, roots};
 
 /// What a client needs to reach one node: the CA that signed the node's
 /// certificate, its own certificate and key, and the node name the server
@@ -74,6 +74,16 @@ impl ClientTls {
                 what: "client certificate and key",
                 source,
             })?;
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// [`client_config`](Self::client_config), but offering at each
+    /// handshake the certificate `live` holds then (renewed in place);
+    /// `cert_pem` and `key_pem` are not used.
+    pub fn client_config_live(&self, live: &LiveClientCert) -> Result<Arc<ClientConfig>, TlsError> {
+        let mut config =
+            client_builder(&self.ca_pem)?.with_client_cert_resolver(Arc::new(live.clone()));
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
         Ok(Arc::new(config))
     }

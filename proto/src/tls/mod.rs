@@ -26,15 +26,23 @@
 //! and the name the server must prove (the node name); [`connect`] opens a
 //! tonic `Channel` through it.
 //!
+//! **Renewed in memory.** A certificate issued by the control plane is
+//! never a file: [`ReloadingServerConfig::updatable`] hands its owner a
+//! [`ServerConfigUpdater`] to swap the server config, and a client offers
+//! a [`LiveClientCert`] that is replaced in place
+//! ([`ClientTls::client_config_live`]).
+//!
 //! **Roles.** A client's role is the last segment of its certificate's URI
 //! SAN `spiffe://<trust-domain>/carina/<role>` ([`role_from_cert`]).
 //!
 //! This file holds what both sides share: the errors, the crypto provider
 //! and PEM loading. The server lives in `server.rs`, the client in
-//! `client.rs`, roles in `roles.rs`; everything public is re-exported
+//! `client.rs`, the renewed client certificate in `live.rs`, roles in
+//! `roles.rs`; everything public is re-exported
 //! here, so callers name `carina_proto::tls::X`.
 
 mod client;
+mod live;
 mod roles;
 mod server;
 
@@ -48,10 +56,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use client::{ClientTls, client_config_without_cert, connect, connect_with_config};
+pub use live::LiveClientCert;
 pub use roles::{DEFAULT_TRUST_DOMAIN, Role, RoleError, role_from_cert, role_from_uri, spiffe_id};
 pub use server::{
-    HANDSHAKE_TIMEOUT, RELOAD_INTERVAL, ReloadingServerConfig, ServerTlsFiles, ServerTlsStream,
-    server_config, tls_incoming,
+    HANDSHAKE_TIMEOUT, RELOAD_INTERVAL, ReloadingServerConfig, ServerConfigUpdater, ServerTlsFiles,
+    ServerTlsStream, server_config, server_config_without_client_auth, tls_incoming,
 };
 
 /// The ALPN protocol of gRPC.

@@ -56,6 +56,31 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// A server config that asks for no client certificate (the node-identity
+/// issuer: its callers have none yet and authenticate with a token).
+pub fn server_config_without_client_auth(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = ServerConfig::builder_with_provider(crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|source| TlsError::Rustls {
+            what: "TLS versions",
+            source,
+        })?
+        .with_no_client_auth()
+        .with_single_cert(
+            certs(cert_pem, "server certificate")?,
+            key(key_pem, "server key")?,
+        )
+        .map_err(|source| TlsError::Rustls {
+            what: "server certificate and key",
+            source,
+        })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Where a server's PEM files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerTlsFiles {
@@ -131,6 +156,14 @@ impl ReloadingServerConfig {
         Ok(ReloadingServerConfig { rx })
     }
 
+    /// A config its owner replaces through the returned
+    /// [`ServerConfigUpdater`] (a certificate renewed in memory rather than
+    /// read from files).
+    pub fn updatable(initial: Arc<ServerConfig>) -> (ServerConfigUpdater, Self) {
+        let (tx, rx) = watch::channel(initial);
+        (ServerConfigUpdater { tx }, ReloadingServerConfig { rx })
+    }
+
     /// A config that never changes.
     pub fn fixed(config: Arc<ServerConfig>) -> Self {
         let (_tx, rx) = watch::channel(config);
@@ -149,6 +182,25 @@ impl ReloadingServerConfig {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Replaces the config of a [`ReloadingServerConfig::updatable`].
+#[derive(Debug)]
+pub struct ServerConfigUpdater {
+    tx: watch::Sender<Arc<ServerConfig>>,
+}
+
+impl ServerConfigUpdater {
+    /// New connections use `config` from now on.
+    pub fn replace(&self, config: Arc<ServerConfig>) {
+        self.tx.send_replace(config);
+    }
+
+    /// Completes when every [`ReloadingServerConfig`] clone is gone (no
+    /// server uses the config any more).
+    pub async fn closed(&self) {
+        self.tx.closed().await;
     }
 }
 

@@ -1,0 +1,322 @@
+//! Node identity on a real cluster, without kubelets: the objects a node
+//! pod stands for (a namespace, ServiceAccounts, Pods whose `spec.nodeName`
+//! is set directly), real TokenRequest tokens bound to those Pods, a
+//! client of the issuer, CSRs to send it, and the arguments of
+//! `carina-controller` serving the issuer and `carina-node` asking it.
+//!
+//! **An expired token.** TokenRequest refuses lifetimes under ten minutes,
+//! and a test cannot wait that long. [`expired_copy`] takes a real token,
+//! moves its `iat`/`nbf`/`exp` claims into the past and signs it again
+//! with the cluster's own service-account key (the file the apiserver was
+//! started with): the apiserver then sees a token it issued in every
+//! respect but its expiry.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use carina_proto::identity::node_identity_client::NodeIdentityClient;
+use carina_proto::tls::{client_config_without_cert, connect_with_config};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, ServiceAccount};
+use kube::api::{Api, ObjectMeta, PostParams};
+use rcgen::{CertificateParams, KeyPair, SanType, SigningKey};
+use tonic::transport::Channel;
+
+/// The audience the issuer expects by default.
+pub const AUDIENCE: &str = "carina.storage.io/node-identity";
+
+/// The node ServiceAccount's name by default.
+pub const NODE_SA: &str = "carina-node";
+
+/// A namespace of node pods and their ServiceAccounts.
+#[derive(Clone)]
+pub struct NodePods {
+    client: kube::Client,
+    pub namespace: String,
+}
+
+impl std::fmt::Debug for NodePods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodePods")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodePods {
+    /// Creates `namespace` and the ServiceAccount [`NODE_SA`] in it.
+    pub async fn create(client: &kube::Client, namespace: &str) -> Result<NodePods> {
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(namespace.to_string()),
+                        ..ObjectMeta::default()
+                    },
+                    ..Namespace::default()
+                },
+            )
+            .await
+            .with_context(|| format!("create namespace {namespace}"))?;
+        let pods = NodePods {
+            client: client.clone(),
+            namespace: namespace.to_string(),
+        };
+        pods.service_account(NODE_SA).await?;
+        Ok(pods)
+    }
+
+    /// Creates ServiceAccount `name` (no RBAC binding).
+    pub async fn service_account(&self, name: &str) -> Result<()> {
+        Api::<ServiceAccount>::namespaced(self.client.clone(), &self.namespace)
+            .create(
+                &PostParams::default(),
+                &ServiceAccount {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_string()),
+                        ..ObjectMeta::default()
+                    },
+                    ..ServiceAccount::default()
+                },
+            )
+            .await
+            .with_context(|| format!("create ServiceAccount {name}"))?;
+        Ok(())
+    }
+
+    /// Creates Pod `name` of ServiceAccount `sa` already bound to `node`
+    /// (as the scheduler would have; no kubelet runs it).
+    pub async fn pod(&self, name: &str, sa: &str, node: &str) -> Result<Pod> {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                service_account_name: Some(sa.to_string()),
+                node_name: Some(node.to_string()),
+                containers: vec![Container {
+                    name: "carina-node".into(),
+                    image: Some("carina-node:test".into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &pod)
+            .await
+            .with_context(|| format!("create Pod {name}"))
+    }
+
+    /// Deletes Pod `name` at once (grace period 0).
+    pub async fn delete_pod(&self, name: &str) -> Result<()> {
+        let params = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..kube::api::DeleteParams::default()
+        };
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .delete(name, &params)
+            .await
+            .with_context(|| format!("delete Pod {name}"))?;
+        Ok(())
+    }
+
+    /// A TokenRequest token of ServiceAccount `sa` for `audiences` (empty:
+    /// the apiserver's own), valid ten minutes, bound to `pod` if given.
+    pub async fn token(&self, sa: &str, audiences: &[&str], pod: Option<&Pod>) -> Result<String> {
+        let bound = pod.map(|p| BoundObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: p.metadata.name.clone(),
+            uid: p.metadata.uid.clone(),
+        });
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: Some(audiences.iter().map(|a| a.to_string()).collect()),
+                expiration_seconds: Some(600),
+                bound_object_ref: bound,
+            }),
+            ..TokenRequest::default()
+        };
+        let answer = Api::<ServiceAccount>::namespaced(self.client.clone(), &self.namespace)
+            .create_token_request(sa, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("TokenRequest for {sa}"))?;
+        answer
+            .status
+            .and_then(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .context("TokenRequest answered no token")
+    }
+}
+
+/// `token` with its lifetime moved ten minutes into the past, signed
+/// again with the service-account key `sa_key` (PEM, ECDSA P-256: ES256).
+pub fn expired_copy(token: &str, sa_key: &Path) -> Result<String> {
+    let [header, payload, _signature] = token.split('.').collect::<Vec<_>>()[..] else {
+        bail!("not a JWT: {token}");
+    };
+    let head: serde_json::Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(header)?)?;
+    if head["alg"] != "ES256" {
+        bail!("expected an ES256 token, got {head}");
+    }
+    let mut claims: serde_json::Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload)?)?;
+    let now = i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs())?;
+    claims["iat"] = (now - 1200).into();
+    claims["nbf"] = (now - 1200).into();
+    claims["exp"] = (now - 600).into();
+    let signed = format!(
+        "{header}.{}",
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims)?)
+    );
+    let key = KeyPair::from_pem(&std::fs::read_to_string(sa_key)?)?;
+    let der = key.sign(signed.as_bytes())?;
+    let raw = ecdsa_der_to_raw(&der, 32)?;
+    Ok(format!("{signed}.{}", URL_SAFE_NO_PAD.encode(raw)))
+}
+
+/// An ASN.1 `SEQUENCE { r INTEGER, s INTEGER }` ECDSA signature as JWS
+/// wants it: `r || s`, each `width` bytes.
+fn ecdsa_der_to_raw(der: &[u8], width: usize) -> Result<Vec<u8>> {
+    fn integer(input: &[u8]) -> Result<(&[u8], &[u8])> {
+        match input {
+            [0x02, len, rest @ ..] if rest.len() >= usize::from(*len) => {
+                Ok(rest.split_at(usize::from(*len)))
+            }
+            _ => bail!("not a short DER INTEGER"),
+        }
+    }
+    let body = match der {
+        [0x30, len, rest @ ..] if rest.len() == usize::from(*len) => rest,
+        _ => bail!("not a short DER SEQUENCE"),
+    };
+    let (r, rest) = integer(body)?;
+    let (s, _) = integer(rest)?;
+    let mut out = Vec::with_capacity(2 * width);
+    for n in [r, s] {
+        let n = &n[n.iter().take_while(|b| **b == 0).count()..];
+        if n.len() > width {
+            bail!("integer longer than {width} bytes");
+        }
+        out.extend(std::iter::repeat_n(0, width - n.len()));
+        out.extend_from_slice(n);
+    }
+    Ok(out)
+}
+
+/// A CSR for `node` after `change` edits its parameters (by default:
+/// DNS SAN `node` only), PEM.
+pub fn csr(node: &str, change: impl FnOnce(&mut CertificateParams)) -> Result<String> {
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = vec![SanType::DnsName(node.to_string().try_into()?)];
+    change(&mut params);
+    Ok(params.serialize_request(&KeyPair::generate()?)?.pem()?)
+}
+
+/// A client of the issuer at `https://localhost:<port>`, verifying it
+/// against `ca_pem` and offering no certificate, as a node does.
+pub async fn issuer_client(port: u16, ca_pem: &[u8]) -> Result<NodeIdentityClient<Channel>> {
+    let config = client_config_without_cert(ca_pem)?;
+    let channel = connect_with_config(&format!("https://localhost:{port}"), "localhost", config)
+        .await
+        .context("connect to the issuer")?;
+    Ok(NodeIdentityClient::new(channel))
+}
+
+/// `carina-controller --mode kube` serving the issuer on `127.0.0.1:<port>`
+/// (certificate names include `localhost`), CA in `namespace`, its own
+/// client certificate from the CA, certificates valid `ttl`, a short
+/// Lease for tests.
+pub fn controller_argv(
+    kubeconfig: &Path,
+    csi_socket: &Path,
+    namespace: &str,
+    port: u16,
+    ttl: &str,
+) -> Vec<String> {
+    [
+        "--mode=kube".to_string(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--csi-endpoint={}", csi_socket.display()),
+        format!("--namespace={namespace}"),
+        format!("--leader-election-namespace={namespace}"),
+        "--identity=controller-0".to_string(),
+        format!("--identity-listen=127.0.0.1:{port}"),
+        "--identity-server-names=localhost".to_string(),
+        format!("--identity-cert-ttl={ttl}"),
+        "--lease-duration-secs=4".to_string(),
+        "--renew-deadline-secs=3".to_string(),
+        "--retry-period-secs=1".to_string(),
+        "--node-call-timeout-secs=10".to_string(),
+        "--shutdown-grace-secs=5".to_string(),
+    ]
+    .into()
+}
+
+/// Files and ports of one `carina-node` asking the issuer for its
+/// certificate.
+#[derive(Debug, Clone)]
+pub struct IssuedNode {
+    pub name: String,
+    pub port: u16,
+    pub metrics_port: u16,
+    pub csi_socket: PathBuf,
+    pub token_file: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+impl IssuedNode {
+    /// Node `name` with its files in `dir` and free ports.
+    pub fn new(name: &str, dir: &Path) -> Result<IssuedNode> {
+        std::fs::create_dir_all(dir)?;
+        Ok(IssuedNode {
+            name: name.to_string(),
+            port: crate::cluster::free_port()?,
+            metrics_port: crate::cluster::free_port()?,
+            csi_socket: dir.join("csi.sock"),
+            token_file: dir.join("token"),
+            ca_file: dir.join("ca.crt"),
+        })
+    }
+
+    /// `127.0.0.1:<port>`, NodeStorage.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Its arguments, asking the issuer at `https://localhost:<issuer_port>`.
+    pub fn argv(&self, issuer_port: u16) -> Vec<String> {
+        [
+            format!("--node-name={}", self.name),
+            format!("--listen={}", self.endpoint()),
+            format!("--metrics-listen=127.0.0.1:{}", self.metrics_port),
+            format!("--csi-endpoint={}", self.csi_socket.display()),
+            format!("--identity-issuer=https://localhost:{issuer_port}"),
+            format!("--identity-token-file={}", self.token_file.display()),
+            format!("--tls-ca={}", self.ca_file.display()),
+            "--lvm-shell=false".to_string(),
+            "--shutdown-grace-secs=5".to_string(),
+        ]
+        .into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn der_signatures_become_fixed_width() {
+        // SEQUENCE { INTEGER 0x00 0x80, INTEGER 0x01 }
+        let der = [0x30, 0x07, 0x02, 0x02, 0x00, 0x80, 0x02, 0x01, 0x01];
+        let raw = ecdsa_der_to_raw(&der, 4).expect("converts");
+        assert_eq!(raw, [0, 0, 0, 0x80, 0, 0, 0, 1]);
+        assert!(ecdsa_der_to_raw(&[0x31, 0x00], 4).is_err());
+    }
+}
