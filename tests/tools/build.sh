@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Build the upstream Go programs carina's tests run against (csi-sanity, etcd,
-# the Kubernetes control plane, external-provisioner, jaeger) from the Go module
-# proxy into a versioned cache outside the clone.  See tests/tools/README.md.
+# the Kubernetes control plane, external-provisioner, jaeger, helm) from the Go
+# module proxy into a versioned cache outside the clone.  See tests/tools/README.md.
 #
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
 #   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir, no build
 #
-# TOOL: csi-sanity | etcd | kube | csi-provisioner | jaeger | all
+# TOOL: csi-sanity | etcd | kube | csi-provisioner | jaeger | helm | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -15,8 +15,9 @@ ETCD_VERSION=v3.6.16            # go.etcd.io/etcd/server/v3
 KUBE_VERSION=v1.36.3            # k8s.io/kubernetes (staging modules v0.36.3)
 CSI_PROVISIONER_VERSION=v6.3.0  # github.com/kubernetes-csi/external-provisioner/v6
 JAEGER_VERSION=v1.76.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
+HELM_VERSION=v3.22.0            # helm.sh/helm/v3 (cmd/helm)
 
-TOOLS=(csi-sanity etcd kube csi-provisioner jaeger)
+TOOLS=(csi-sanity etcd kube csi-provisioner jaeger helm)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 
 usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
@@ -30,6 +31,7 @@ tool_version() {
     kube) echo "$KUBE_VERSION" ;;
     csi-provisioner) echo "$CSI_PROVISIONER_VERSION" ;;
     jaeger) echo "$JAEGER_VERSION" ;;
+    helm) echo "$HELM_VERSION" ;;
     *) die "unknown tool '$1' (want one of: ${TOOLS[*]} all)" ;;
     esac
 }
@@ -192,6 +194,24 @@ build_jaeger() {
     new_wrapper "$1" github.com/jaegertracing/jaeger "$v"
     wrapper_build "$1" -ldflags "-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion=$v" \
         -o "$2/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
+}
+
+build_helm() {
+    # What helm's Makefile passes: the version, and the Kubernetes version
+    # `helm template` and `helm lint` assume without a cluster (the
+    # client-go it is built with, as k8s.io/client-go v0.X.Y is Kubernetes 1.X).
+    local v=$HELM_VERSION kv major minor key flags=()
+    new_wrapper "$1" helm.sh/helm/v3 "$v"
+    kv=$(cd "$1" && go list -m -f '{{.Version}}' k8s.io/client-go)
+    kv=${kv#v}
+    major=$((${kv%%.*} + 1))
+    minor=${kv#*.}; minor=${minor%%.*}
+    flags+=("-X helm.sh/helm/v3/internal/version.version=$v")
+    flags+=("-X helm.sh/helm/v3/internal/version.gitTreeState=clean")
+    for key in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+        flags+=("-X $key.k8sVersionMajor=$major" "-X $key.k8sVersionMinor=$minor")
+    done
+    wrapper_build "$1" -ldflags "-s -w ${flags[*]}" -o "$2/helm" helm.sh/helm/v3/cmd/helm
 }
 
 # ---- cache handling -----------------------------------------------------------------
