@@ -10,6 +10,7 @@ pub mod csi;
 pub mod engine;
 pub mod grpc;
 pub mod kube;
+pub mod manifests;
 pub mod process;
 pub mod scale;
 pub mod spans;
@@ -291,7 +292,12 @@ pub fn forget_vg_metadata(name: &str) {
     let dirs = DIRS.get_or_init(|| {
         let out = run(
             "lvmconfig",
-            &["--typeconfig", "full", "backup/archive_dir", "backup/backup_dir"],
+            &[
+                "--typeconfig",
+                "full",
+                "backup/archive_dir",
+                "backup/backup_dir",
+            ],
         )
         .unwrap_or_default();
         out.lines()
