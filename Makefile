@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build images demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold lint bench bench-scale deps tools
+.PHONY: all build images manifests demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold lint bench bench-scale deps tools
 
 all: build
 
@@ -15,6 +15,10 @@ deps:
 ## images: OCI image archives of carina-node, carina-controller and carina-scheduler in target/images (no container engine needed)
 images: deps
 	hack/images.sh target/images
+
+## manifests: render deploy/kubernetes/ and deploy/scheduler/deployment.yaml from the Helm chart (builds helm on first use)
+manifests:
+	hack/render-manifests.sh
 
 ## demo: build, start a node on a loop-device pool with dev certificates, drive it with carinactl
 demo: deps

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod grpc;
 pub mod identity;
 pub mod kube;
+pub mod manifests;
 pub mod process;
 pub mod scale;
 pub mod spans;

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Build the upstream Go programs carina's tests run against (csi-sanity, etcd,
-# the Kubernetes control plane, external-provisioner, jaeger, containerd) from
-# the Go module proxy into a versioned cache outside the clone.  See
+# the Kubernetes control plane, external-provisioner, jaeger, containerd, helm)
+# from the Go module proxy into a versioned cache outside the clone.  See
 # tests/tools/README.md.
 #
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
 #   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir, no build
 #
 # TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | jaeger |
-#       containerd | crictl | cni | all
+#       containerd | crictl | cni | helm | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -20,8 +20,9 @@ JAEGER_VERSION=v1.76.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
 CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
 CRICTL_VERSION=v1.37.0          # sigs.k8s.io/cri-tools
 CNI_PLUGINS_VERSION=v1.10.0     # github.com/containernetworking/plugins
+HELM_VERSION=v3.22.0            # helm.sh/helm/v3 (cmd/helm)
 
-TOOLS=(csi-sanity etcd kube kubelet csi-provisioner jaeger containerd crictl cni)
+TOOLS=(csi-sanity etcd kube kubelet csi-provisioner jaeger containerd crictl cni helm)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 
 usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
@@ -38,6 +39,7 @@ tool_version() {
     containerd) echo "$CONTAINERD_VERSION" ;;
     crictl) echo "$CRICTL_VERSION" ;;
     cni) echo "$CNI_PLUGINS_VERSION" ;;
+    helm) echo "$HELM_VERSION" ;;
     *) die "unknown tool '$1' (want one of: ${TOOLS[*]} all)" ;;
     esac
 }
@@ -238,6 +240,24 @@ build_cni() {
     new_wrapper "$1" "$m" "$v"
     wrapper_build "$1" -ldflags "-s -w" -o "$2/" \
         "$m/plugins/main/bridge" "$m/plugins/ipam/host-local" "$m/plugins/main/loopback"
+}
+
+build_helm() {
+    # What helm's Makefile passes: the version, and the Kubernetes version
+    # `helm template` and `helm lint` assume without a cluster (the
+    # client-go it is built with, as k8s.io/client-go v0.X.Y is Kubernetes 1.X).
+    local v=$HELM_VERSION kv major minor key flags=()
+    new_wrapper "$1" helm.sh/helm/v3 "$v"
+    kv=$(cd "$1" && go list -m -f '{{.Version}}' k8s.io/client-go)
+    kv=${kv#v}
+    major=$((${kv%%.*} + 1))
+    minor=${kv#*.}; minor=${minor%%.*}
+    flags+=("-X helm.sh/helm/v3/internal/version.version=$v")
+    flags+=("-X helm.sh/helm/v3/internal/version.gitTreeState=clean")
+    for key in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+        flags+=("-X $key.k8sVersionMajor=$major" "-X $key.k8sVersionMinor=$minor")
+    done
+    wrapper_build "$1" -ldflags "-s -w ${flags[*]}" -o "$2/helm" helm.sh/helm/v3/cmd/helm
 }
 
 # ---- cache handling -----------------------------------------------------------------

@@ -1,0 +1,90 @@
+{{/*
+Labels on every object: the component's name (also the selector of its
+pods, unchanged from the earlier plain manifests so `kubectl apply` and
+`helm upgrade` can take over their Deployments and DaemonSets), the
+application and its version.
+*/}}
+{{- define "carina.labels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/part-of: carina
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+{{- end }}
+
+{{- define "carina.selector" -}}
+app.kubernetes.io/name: {{ . }}
+{{- end }}
+
+{{/* A Carina image: the override if set, else <image.repository>/<name>:<tag>. */}}
+{{- define "carina.image" -}}
+{{- if .override -}}
+{{ .override }}
+{{- else -}}
+{{ .root.Values.image.repository }}/{{ .name }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{- end -}}
+{{- end }}
+
+{{/* The strategy flag's value: Carina's documented spelling "spradout" is spreadout. */}}
+{{- define "carina.strategy" -}}
+{{- $s := .Values.config.schedulerStrategy | default "spreadout" | lower -}}
+{{- if eq $s "spradout" }}spreadout{{ else }}{{ $s }}{{ end -}}
+{{- end }}
+
+{{/* The kubelet directory without a trailing slash. */}}
+{{- define "carina.kubeletDir" -}}
+{{- .Values.kubeletDir | trimSuffix "/" -}}
+{{- end }}
+
+{{/* The issuer's URL as the nodes reach it (the Service's DNS name). */}}
+{{- define "carina.issuerURL" -}}
+https://carina-controller.{{ .Release.Namespace }}.svc:{{ .Values.identity.port }}
+{{- end }}
+
+{{/*
+The container security context of the unprivileged containers: a fixed
+non-root user, nothing to escalate to, no capabilities, a read-only root.
+*/}}
+{{- define "carina.restrictedContainer" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{- define "carina.restrictedPod" -}}
+runAsNonRoot: true
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Prefer spreading the replicas of a component over nodes. */}}
+{{- define "carina.spreadAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "carina.selector" . | nindent 12 }}
+{{- end }}
+
+{{/*
+The directories of the HOST groups of `config` and node.extraHostPaths,
+one per line, without duplicates: the node mounts each at the same path.
+*/}}
+{{- define "carina.hostPaths" -}}
+{{- $paths := list -}}
+{{- range .Values.config.diskSelector -}}
+{{- if and (kindIs "map" .) (eq (upper (toString .policy)) "HOST") -}}
+{{- $root := .root | default (first (.re | default (list ""))) -}}
+{{- if $root }}{{ $paths = append $paths $root }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.node.extraHostPaths }}{{ $paths = append $paths . }}{{ end -}}
+{{- range uniq $paths }}
+{{ . }}
+{{- end -}}
+{{- end }}

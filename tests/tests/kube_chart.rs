@@ -1,0 +1,607 @@
+//! The Helm chart `deploy/helm/carina`: `helm lint` passes, `helm
+//! template` renders what each of three value sets asks for, every
+//! rendered object passes a server-side dry run against a real
+//! kube-apiserver, bad values are refused, and the plain manifests in
+//! `deploy/` are what the chart renders (`hack/render-manifests.sh
+//! --check`).
+//!
+//! Needs helm, etcd and kube-apiserver from `tests/tools/build.sh helm etcd kube`.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use carina_tests::kube::KubeCluster;
+use carina_tests::manifests::{Chart, dry_run, find, objects, repo_root};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::Value;
+
+/// A value set: its name, the release namespace, and the values file.
+struct ValueSet {
+    name: &'static str,
+    namespace: &'static str,
+    values: Option<&'static str>,
+}
+
+/// The chart's defaults, as `deploy/kubernetes/` is rendered.
+const DEFAULTS: ValueSet = ValueSet {
+    name: "default values",
+    namespace: "kube-system",
+    values: None,
+};
+
+/// Hand-made certificates, the scheduler, a HOST group and StorageClasses
+/// of every kind.
+const MANUAL_SCHEDULER_CLASSES: ValueSet = ValueSet {
+    name: "manual identity, scheduler, custom StorageClasses",
+    namespace: "kube-system",
+    values: Some(
+        r#"
+identity:
+  mode: manual
+  manual:
+    nodeSecret: site-node-tls
+    controllerSecret: site-controller-tls
+scheduler:
+  enabled: true
+  name: carina-local
+config:
+  diskSelector:
+    - {name: fast, re: ["^nvme[0-9]n1$"], policy: LVM}
+    - {name: whole, re: ["^sd[b-z]$"], policy: RAW, nodeLabel: example.com/raw}
+    - {name: shared, re: ["/srv/carina"], policy: HOST}
+  diskScanInterval: 60
+  schedulerStrategy: binpack
+storageClasses:
+  - name: fast-ext4
+    annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+    parameters:
+      carina.storage.io/disk-group-name: fast
+      csi.storage.k8s.io/fstype: ext4
+    reclaimPolicy: Retain
+    volumeBindingMode: Immediate
+    mountOptions: [noatime]
+  - name: whole-disk
+    parameters:
+      carina.storage.io/disk-group-name: whole
+      carina.storage.io/exclusively-raw-disk: true
+    allowVolumeExpansion: false
+  - name: shared-dirs
+    parameters:
+      carina.storage.io/disk-group-name: shared
+"#,
+    ),
+};
+
+/// Another kubelet directory (k0s), another namespace, images from a
+/// private registry, a narrowed issuer policy and extra host paths.
+const KUBELET_DIR_NAMESPACE: ValueSet = ValueSet {
+    name: "other kubelet dir and namespace",
+    namespace: "carina-storage",
+    values: Some(
+        r#"
+kubeletDir: /var/lib/k0s/kubelet/
+image:
+  repository: registry.example.com/storage
+  tag: "1.2.3"
+  pullPolicy: Always
+imagePullSecrets: [{name: registry-login}]
+controller:
+  replicas: 3
+  extraArgs: [--lease-duration-secs=30]
+  env: [{name: RUST_LOG, value: debug}]
+node:
+  port: 17443
+  extraHostPaths: [/mnt/carina-dirs]
+  nodeSelector: {example.com/storage: "yes"}
+identity:
+  port: 17444
+  certTTL: 12h
+networkPolicy:
+  identityFrom:
+    - ipBlock: {cidr: 10.20.0.0/16}
+"#,
+    ),
+};
+
+const SETS: [&ValueSet; 3] = [&DEFAULTS, &MANUAL_SCHEDULER_CLASSES, &KUBELET_DIR_NAMESPACE];
+
+fn render(chart: &Chart, set: &ValueSet) -> Result<Vec<Value>> {
+    let yaml = chart
+        .template(set.namespace, set.values)
+        .with_context(|| set.name)?;
+    objects(&yaml).with_context(|| set.name)
+}
+
+/// The workspace version (`[workspace.package] version` of Cargo.toml),
+/// the tag `make images` gives the images.
+fn workspace_version() -> Result<String> {
+    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml"))?;
+    let mut in_package = false;
+    for line in cargo.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[workspace.package]";
+        } else if in_package
+            && let Some((key, value)) = line.split_once('=')
+            && key.trim() == "version"
+        {
+            return Ok(value.trim().trim_matches('"').to_string());
+        }
+    }
+    bail!("Cargo.toml has no [workspace.package] version")
+}
+
+fn container<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .context("containers")?
+        .iter()
+        .find(|c| c["name"] == name)
+        .with_context(|| format!("no container {name}"))
+}
+
+fn args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+fn has(args: &[String], want: &str) -> bool {
+    args.iter().any(|a| a == want)
+}
+
+fn volume<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .context("volumes")?
+        .iter()
+        .find(|v| v["name"] == name)
+        .with_context(|| format!("no volume {name}"))
+}
+
+fn mount<'a>(container: &'a Value, path: &str) -> Result<&'a Value> {
+    container["volumeMounts"]
+        .as_array()
+        .context("volumeMounts")?
+        .iter()
+        .find(|m| m["mountPath"] == path)
+        .with_context(|| format!("nothing mounted at {path}"))
+}
+
+#[test]
+fn helm_lint_passes_for_every_value_set() -> Result<()> {
+    let chart = Chart::new()?;
+    for set in SETS {
+        let report = chart
+            .lint(set.namespace, set.values)
+            .with_context(|| set.name)?;
+        assert!(
+            report.contains("0 chart(s) failed"),
+            "{}: {report}",
+            set.name
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn default_values_issue_identities_and_register_with_kubelet() -> Result<()> {
+    let chart = Chart::new()?;
+    let objs = render(&chart, &DEFAULTS)?;
+    let version = workspace_version()?;
+
+    // Every namespaced object is in the release namespace.
+    for o in &objs {
+        let kind = o["kind"].as_str().unwrap_or_default();
+        let cluster_scoped = matches!(
+            kind,
+            "CustomResourceDefinition"
+                | "CSIDriver"
+                | "StorageClass"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+        );
+        if !cluster_scoped {
+            assert_eq!(
+                o["metadata"]["namespace"], "kube-system",
+                "{kind} {}",
+                o["metadata"]["name"]
+            );
+        }
+    }
+
+    // CRDs survive an uninstall.
+    for crd in [
+        "logicvolumes.carina.storage.io",
+        "nodestorageresources.carina.storage.io",
+    ] {
+        let crd = find(&objs, "CustomResourceDefinition", crd)?;
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+            "keep"
+        );
+    }
+    find(&objs, "CSIDriver", "carina.storage.io")?;
+
+    let controller = find(&objs, "Deployment", "carina-controller")?;
+    assert_eq!(controller["spec"]["replicas"], 2);
+    let c = container(controller, "carina-controller")?;
+    assert_eq!(
+        c["image"],
+        format!("ghcr.io/carina-rs/carina-controller:{version}")
+    );
+    let a = args(c);
+    for want in [
+        "--mode=kube",
+        "--leader-election-namespace=kube-system",
+        "--identity-listen=0.0.0.0:7444",
+        "--identity-ca-secret=carina-ca",
+        "--identity-ca-configmap=carina-ca",
+        "--identity-audience=carina.storage.io/node-identity",
+        "--identity-node-service-account=kube-system:carina-node",
+        "--identity-cert-ttl=24h",
+    ] {
+        assert!(has(&a, want), "controller args {a:?} lack {want}");
+    }
+    assert!(!a.iter().any(|a| a.starts_with("--tls-")), "{a:?}");
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    for sidecar in ["csi-provisioner", "csi-resizer"] {
+        let s = container(controller, sidecar)?;
+        assert!(has(&args(s), "--leader-election"), "{sidecar}");
+    }
+    let service = find(&objs, "Service", "carina-controller")?;
+    assert_eq!(service["spec"]["ports"][0]["port"], 7444);
+    assert_eq!(service["spec"]["ports"][0]["name"], "identity");
+    find(&objs, "PodDisruptionBudget", "carina-controller")?;
+    let role = find(&objs, "Role", "carina-controller-identity")?;
+    assert_eq!(role["rules"][0]["resources"][0], "secrets");
+    let cluster_role = find(&objs, "ClusterRole", "carina-controller")?;
+    assert!(
+        cluster_role["rules"]
+            .as_array()
+            .context("rules")?
+            .iter()
+            .any(|r| r["resources"][0] == "tokenreviews" && r["verbs"][0] == "create"),
+        "the controller may not create TokenReviews"
+    );
+
+    let node = find(&objs, "DaemonSet", "carina-node")?;
+    let spec = &node["spec"]["template"]["spec"];
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(spec["serviceAccountName"], "carina-node");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    let containers = spec["containers"].as_array().context("containers")?;
+    assert_eq!(containers.len(), 1, "no registrar sidecar: {containers:?}");
+    let n = &containers[0];
+    assert_eq!(
+        n["image"],
+        format!("ghcr.io/carina-rs/carina-node:{version}")
+    );
+    assert_eq!(n["securityContext"]["privileged"], true);
+    let a = args(n);
+    for want in [
+        "--listen=0.0.0.0:7443",
+        "--csi-endpoint=unix:///var/lib/kubelet/plugins/carina.storage.io/csi.sock",
+        "--plugin-registration-dir=/var/lib/kubelet/plugins_registry",
+        "--identity-issuer=https://carina-controller.kube-system.svc:7444",
+        "--identity-token-file=/var/run/secrets/carina.storage.io/token",
+        "--tls-ca=/etc/carina/ca/ca.crt",
+    ] {
+        assert!(has(&a, want), "node args {a:?} lack {want}");
+    }
+    assert!(!a.iter().any(|a| a.starts_with("--tls-cert")), "{a:?}");
+    assert_eq!(
+        mount(n, "/var/lib/kubelet")?["mountPropagation"],
+        "Bidirectional"
+    );
+    for path in [
+        "/dev",
+        "/etc/lvm/backup",
+        "/etc/lvm/archive",
+        "/run/lock/lvm",
+    ] {
+        mount(n, path)?;
+    }
+    let token = &volume(node, "identity-token")?["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(token["audience"], "carina.storage.io/node-identity");
+    assert_eq!(volume(node, "ca")?["configMap"]["name"], "carina-ca");
+
+    // The node's ServiceAccount is bound to nothing.
+    for o in &objs {
+        if matches!(
+            o["kind"].as_str(),
+            Some("RoleBinding" | "ClusterRoleBinding")
+        ) {
+            for s in o["subjects"].as_array().into_iter().flatten() {
+                assert_ne!(
+                    s["name"], "carina-node",
+                    "{} binds carina-node",
+                    o["metadata"]["name"]
+                );
+            }
+        }
+    }
+
+    // config.json is Carina's, and the default StorageClasses use it.
+    let config = find(&objs, "ConfigMap", "carina-csi-config")?;
+    let json: Value = serde_json::from_str(
+        config["data"]["config.json"]
+            .as_str()
+            .context("config.json")?,
+    )?;
+    assert_eq!(json["diskSelector"][0]["name"], "carina-vg-ssd");
+    assert_eq!(json["schedulerStrategy"], "spreadout");
+    let lvm = find(&objs, "StorageClass", "csi-carina-lvm")?;
+    assert_eq!(lvm["provisioner"], "carina.storage.io");
+    assert_eq!(
+        lvm["parameters"]["carina.storage.io/disk-group-name"],
+        "carina-vg-ssd"
+    );
+    assert_eq!(lvm["volumeBindingMode"], "WaitForFirstConsumer");
+
+    let policy = find(&objs, "NetworkPolicy", "carina-node")?;
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 7443);
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["metadata"]["name"] == "carina-scheduler"),
+        "the scheduler is off by default"
+    );
+    Ok(())
+}
+
+#[test]
+fn manual_identity_mounts_the_secrets_and_serves_no_issuer() -> Result<()> {
+    let chart = Chart::new()?;
+    let objs = render(&chart, &MANUAL_SCHEDULER_CLASSES)?;
+
+    let controller = find(&objs, "Deployment", "carina-controller")?;
+    let c = container(controller, "carina-controller")?;
+    let a = args(c);
+    for want in [
+        "--tls-ca=/etc/carina/tls/ca.crt",
+        "--tls-cert=/etc/carina/tls/tls.crt",
+        "--tls-key=/etc/carina/tls/tls.key",
+        "--strategy=binpack",
+    ] {
+        assert!(has(&a, want), "controller args {a:?} lack {want}");
+    }
+    assert!(!a.iter().any(|a| a.starts_with("--identity-")), "{a:?}");
+    assert_eq!(
+        volume(controller, "tls")?["secret"]["secretName"],
+        "site-controller-tls"
+    );
+    assert!(find(&objs, "Service", "carina-controller").is_err());
+    assert!(find(&objs, "Role", "carina-controller-identity").is_err());
+    let controller_policy = find(&objs, "NetworkPolicy", "carina-controller")?;
+    assert_eq!(controller_policy["spec"]["ingress"], serde_json::json!([]));
+
+    let node = find(&objs, "DaemonSet", "carina-node")?;
+    let n = container(node, "carina-node")?;
+    let a = args(n);
+    assert!(has(&a, "--tls-cert=/etc/carina/tls/tls.crt"), "{a:?}");
+    assert!(!a.iter().any(|a| a.starts_with("--identity-")), "{a:?}");
+    assert_eq!(
+        volume(node, "tls")?["secret"]["secretName"],
+        "site-node-tls"
+    );
+    assert!(volume(node, "identity-token").is_err());
+    // The HOST group's directory is mounted at its own path.
+    mount(n, "/srv/carina")?;
+
+    let config = find(&objs, "ConfigMap", "carina-csi-config")?;
+    let json: Value = serde_json::from_str(
+        config["data"]["config.json"]
+            .as_str()
+            .context("config.json")?,
+    )?;
+    assert_eq!(json["diskSelector"][2]["policy"], "HOST");
+    assert_eq!(json["diskScanInterval"], 60);
+
+    let fast = find(&objs, "StorageClass", "fast-ext4")?;
+    assert_eq!(fast["reclaimPolicy"], "Retain");
+    assert_eq!(fast["volumeBindingMode"], "Immediate");
+    assert_eq!(fast["mountOptions"][0], "noatime");
+    assert_eq!(
+        fast["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"],
+        "true"
+    );
+    let whole = find(&objs, "StorageClass", "whole-disk")?;
+    assert_eq!(
+        whole["parameters"]["carina.storage.io/exclusively-raw-disk"],
+        "true"
+    );
+    assert_eq!(whole["allowVolumeExpansion"], false);
+    assert!(find(&objs, "StorageClass", "csi-carina-lvm").is_err());
+
+    let scheduler = find(&objs, "Deployment", "carina-scheduler")?;
+    let extender = container(scheduler, "extender")?;
+    assert!(has(&args(extender), "--strategy=binpack"));
+    let config = find(&objs, "ConfigMap", "carina-scheduler-config")?;
+    let inner: Value = serde_yaml::from_str(
+        config["data"]["scheduler-config.yaml"]
+            .as_str()
+            .context("scheduler-config.yaml")?,
+    )?;
+    assert_eq!(inner["profiles"][0]["schedulerName"], "carina-local");
+    assert_eq!(inner["leaderElection"]["resourceName"], "carina-local");
+    Ok(())
+}
+
+#[test]
+fn another_kubelet_dir_and_namespace_reach_every_path_and_name() -> Result<()> {
+    let chart = Chart::new()?;
+    let objs = render(&chart, &KUBELET_DIR_NAMESPACE)?;
+
+    let node = find(&objs, "DaemonSet", "carina-node")?;
+    let n = container(node, "carina-node")?;
+    assert_eq!(n["image"], "registry.example.com/storage/carina-node:1.2.3");
+    assert_eq!(n["imagePullPolicy"], "Always");
+    let a = args(n);
+    for want in [
+        "--listen=0.0.0.0:17443",
+        "--csi-endpoint=unix:///var/lib/k0s/kubelet/plugins/carina.storage.io/csi.sock",
+        "--plugin-registration-dir=/var/lib/k0s/kubelet/plugins_registry",
+        "--identity-issuer=https://carina-controller.carina-storage.svc:17444",
+    ] {
+        assert!(has(&a, want), "node args {a:?} lack {want}");
+    }
+    let kubelet = mount(n, "/var/lib/k0s/kubelet")?;
+    assert_eq!(kubelet["mountPropagation"], "Bidirectional");
+    assert_eq!(
+        volume(node, "kubelet-dir")?["hostPath"]["path"],
+        "/var/lib/k0s/kubelet"
+    );
+    mount(n, "/mnt/carina-dirs")?;
+    assert_eq!(
+        node["spec"]["template"]["spec"]["nodeSelector"]["example.com/storage"],
+        "yes"
+    );
+
+    let controller = find(&objs, "Deployment", "carina-controller")?;
+    assert_eq!(controller["metadata"]["namespace"], "carina-storage");
+    assert_eq!(controller["spec"]["replicas"], 3);
+    let c = container(controller, "carina-controller")?;
+    assert_eq!(
+        c["image"],
+        "registry.example.com/storage/carina-controller:1.2.3"
+    );
+    let a = args(c);
+    for want in [
+        "--leader-election-namespace=carina-storage",
+        "--identity-node-service-account=carina-storage:carina-node",
+        "--identity-listen=0.0.0.0:17444",
+        "--identity-cert-ttl=12h",
+        "--node-port=17443",
+        "--lease-duration-secs=30",
+    ] {
+        assert!(has(&a, want), "controller args {a:?} lack {want}");
+    }
+    for sidecar in ["csi-provisioner", "csi-resizer"] {
+        let s = container(controller, sidecar)?;
+        assert!(
+            has(&args(s), "--leader-election-namespace=carina-storage"),
+            "{sidecar}"
+        );
+    }
+    let binding = find(&objs, "ClusterRoleBinding", "carina-controller")?;
+    assert_eq!(binding["subjects"][0]["namespace"], "carina-storage");
+    let policy = find(&objs, "NetworkPolicy", "carina-controller")?;
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"],
+        "10.20.0.0/16"
+    );
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 17444);
+    let node_policy = find(&objs, "NetworkPolicy", "carina-node")?;
+    assert_eq!(
+        node_policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "carina-storage"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_values_are_refused_by_name() -> Result<()> {
+    let chart = Chart::new()?;
+    for (values, field) in [
+        ("identity: {mode: automatic}\n", "mode"),
+        ("kubeletDir: var/lib/kubelet\n", "kubeletDir"),
+        (
+            "config: {diskSelector: [{name: a, re: [x], policy: ZFS}]}\n",
+            "policy",
+        ),
+        (
+            "config: {schedulerStrategy: random, diskSelector: []}\n",
+            "schedulerStrategy",
+        ),
+        (
+            "storageClasses: [{name: x, reclaimPolicy: Recycle}]\n",
+            "reclaimPolicy",
+        ),
+    ] {
+        let err = match chart.template("kube-system", Some(values)) {
+            Ok(_) => bail!("helm rendered bad values: {values}"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.contains(field),
+            "{values}: the refusal does not name {field}: {err}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_rendered_object_passes_a_server_side_dry_run() -> Result<()> {
+    let chart = Chart::new()?;
+    let cluster = KubeCluster::start().await?;
+    let client = cluster.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(KUBELET_DIR_NAMESPACE.namespace.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces.create(&PostParams::default(), &ns).await?;
+
+    for set in SETS {
+        let yaml = chart.template(set.namespace, set.values)?;
+        let count = objects(&yaml)?.len();
+        let report = dry_run(&client, &yaml, set.name).await?;
+        report.ok()?;
+        assert_eq!(
+            report.applied + report.skipped.len(),
+            count,
+            "{}: not every object was tried",
+            set.name
+        );
+        assert!(
+            report.applied >= 15,
+            "{}: only {} objects",
+            set.name,
+            report.applied
+        );
+    }
+
+    // The dry run catches what the chart's schema lets through: a
+    // disruption budget that is neither a count nor a percentage.
+    let yaml = chart.template(
+        "kube-system",
+        Some("controller: {podDisruptionBudget: {maxUnavailable: most}}\n"),
+    )?;
+    let report = dry_run(&client, &yaml, "bad budget").await?;
+    assert!(
+        report
+            .failures
+            .iter()
+            .any(|f| f.contains("PodDisruptionBudget/carina-controller")
+                && f.contains("spec.maxUnavailable")),
+        "the API server accepted a broken PodDisruptionBudget: {:?}",
+        report.failures
+    );
+    assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+    Ok(())
+}
+
+#[test]
+fn checked_in_manifests_are_a_fresh_render_of_the_chart() -> Result<()> {
+    let chart = Chart::new()?;
+    let out = Command::new(repo_root().join("hack/render-manifests.sh"))
+        .arg("--check")
+        .env("HELM", chart.helm())
+        .output()?;
+    assert!(
+        out.status.success(),
+        "deploy/ differs from the chart (run `make manifests`):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
