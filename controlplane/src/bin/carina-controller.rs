@@ -158,8 +158,9 @@ struct Args {
     #[arg(long, env = "CARINA_CREATE_TIMEOUT_SECS", default_value_t = 60)]
     create_timeout_secs: u64,
 
-    /// Kube mode: the namespace of the identity CA Secret and ConfigMap
-    /// (the controller's own namespace).
+    /// Kube mode: the controller's own namespace: where it reads the
+    /// `carina-csi-config` ConfigMap it pushes to the nodes, and keeps the
+    /// identity CA Secret and ConfigMap.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     namespace: String,
 
@@ -409,6 +410,7 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
         call_timeout: Duration::from_secs(args.node_call_timeout_secs),
         instance: Some(identity.clone()),
         live_cert,
+        config_namespace: args.namespace.clone(),
         ..BridgeConfig::new(tls)
     };
     let provisioner = KubeProvisioner::new(
