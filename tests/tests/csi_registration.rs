@@ -233,10 +233,17 @@ async fn kubelet_registers_the_node_and_it_deregisters_on_sigterm() -> Result<()
 async fn a_stale_registration_socket_is_replaced() -> Result<()> {
     let fx = Fixture::new(true)?;
     drop(std::os::unix::net::UnixListener::bind(fx.socket())?);
-    assert!(
-        std::os::unix::net::UnixStream::connect(fx.socket()).is_err(),
-        "precondition: nothing listens on the stale socket"
-    );
+    // A process another test forks in that instant holds a copy of the
+    // listening descriptor until its exec closes it; only then does the
+    // socket refuse connections, as a dead plugin's does.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(fx.socket()).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "precondition: nothing listens on the stale socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     // Ready only once the socket accepts: the stale one never does.
     let mut node = fx.start().await?;
     assert_eq!(get_info(&fx.socket()).await?.name, "carina.storage.io");
