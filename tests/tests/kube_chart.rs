@@ -605,3 +605,47 @@ fn checked_in_manifests_are_a_fresh_render_of_the_chart() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every container that runs one of our programs passes arguments that
+/// program takes: each rendering's argument list, run through the built
+/// binary with `--version` added, gets past its argument parser (an
+/// unknown flag or a value that does not parse is refused before the
+/// version is printed).
+#[test]
+fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
+    let chart = Chart::new()?;
+    let mut checked = 0;
+    for set in SETS {
+        for object in render(&chart, set)? {
+            let containers = object["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for c in containers {
+                let image = c["image"].as_str().unwrap_or_default();
+                let Some(program) = ["carina-node", "carina-controller", "carina-scheduler"]
+                    .into_iter()
+                    .find(|p| image.contains(&format!("/{p}:")))
+                else {
+                    continue;
+                };
+                let binary = carina_tests::process::workspace_binary(program)?;
+                let mut argv = args(&c);
+                argv.push("--version".into());
+                let out = Command::new(&binary)
+                    .args(&argv)
+                    .output()
+                    .with_context(|| format!("run {}", binary.display()))?;
+                assert!(
+                    out.status.success(),
+                    "{}: {program} refuses {argv:?}: {}",
+                    set.name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 6, "only {checked} containers of ours rendered");
+    Ok(())
+}
