@@ -114,19 +114,7 @@ fn finish(args: &Args, entries: &[report::Entry]) -> Result<()> {
     let context = machine_context();
     report::write(&args.out, entries, &context)?;
     for e in entries {
-        println!(
-            "{:<55} p50 {:>9.3} {}  p99 {:>9.3}  floor p50 {:>9}  ratio {:>6}",
-            e.name,
-            e.p50,
-            e.unit,
-            e.p99,
-            e.floor_p50
-                .map(|f| format!("{f:.3}"))
-                .unwrap_or_else(|| "-".into()),
-            e.ratio
-                .map(|r| format!("{r:.3}"))
-                .unwrap_or_else(|| "-".into()),
-        );
+        println!("{}", e.line(55));
     }
     println!(
         "wrote {}/benchmarks.json and benchmarks.md",

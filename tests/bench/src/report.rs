@@ -29,6 +29,22 @@ pub struct Entry {
     pub floor: String,
 }
 
+impl Entry {
+    /// One line for the terminal, the name padded to `width`.
+    pub fn line(&self, width: usize) -> String {
+        let or_dash = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+        format!(
+            "{:<width$} p50 {:>10.3} {:<9} p99 {:>10.3}  floor p50 {:>9}  ratio {:>8}",
+            self.name,
+            self.p50,
+            self.unit,
+            self.p99,
+            or_dash(self.floor_p50),
+            or_dash(self.ratio),
+        )
+    }
+}
+
 /// The p-th percentile (nearest rank) of `samples`, in milliseconds.
 pub fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
     if samples.is_empty() {

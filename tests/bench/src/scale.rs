@@ -80,19 +80,7 @@ pub async fn main(args: impl Iterator<Item = String>) -> Result<()> {
     let entries = entries(&shape, &run, &floors);
     report::write(&out, &entries, &crate::machine_context())?;
     for e in &entries {
-        println!(
-            "{:<60} p50 {:>10.3} {:<9} p99 {:>10.3}  floor p50 {:>9}  ratio {:>8}",
-            e.name,
-            e.p50,
-            e.unit,
-            e.p99,
-            e.floor_p50
-                .map(|f| format!("{f:.3}"))
-                .unwrap_or_else(|| "-".into()),
-            e.ratio
-                .map(|r| format!("{r:.3}"))
-                .unwrap_or_else(|| "-".into()),
-        );
+        println!("{}", e.line(60));
     }
     let p99 = report::percentile_ms(&run.create_freshness, 99.0)
         .max(report::percentile_ms(&run.delete_freshness, 99.0));
