@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod csi;
 pub mod engine;
+pub mod fuzz;
 pub mod grpc;
 pub mod identity;
 pub mod kube;

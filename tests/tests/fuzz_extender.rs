@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use carina_tests::fuzz::{self, Rng};
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::{ChildGuard, tail, workspace_binary};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,40 +26,6 @@ const START: Duration = Duration::from_secs(90);
 const EXCHANGE: Duration = Duration::from_secs(10);
 
 const ARGS: &str = r#"{"Pod":{"metadata":{"name":"p","namespace":"default","uid":"u"},"spec":{"volumes":[{"name":"d","persistentVolumeClaim":{"claimName":"c"}},{"name":"e","emptyDir":{}}]}},"NodeNames":["n1","n2"],"Nodes":{"items":[{"metadata":{"name":"n3","labels":{"kubernetes.io/hostname":"n3"}}}]}}"#;
-
-/// xorshift64*, seeded.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let n = self.below(max + 1);
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
-fn mutate(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
-    for _ in 0..=rng.below(8) {
-        let at = rng.below(bytes.len() + 1);
-        match rng.below(3) {
-            0 if at < bytes.len() => bytes[at] = rng.next() as u8,
-            1 => bytes.insert(at, rng.next() as u8),
-            _ if at < bytes.len() => {
-                bytes.remove(at);
-            }
-            _ => {}
-        }
-    }
-    bytes
-}
 
 /// One request: mostly well-formed HTTP with odd contents (`true`),
 /// sometimes bytes that are not HTTP (`false`).
@@ -79,7 +46,7 @@ fn request(rng: &mut Rng) -> (Vec<u8>, bool) {
     ][rng.below(8)];
     let body = match rng.below(3) {
         0 => ARGS.as_bytes().to_vec(),
-        1 => mutate(rng, ARGS.as_bytes().to_vec()),
+        1 => rng.mutate(ARGS.as_bytes().to_vec()),
         _ => rng.bytes(300),
     };
     let mut out = format!(
@@ -108,14 +75,7 @@ async fn exchange(port: u16, request: &[u8], end: bool) -> Result<Vec<u8>> {
 
 #[tokio::test]
 async fn the_extender_answers_every_request_with_a_sensible_status() -> Result<()> {
-    let cases: usize = std::env::var("CARINA_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let seed: u64 = std::env::var("CARINA_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5C4E_D01E);
+    let (seed, cases) = fuzz::settings(0x5C4E_D01E, 2000);
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
     let binary = workspace_binary("carina-scheduler")?;
@@ -148,7 +108,7 @@ async fn the_extender_answers_every_request_with_a_sensible_status() -> Result<(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut statuses = std::collections::BTreeMap::<String, usize>::new();
     for case in 0..cases {
         let (req, is_http) = request(&mut rng);

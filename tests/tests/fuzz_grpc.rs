@@ -21,6 +21,7 @@ use anyhow::{Context, Result, bail, ensure};
 use bytes::{Buf, BufMut};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{NodeArgs, Pki};
+use carina_tests::fuzz::{self, Rng};
 use carina_tests::grpc::{Client, host_config};
 use carina_tests::{have_root, unique};
 use prost::Message;
@@ -65,53 +66,33 @@ impl Decoder for RawCodec {
     }
 }
 
-/// xorshift64*: small, seeded, enough to spread inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-    fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let n = self.below(max + 1);
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    fn text(&mut self, max: usize) -> String {
-        const PIECES: &[&str] = &[
-            "a",
-            "Z",
-            "-",
-            ".",
-            "/",
-            "..",
-            " ",
-            "\0",
-            "\u{e9}",
-            "\u{1F4BE}",
-            "%",
-            "\\",
-            "\"",
-            "{",
-            "}",
-            "0",
-            "9",
-            "pvc-",
-            "carina",
-            ":",
-            "\n",
-        ];
-        let n = self.below(max + 1);
-        (0..n).map(|_| *self.pick(PIECES)).collect()
-    }
+/// Up to `max` pieces of names, paths and odd characters.
+fn text(rng: &mut Rng, max: usize) -> String {
+    const PIECES: &[&str] = &[
+        "a",
+        "Z",
+        "-",
+        ".",
+        "/",
+        "..",
+        " ",
+        "\0",
+        "\u{e9}",
+        "\u{1F4BE}",
+        "%",
+        "\\",
+        "\"",
+        "{",
+        "}",
+        "0",
+        "9",
+        "pvc-",
+        "carina",
+        ":",
+        "\n",
+    ];
+    let n = rng.below(max + 1);
+    (0..n).map(|_| *rng.pick(PIECES)).collect()
 }
 
 /// The request of `rpc` with random field values drawn from pools of
@@ -122,19 +103,19 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
             0 => format!("fuzz-{}", rng.below(4)),
             1 => String::new(),
             2 => "x".repeat(rng.below(400)),
-            3 => format!("pvc-{:x}", rng.next()),
-            _ => rng.text(40),
+            3 => format!("pvc-{:x}", rng.next_u64()),
+            _ => text(rng, 40),
         }
     };
     let groups = |rng: &mut Rng| -> String {
         match rng.below(4) {
             0 | 1 => group.to_string(),
             2 => String::new(),
-            _ => rng.text(20),
+            _ => text(rng, 20),
         }
     };
     let sizes = |rng: &mut Rng| -> u64 {
-        let any = rng.next();
+        let any = rng.next_u64();
         *rng.pick(&[
             0,
             1,
@@ -167,13 +148,13 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
         "ListLVs" => pb::ListLVsRequest {
             device_group: groups(rng),
             page_size: {
-                let any = rng.next() as u32;
+                let any = rng.next_u64() as u32;
                 *rng.pick(&[0, 1, 2, u32::MAX, any])
             },
             page_token: if rng.below(2) == 0 {
                 String::new()
             } else {
-                rng.text(30)
+                text(rng, 30)
             },
         }
         .encode_to_vec(),
@@ -184,14 +165,12 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
         "ListDisks" => pb::ListDisksRequest {}.encode_to_vec(),
         "ApplyConfig" => pb::ApplyConfigRequest {
             config_json: match rng.below(3) {
-                0 => rng.text(200),
-                1 => mutate(
-                    rng,
-                    host_config(group, Path::new("/nonexistent"), 0).into_bytes(),
-                )
-                .into_iter()
-                .map(char::from)
-                .collect(),
+                0 => text(rng, 200),
+                1 => rng
+                    .mutate(host_config(group, Path::new("/nonexistent"), 0).into_bytes())
+                    .into_iter()
+                    .map(char::from)
+                    .collect(),
                 _ => r#"{"diskSelector": []}"#.to_string(),
             },
         }
@@ -212,22 +191,6 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
         .encode_to_vec(),
         other => panic!("no generator for {other}"),
     }
-}
-
-/// `bytes` with up to eight bytes replaced, inserted or removed.
-fn mutate(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
-    for _ in 0..=rng.below(8) {
-        let at = rng.below(bytes.len() + 1);
-        match rng.below(3) {
-            0 if at < bytes.len() => bytes[at] = rng.next() as u8,
-            1 => bytes.insert(at, rng.next() as u8),
-            _ if at < bytes.len() => {
-                bytes.remove(at);
-            }
-            _ => {}
-        }
-    }
-    bytes
 }
 
 /// Whether `bytes` decodes as the request message of `rpc`.
@@ -289,14 +252,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
     if !have_root("fuzz_grpc") {
         return Ok(());
     }
-    let cases: usize = std::env::var("CARINA_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let seed: u64 = std::env::var("CARINA_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x00C0_FFEE);
+    let (seed, cases) = fuzz::settings(0x00C0_FFEE, 1000);
     let dir = tempfile::tempdir()?;
     let root = dir.path().join("host");
     std::fs::create_dir_all(&root)?;
@@ -327,7 +283,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
         "GetBcache",
         "SetCacheMode",
     ];
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut counts = Vec::new();
     for rpc in rpcs {
         let path: http::uri::PathAndQuery = format!("{SERVICE}{rpc}").parse()?;
@@ -337,7 +293,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
                 0 => random_message(&mut rng, rpc, &group),
                 1 => {
                     let valid = random_message(&mut rng, rpc, &group);
-                    mutate(&mut rng, valid)
+                    rng.mutate(valid)
                 }
                 _ => rng.bytes(64),
             };
