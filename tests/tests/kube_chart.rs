@@ -649,3 +649,104 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
     assert!(checked >= 6, "only {checked} containers of ours rendered");
     Ok(())
 }
+
+/// The defaults with the scheduler on: every ServiceAccount the chart can
+/// make, with the issuing controller's rights.
+const RBAC_SET: ValueSet = ValueSet {
+    name: "default values, scheduler on",
+    namespace: "kube-system",
+    values: Some("scheduler:\n  enabled: true\n"),
+};
+
+/// The checked-in table of what each ServiceAccount may do.
+const RBAC_TABLE: &str = "deploy/rbac.txt";
+
+/// One line per rule a ServiceAccount gets through a binding, sorted;
+/// `none` for a ServiceAccount bound to nothing.
+fn rbac_table(objs: &[Value]) -> Result<String> {
+    let words = |v: &Value| -> String {
+        let mut w: Vec<&str> = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        w.sort_unstable();
+        w.join(",")
+    };
+    let mut lines = Vec::new();
+    for sa in objs.iter().filter(|o| o["kind"] == "ServiceAccount") {
+        let (ns, name) = (
+            sa["metadata"]["namespace"].as_str().unwrap_or_default(),
+            sa["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        let who = format!("{ns}/{name}");
+        let mut bound = false;
+        for b in objs
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+        {
+            let names_it = b["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == name && s["namespace"] == ns
+            });
+            if !names_it {
+                continue;
+            }
+            bound = true;
+            let scope = if b["kind"] == "RoleBinding" {
+                format!("in {}", b["metadata"]["namespace"].as_str().unwrap_or(ns))
+            } else {
+                "cluster-wide".to_string()
+            };
+            let (kind, role) = (
+                b["roleRef"]["kind"].as_str().unwrap_or_default(),
+                b["roleRef"]["name"].as_str().unwrap_or_default(),
+            );
+            let Some(r) = objs
+                .iter()
+                .find(|o| o["kind"] == kind && o["metadata"]["name"] == role)
+            else {
+                lines.push(format!("{who} {scope} {kind}/{role}: built in"));
+                continue;
+            };
+            for rule in r["rules"].as_array().into_iter().flatten() {
+                lines.push(format!(
+                    "{who} {scope} {kind}/{role}: groups [{}] resources [{}] names [{}] verbs [{}]",
+                    words(&rule["apiGroups"]),
+                    words(&rule["resources"]),
+                    words(&rule["resourceNames"]),
+                    words(&rule["verbs"]),
+                ));
+            }
+        }
+        if !bound {
+            lines.push(format!("{who} none"));
+        }
+    }
+    lines.sort();
+    Ok(lines.join("\n") + "\n")
+}
+
+/// What each ServiceAccount of the chart may do is the reviewed table in
+/// `deploy/rbac.txt`: a change of any rule, binding or ServiceAccount
+/// fails here until the table is changed with it (`CARINA_UPDATE_RBAC=1`
+/// rewrites it; the diff is then reviewed like code).
+#[test]
+fn each_service_account_has_exactly_the_reviewed_rights() -> Result<()> {
+    let chart = Chart::new()?;
+    let table = rbac_table(&render(&chart, &RBAC_SET)?)?;
+    assert!(
+        table.contains("kube-system/carina-node none"),
+        "the node's ServiceAccount is bound to nothing:\n{table}"
+    );
+    let path = repo_root().join(RBAC_TABLE);
+    if std::env::var_os("CARINA_UPDATE_RBAC").is_some() {
+        std::fs::write(&path, &table)?;
+    }
+    let reviewed = std::fs::read_to_string(&path).with_context(|| RBAC_TABLE)?;
+    assert_eq!(
+        table, reviewed,
+        "the chart's RBAC differs from {RBAC_TABLE} (review, then CARINA_UPDATE_RBAC=1)"
+    );
+    Ok(())
+}
