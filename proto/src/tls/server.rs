@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::Stream;
-use rustls::ServerConfig;
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{WantsServerCert, WebPkiClientVerifier};
+use rustls::{ConfigBuilder, ServerConfig, WantsVerifier};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
@@ -37,23 +37,8 @@ pub fn server_config(
             what: "client certificate verifier",
             source,
         })?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|source| TlsError::Rustls {
-            what: "TLS versions",
-            source,
-        })?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            certs(cert_pem, "server certificate")?,
-            key(key_pem, "server key")?,
-        )
-        .map_err(|source| TlsError::Rustls {
-            what: "server certificate and key",
-            source,
-        })?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(Arc::new(config))
+    let builder = tls13(provider)?.with_client_cert_verifier(verifier);
+    with_cert(builder, cert_pem, key_pem)
 }
 
 /// A server config that asks for no client certificate (the node-identity
@@ -62,13 +47,30 @@ pub fn server_config_without_client_auth(
     cert_pem: &[u8],
     key_pem: &[u8],
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let mut config = ServerConfig::builder_with_provider(crypto_provider())
+    let builder = tls13(crypto_provider())?.with_no_client_auth();
+    with_cert(builder, cert_pem, key_pem)
+}
+
+/// A server config builder for TLS 1.3 only.
+fn tls13(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<ConfigBuilder<ServerConfig, WantsVerifier>, TlsError> {
+    ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|source| TlsError::Rustls {
             what: "TLS versions",
             source,
-        })?
-        .with_no_client_auth()
+        })
+}
+
+/// The config `builder` makes with the server's certificate and key,
+/// speaking HTTP/2.
+fn with_cert(
+    builder: ConfigBuilder<ServerConfig, WantsServerCert>,
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = builder
         .with_single_cert(
             certs(cert_pem, "server certificate")?,
             key(key_pem, "server key")?,

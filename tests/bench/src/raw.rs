@@ -75,16 +75,9 @@ impl Floor {
         )
     }
 
+    /// sfdisk with the options the engine writes tables with.
     fn sfdisk(&self) -> Cmd {
-        Cmd::new("sfdisk").args([
-            "--quiet",
-            "--no-reread",
-            "--no-tell-kernel",
-            "--wipe",
-            "never",
-            "--wipe-partitions",
-            "never",
-        ])
+        gpt::sfdisk_write()
     }
 
     /// A new GPT (the engine's bounds) holding only entry 1.

@@ -257,7 +257,7 @@ impl NewPartition {
 /// for. It writes nothing when any step of its script fails, and unlike
 /// `sgdisk` it does not `sync` the whole machine and sleep a second after
 /// each write.
-fn sfdisk_write() -> Cmd {
+pub fn sfdisk_write() -> Cmd {
     Cmd::new("sfdisk").args([
         "--quiet",
         "--no-reread",
