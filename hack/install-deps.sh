@@ -26,6 +26,7 @@ declare -A NEED=(
   [curl]=curl
   [mmdebstrap]=mmdebstrap
   [skopeo]=skopeo
+  [runc]=runc
 )
 
 missing=()
