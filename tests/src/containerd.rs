@@ -40,8 +40,15 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    /// Starts a containerd whose files all live in a new temporary folder.
+    /// Starts a containerd whose files all live in a new temporary folder,
+    /// with the CRI plugins off.
     pub fn start() -> Result<Containerd> {
+        Self::start_with(None)
+    }
+
+    /// Starts a containerd whose files all live in a new temporary folder;
+    /// with `cri`, the CRI plugins serve a kubelet.
+    pub fn start_with(cri: Option<&Cri>) -> Result<Containerd> {
         let dir = tempfile::Builder::new()
             .prefix("carina-containerd-")
             .tempdir()?;
@@ -49,9 +56,20 @@ impl Containerd {
         let state = dir.path().join("state");
         let socket = dir.path().join("containerd.sock");
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, config_text(&root, &state, &socket))?;
+        let mut text = config_text(&root, &state, &socket, cri.is_none());
+        if let Some(cri) = cri {
+            text.push_str(&cri.config_text());
+        }
+        std::fs::write(&config, text)?;
         let log = dir.path().join("containerd.log");
         let program = containerd_binary("containerd")?;
+        // The shim is found on PATH, next to containerd.
+        let tool_dir = program.parent().context("containerd has no directory")?;
+        let path = format!(
+            "{}:{}",
+            tool_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
         let mut daemon = ChildGuard::spawn(
             "containerd",
             &program,
@@ -59,7 +77,7 @@ impl Containerd {
                 "--config".to_string(),
                 config.to_string_lossy().into_owned(),
             ],
-            &[],
+            &[("PATH", &path)],
             &log,
         )?;
         wait_for_path(&socket, &mut daemon, START_TIMEOUT)?;
@@ -85,29 +103,89 @@ impl Containerd {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// The daemon's socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The daemon's log file.
+    pub fn log(&self) -> &Path {
+        &self.daemon.log
+    }
 }
 
 impl Drop for Containerd {
     fn drop(&mut self) {
         self.daemon.stop(Duration::from_secs(10));
+        // Shims outlive their daemon; each was started with its socket.
+        crate::local::host::kill_with_argument(&self.socket.to_string_lossy());
         // Unpacked layers and any snapshot a test mounted live under the
         // root; deepest first.
-        let mut mounts = mounts_under(self.dir.path());
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-        for m in mounts {
-            let _ = run("umount", &["-l", &m.to_string_lossy()]);
-        }
+        crate::local::host::unmount_under(self.dir.path());
     }
 }
 
-/// The daemon's configuration: everything under the test's folder, the
-/// CRI plugins off.
-fn config_text(root: &Path, state: &Path, socket: &Path) -> String {
+/// What the CRI plugins need to run a kubelet's pods.
+#[derive(Debug, Clone)]
+pub struct Cri {
+    /// The pod sandbox image (imported beforehand; never pulled).
+    pub sandbox_image: String,
+    /// The OCI runtime, e.g. `/usr/sbin/runc`.
+    pub runc: PathBuf,
+    /// Where the CNI plugins are and where their configuration is.
+    pub cni_bin_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+}
+
+impl Cri {
+    fn config_text(&self) -> String {
+        format!(
+            r#"
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "{sandbox}"
+  [plugins.'io.containerd.cri.v1.runtime']
+    # Without CAP_SYS_RESOURCE a negative oom_score_adj (the sandbox
+    # asks for one) is refused and every pod fails to start; keep the
+    # score the runtime itself has as the floor.
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = "{runc}"
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["{cni_bin}"]
+      conf_dir = "{cni_conf}"
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = true
+"#,
+            sandbox = self.sandbox_image,
+            runc = self.runc.display(),
+            cni_bin = self.cni_bin_dir.display(),
+            cni_conf = self.cni_conf_dir.display(),
+        )
+    }
+}
+
+/// The daemon's configuration: everything under the test's folder; the
+/// CRI plugins off when `no_cri`.
+fn config_text(root: &Path, state: &Path, socket: &Path, no_cri: bool) -> String {
+    let disabled = if no_cri {
+        r#"disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]"#
+    } else {
+        ""
+    };
     format!(
         r#"version = 3
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri"]
+{disabled}
 
 [grpc]
   address = "{socket}"
@@ -119,17 +197,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
         state = state.display(),
         socket = socket.display(),
     )
-}
-
-/// Mount points at or below `dir`, from /proc/self/mountinfo.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    carina_sys::mount::parse_mountinfo(&text)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(dir))
-        .collect()
 }
 
 /// Imports an OCI archive into `namespace` (unpacked into the overlayfs

@@ -84,6 +84,22 @@ fn port_taken(e: &anyhow::Error) -> bool {
     format!("{e:#}").contains("address already in use")
 }
 
+/// How the apiserver is set up.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum ApiServerMode {
+    /// On loopback only, for tests with no kubelet: the `kubernetes`
+    /// Service has no endpoints, ServiceAccount admission and the not-ready
+    /// taint are off.
+    #[default]
+    Loopback,
+    /// For a cluster with a real kubelet whose pods call the apiserver:
+    /// served on every address and advertised at `host_ip` (the `kubernetes`
+    /// Service points there), Node and RBAC authorization, ServiceAccount
+    /// admission on (pods get tokens), and the kubelet client certificate
+    /// for `kubectl logs/exec`.
+    WithKubelet { host_ip: Ipv4Addr },
+}
+
 /// A running etcd + kube-apiserver pair with an admin client.
 pub struct KubeCluster {
     client: Client,
@@ -91,6 +107,7 @@ pub struct KubeCluster {
     kubeconfig: PathBuf,
     log_dir: PathBuf,
     pki: Pki,
+    mode: ApiServerMode,
     // Dropped in this order: the apiserver before its etcd, the directory
     // (data, certificates) last.
     apiserver: ChildGuard,
@@ -113,9 +130,14 @@ impl KubeCluster {
     /// `/readyz` with `ok` (at most [`START_TIMEOUT`]). Fails with the
     /// processes' log tails if either exits or the deadline passes.
     pub async fn start() -> Result<KubeCluster> {
+        Self::start_with(ApiServerMode::Loopback).await
+    }
+
+    /// [`KubeCluster::start`] with the apiserver set up for `mode`.
+    pub async fn start_with(mode: ApiServerMode) -> Result<KubeCluster> {
         let mut attempt = 1;
         loop {
-            match Self::try_start().await {
+            match Self::try_start(mode).await {
                 Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
                     eprintln!("kube test cluster: a port was taken, retrying: {e:#}");
                     attempt += 1;
@@ -125,7 +147,7 @@ impl KubeCluster {
         }
     }
 
-    async fn try_start() -> Result<KubeCluster> {
+    async fn try_start(mode: ApiServerMode) -> Result<KubeCluster> {
         let etcd_bin = etcd_binary()?;
         let apiserver_bin = kube_binary("kube-apiserver")?;
         let dir = tempfile::Builder::new().prefix("carina-kube-").tempdir()?;
@@ -136,7 +158,11 @@ impl KubeCluster {
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("create {}", log_dir.display()))?;
 
-        let pki = Pki::write(&dir.path().join("pki"))?;
+        let host_ip = match mode {
+            ApiServerMode::Loopback => None,
+            ApiServerMode::WithKubelet { host_ip } => Some(host_ip),
+        };
+        let pki = Pki::write(&dir.path().join("pki"), host_ip)?;
 
         let [client_port, peer_port, secure_port] = free_ports()?;
         let etcd_url = format!("http://127.0.0.1:{client_port}");
@@ -163,10 +189,8 @@ impl KubeCluster {
         wait_etcd_healthy(client_port, &mut etcd, deadline).await?;
 
         let server = format!("https://127.0.0.1:{secure_port}");
-        let apiserver_args = [
+        let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".to_string(),
-            "--advertise-address=127.0.0.1".to_string(),
             format!("--secure-port={secure_port}"),
             format!("--cert-dir={}", dir.path().join("apiserver").display()),
             format!("--tls-cert-file={}", pki.serving_cert.display()),
@@ -186,14 +210,27 @@ impl KubeCluster {
                 pki.sa_private.display()
             ),
             format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
-            "--authorization-mode=RBAC".to_string(),
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_string(),
             "--allow-privileged=true".to_string(),
-            // The `kubernetes` Service cannot point at a loopback address;
-            // nothing here needs it.
-            "--endpoint-reconciler-type=none".to_string(),
             "--profiling=false".to_string(),
         ];
+        match host_ip {
+            None => apiserver_args.extend([
+                "--bind-address=127.0.0.1".to_string(),
+                "--advertise-address=127.0.0.1".to_string(),
+                "--authorization-mode=RBAC".to_string(),
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_string(),
+                // The `kubernetes` Service cannot point at a loopback
+                // address; nothing here needs it.
+                "--endpoint-reconciler-type=none".to_string(),
+            ]),
+            Some(ip) => apiserver_args.extend([
+                "--bind-address=0.0.0.0".to_string(),
+                format!("--advertise-address={ip}"),
+                "--authorization-mode=Node,RBAC".to_string(),
+                format!("--kubelet-client-certificate={}", pki.admin_cert.display()),
+                format!("--kubelet-client-key={}", pki.admin_key.display()),
+            ]),
+        }
         let mut apiserver = ChildGuard::spawn(
             "kube-apiserver",
             &apiserver_bin,
@@ -203,7 +240,10 @@ impl KubeCluster {
         )?;
 
         let kubeconfig = dir.path().join("admin.kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_yaml(&server, &pki))?;
+        std::fs::write(
+            &kubeconfig,
+            kubeconfig_yaml(&server, &pki.ca_cert, &pki.admin_cert, &pki.admin_key),
+        )?;
         let client = client_from(&kubeconfig).await?;
 
         wait_ready(&client, &mut etcd, &mut apiserver, deadline).await?;
@@ -213,6 +253,7 @@ impl KubeCluster {
             kubeconfig,
             log_dir,
             pki,
+            mode,
             apiserver,
             etcd,
             dir,
@@ -245,6 +286,51 @@ impl KubeCluster {
     /// (PEM, ECDSA P-256).
     pub fn service_account_key(&self) -> &Path {
         &self.pki.sa_private
+    }
+
+    /// The CA certificate (PEM) that signed the apiserver's serving
+    /// certificate and every client certificate of this cluster.
+    pub fn ca_cert(&self) -> &Path {
+        &self.pki.ca_cert
+    }
+
+    /// Writes a client certificate for `user` in `group` and its key into
+    /// `dir` as `<file>.crt` and `<file>.key`; returns both paths.
+    pub fn write_client_cert(
+        &self,
+        dir: &Path,
+        file: &str,
+        user: &str,
+        group: &str,
+    ) -> Result<(PathBuf, PathBuf)> {
+        let (cert, key) = client_cert(&self.pki.ca, user, group, Validity::days(2))?;
+        write_pair(dir, file, &cert, &key)
+    }
+
+    /// Writes a serving certificate for `name` (DNS SAN) and `ips` into
+    /// `dir` as `<file>.crt` and `<file>.key`; returns both paths.
+    pub fn write_serving_cert(
+        &self,
+        dir: &Path,
+        file: &str,
+        name: &str,
+        ips: &[IpAddr],
+    ) -> Result<(PathBuf, PathBuf)> {
+        let issued = self
+            .pki
+            .ca
+            .issue_server(name, &[], ips, Validity::days(2))?;
+        write_pair(dir, file, &issued.cert_pem, &issued.key_pem)
+    }
+
+    /// A kubeconfig for the same apiserver with the client certificate
+    /// `cert`/`key` instead of the admin's, written to `path`.
+    pub fn write_kubeconfig(&self, path: &Path, cert: &Path, key: &Path) -> Result<()> {
+        std::fs::write(
+            path,
+            kubeconfig_yaml(&self.server, &self.pki.ca_cert, cert, key),
+        )?;
+        Ok(())
     }
 
     /// Where `etcd.log` and `kube-apiserver.log` are written.
@@ -307,15 +393,19 @@ impl KubeCluster {
         self.start_component("kube-scheduler", args).await
     }
 
-    /// Starts kube-controller-manager with every default controller except
-    /// the node-lifecycle controller (there are no kubelets: it would taint
-    /// every Node unreachable), leader election off, plus `extra_args`, and
-    /// waits for its `/healthz`.
+    /// Starts kube-controller-manager with every default controller, leader
+    /// election off, plus `extra_args`, and waits for its `/healthz`.
+    /// Without a kubelet ([`ApiServerMode::Loopback`]) the node-lifecycle
+    /// controller stays off: it would taint every Node unreachable.
     pub async fn start_controller_manager(&self, extra_args: &[&str]) -> Result<Component> {
+        let controllers = match self.mode {
+            ApiServerMode::Loopback => "*,-node-lifecycle-controller",
+            ApiServerMode::WithKubelet { .. } => "*",
+        };
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             "--leader-elect=false".to_string(),
-            "--controllers=*,-node-lifecycle-controller".to_string(),
+            format!("--controllers={controllers}"),
             format!(
                 "--service-account-private-key-file={}",
                 self.pki.sa_private.display()
@@ -504,6 +594,7 @@ fn free_ports<const N: usize>() -> Result<[u16; N]> {
 
 /// The cluster's certificate and key files.
 struct Pki {
+    ca: DevCa,
     ca_cert: PathBuf,
     serving_cert: PathBuf,
     serving_key: PathBuf,
@@ -517,10 +608,19 @@ impl Pki {
     /// Makes the CA, the apiserver's serving certificate, the admin client
     /// certificate and the service-account key pair, and writes them to
     /// `dir`.
-    fn write(dir: &Path) -> Result<Pki> {
+    /// `host_ip`, when set, is one more address of the serving
+    /// certificate.
+    fn write(dir: &Path, host_ip: Option<Ipv4Addr>) -> Result<Pki> {
         std::fs::create_dir_all(dir)?;
         let validity = Validity::days(2);
         let ca = DevCa::new("carina-tests kubernetes CA", validity)?;
+        let mut addresses = vec![
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            // The first address of the Service range: the `kubernetes`
+            // Service.
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        ];
+        addresses.extend(host_ip.map(IpAddr::V4));
         let serving = ca.issue_server(
             "kube-apiserver",
             &[
@@ -531,18 +631,14 @@ impl Pki {
                 "kubernetes.default.svc.cluster.local",
             ]
             .map(String::from),
-            &[
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                // The first address of the Service range: the `kubernetes`
-                // Service.
-                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-            ],
+            &addresses,
             validity,
         )?;
-        let admin = admin_client_cert(&ca, validity)?;
+        let admin = client_cert(&ca, "carina-admin", "system:masters", validity)?;
         let sa = KeyPair::generate().context("generate service-account key")?;
 
         let pki = Pki {
+            ca,
             ca_cert: dir.join("ca.crt"),
             serving_cert: dir.join("apiserver.crt"),
             serving_key: dir.join("apiserver.key"),
@@ -551,7 +647,7 @@ impl Pki {
             sa_public: dir.join("sa.pub"),
             sa_private: dir.join("sa.key"),
         };
-        std::fs::write(&pki.ca_cert, ca.cert_pem())?;
+        std::fs::write(&pki.ca_cert, pki.ca.cert_pem())?;
         std::fs::write(&pki.serving_cert, &serving.cert_pem)?;
         std::fs::write(&pki.serving_key, &serving.key_pem)?;
         std::fs::write(&pki.admin_cert, &admin.0)?;
@@ -562,16 +658,15 @@ impl Pki {
     }
 }
 
-/// A client certificate for user `carina-admin` in group `system:masters`
-/// (the apiserver reads the user from CN and groups from O), as
-/// `(cert_pem, key_pem)`.
-fn admin_client_cert(ca: &DevCa, validity: Validity) -> Result<(String, String)> {
+/// A client certificate for user `user` in group `group` (the apiserver
+/// reads the user from CN and groups from O), as `(cert_pem, key_pem)`.
+fn client_cert(ca: &DevCa, user: &str, group: &str, validity: Validity) -> Result<(String, String)> {
     let ca_key = KeyPair::from_pem(ca.key_pem()).context("parse CA key")?;
     let issuer = Issuer::from_ca_cert_pem(ca.cert_pem(), ca_key).context("parse CA")?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "carina-admin");
-    dn.push(DnType::OrganizationName, "system:masters");
+    dn.push(DnType::CommonName, user);
+    dn.push(DnType::OrganizationName, group);
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -579,15 +674,24 @@ fn admin_client_cert(ca: &DevCa, validity: Validity) -> Result<(String, String)>
     params.use_authority_key_identifier_extension = true;
     params.not_before = validity.not_before;
     params.not_after = validity.not_after;
-    let key = KeyPair::generate().context("generate admin key")?;
+    let key = KeyPair::generate().with_context(|| format!("generate {user}'s key"))?;
     let cert = params
         .signed_by(&key, &issuer)
-        .context("sign admin certificate")?;
+        .with_context(|| format!("sign {user}'s certificate"))?;
     Ok((cert.pem(), key.serialize_pem()))
 }
 
-/// An admin kubeconfig that refers to the certificate files.
-fn kubeconfig_yaml(server: &str, pki: &Pki) -> String {
+/// Writes a certificate and key as `<dir>/<file>.crt` and `.key`.
+fn write_pair(dir: &Path, file: &str, cert: &str, key: &str) -> Result<(PathBuf, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let paths = (dir.join(format!("{file}.crt")), dir.join(format!("{file}.key")));
+    std::fs::write(&paths.0, cert)?;
+    std::fs::write(&paths.1, key)?;
+    Ok(paths)
+}
+
+/// A kubeconfig that refers to the CA and client certificate files.
+fn kubeconfig_yaml(server: &str, ca: &Path, cert: &Path, key: &Path) -> String {
     // JSON strings are YAML strings: quoting paths this way is exact.
     let q = |p: &Path| serde_json::Value::from(p.to_string_lossy()).to_string();
     format!(
@@ -609,9 +713,9 @@ fn kubeconfig_yaml(server: &str, pki: &Pki) -> String {
              cluster: carina-test\n    \
              user: carina-admin\n\
          current-context: carina-test\n",
-        ca = q(&pki.ca_cert),
-        cert = q(&pki.admin_cert),
-        key = q(&pki.admin_key),
+        ca = q(ca),
+        cert = q(cert),
+        key = q(key),
     )
 }
 
@@ -629,8 +733,13 @@ mod tests {
     #[test]
     fn kubeconfig_parses_and_points_at_the_files() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let pki = Pki::write(dir.path()).expect("pki");
-        let yaml = kubeconfig_yaml("https://127.0.0.1:6443", &pki);
+        let pki = Pki::write(dir.path(), None).expect("pki");
+        let yaml = kubeconfig_yaml(
+            "https://127.0.0.1:6443",
+            &pki.ca_cert,
+            &pki.admin_cert,
+            &pki.admin_key,
+        );
         let path = dir.path().join("kubeconfig");
         std::fs::write(&path, yaml).expect("write");
         let kc = Kubeconfig::read_from(&path).expect("parses");

@@ -13,6 +13,7 @@ pub mod fuzz;
 pub mod grpc;
 pub mod identity;
 pub mod kube;
+pub mod local;
 pub mod manifests;
 pub mod process;
 pub mod scale;

@@ -40,10 +40,7 @@ pub fn upstream_tool(env: &str, dir: &str, name: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }
-    let cache = std::env::var_os("CARINA_TOOLS_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/carina-tools"));
-    let path = cache.join(dir).join("bin").join(name);
+    let path = tools_cache().join(dir).join("bin").join(name);
     if !path.exists() {
         bail!(
             "{} not found: run tests/tools/build.sh first (or set {env})",
@@ -51,6 +48,14 @@ pub fn upstream_tool(env: &str, dir: &str, name: &str) -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// The cache of `tests/tools/build.sh`: `CARINA_TOOLS_CACHE`, by default
+/// `/var/cache/carina-tools`.
+pub fn tools_cache() -> PathBuf {
+    std::env::var_os("CARINA_TOOLS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/carina-tools"))
 }
 
 /// A running child process; its stdout and stderr go to `log`.

@@ -1,0 +1,435 @@
+//! Carina installed into a [`LocalCluster`] the way users install it: the
+//! images of `make images` imported into the node's containerd, the Helm
+//! chart installed by a real `helm`, the node plugin as a DaemonSet pod,
+//! the controller (with external-provisioner and external-resizer) as a
+//! Deployment. Its storage is loop devices the harness makes.
+//!
+//! ```ignore
+//! let mut cluster = LocalCluster::start(local_options()?).await?;
+//! let carina = Carina::install(&mut cluster, &Layout::standard()).await?;
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use carina_api::NodeStorageResource;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use super::{LocalCluster, LocalOptions};
+use crate::cluster::{Pki, await_object};
+use crate::manifests::{Chart, RELEASE, repo_root};
+use crate::{LoopDisk, VgGuard};
+
+/// The CSI driver's name.
+pub const DRIVER: &str = "carina.storage.io";
+
+/// The namespace Carina is installed into.
+pub const NAMESPACE: &str = "carina-system";
+
+/// How long the chart's pods may take to become ready.
+const INSTALL_TIMEOUT: &str = "300s";
+
+/// How long the node plugin may take to register and publish its groups.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One device group of the node's configuration.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// Carina's group name (the volume group's, for LVM).
+    pub name: String,
+    /// `LVM`, `RAW` or `HOST`.
+    pub policy: String,
+    /// Loop disks of these sizes (LVM, RAW); none for HOST.
+    pub disks: Vec<u64>,
+}
+
+/// The node's device groups and the StorageClasses over them.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub groups: Vec<Group>,
+    /// `storageClasses` of the chart's values.
+    pub storage_classes: serde_json::Value,
+}
+
+const MIB: u64 = 1 << 20;
+
+impl Layout {
+    /// Carina's documented groups: `carina-vg-ssd` (LVM, 2 GiB),
+    /// `carina-vg-hdd` (LVM, 1 GiB), `carina-raw-hdd` (RAW, 1 GiB) and
+    /// `carina-host` (HOST); StorageClasses `csi-carina-lvm` (xfs),
+    /// `csi-carina-lvm-ext4`, `csi-carina-hdd`, `csi-carina-raw` and
+    /// `csi-carina-host`, all WaitForFirstConsumer and expandable.
+    pub fn standard() -> Layout {
+        let group = |name: &str, policy: &str, disks: &[u64]| Group {
+            name: name.to_string(),
+            policy: policy.to_string(),
+            disks: disks.to_vec(),
+        };
+        let class = |name: &str, group: &str, fs: Option<&str>| {
+            let mut parameters = serde_json::json!({
+                "carina.storage.io/disk-group-name": group,
+            });
+            if let Some(fs) = fs {
+                parameters["csi.storage.k8s.io/fstype"] = fs.into();
+            }
+            serde_json::json!({"name": name, "parameters": parameters})
+        };
+        Layout {
+            groups: vec![
+                group("carina-vg-ssd", "LVM", &[2048 * MIB]),
+                group("carina-vg-hdd", "LVM", &[1024 * MIB]),
+                group("carina-raw-hdd", "RAW", &[1024 * MIB]),
+                group("carina-host", "HOST", &[]),
+            ],
+            storage_classes: serde_json::json!([
+                class("csi-carina-lvm", "carina-vg-ssd", Some("xfs")),
+                class("csi-carina-lvm-ext4", "carina-vg-ssd", Some("ext4")),
+                class("csi-carina-hdd", "carina-vg-hdd", Some("ext4")),
+                class("csi-carina-raw", "carina-raw-hdd", Some("ext4")),
+                class("csi-carina-host", "carina-host", None),
+            ]),
+        }
+    }
+}
+
+/// Carina installed in a cluster. The disks it was given are handed to the
+/// cluster, which releases them after its node is gone.
+#[derive(Debug)]
+pub struct Carina {
+    /// The HOST groups' directories, by group name.
+    pub host_dirs: Vec<(String, PathBuf)>,
+    /// The loop disks of each LVM and RAW group, by group name.
+    pub disks: Vec<(String, String)>,
+    chart: Chart,
+}
+
+impl Carina {
+    /// Makes the groups' disks, the TLS Secrets (identity mode `manual`),
+    /// imports the images and installs the chart; waits until the node
+    /// plugin is registered with the kubelet and has published its groups.
+    pub async fn install(cluster: &mut LocalCluster, layout: &Layout) -> Result<Carina> {
+        cluster.import_images(&carina_images()?)?;
+        let mut selectors = Vec::new();
+        let mut host_dirs = Vec::new();
+        let mut disks = Vec::new();
+        for group in &layout.groups {
+            if group.policy == "HOST" {
+                let dir = cluster.dir().join("host").join(&group.name);
+                std::fs::create_dir_all(&dir)?;
+                selectors.push(serde_json::json!({
+                    "name": group.name, "re": [dir], "policy": "HOST",
+                }));
+                host_dirs.push((group.name.clone(), dir));
+                continue;
+            }
+            let mut made = Vec::new();
+            for &size in &group.disks {
+                made.push(LoopDisk::new(size)?);
+            }
+            let patterns: Vec<String> = made.iter().map(LoopDisk::pattern).collect();
+            selectors.push(serde_json::json!({
+                "name": group.name, "re": patterns, "policy": group.policy,
+                "nodeLabel": "kubernetes.io/hostname",
+            }));
+            disks.extend(made.iter().map(|d| (group.name.clone(), d.dev())));
+            let guard = (group.policy == "LVM").then(|| {
+                VgGuard::new(&group.name, &made.iter().collect::<Vec<_>>())
+            });
+            // Released after the node: the disks last, the group first.
+            cluster.release_after_node(Box::new(made));
+            if let Some(guard) = guard {
+                cluster.release_after_node(Box::new(guard));
+            }
+        }
+
+        create_secrets(cluster).await?;
+        let values = values(cluster, layout, selectors)?;
+        let chart = Chart::new()?;
+        let kubeconfig = cluster.kube().kubeconfig_path().to_string_lossy().into_owned();
+        let dir = chart.dir().to_string_lossy().into_owned();
+        let out = chart.run(
+            &[
+                "install", RELEASE, &dir, "--namespace", NAMESPACE, "--kubeconfig", &kubeconfig,
+                "--wait", "--timeout", INSTALL_TIMEOUT,
+            ],
+            Some(&values.to_string()),
+        )?;
+        if !out.success {
+            bail!(
+                "helm install failed: {}{}\n{}",
+                out.stderr,
+                out.stdout,
+                describe(cluster)
+            );
+        }
+        let carina = Carina {
+            host_dirs,
+            disks,
+            chart,
+        };
+        carina.wait_registered(cluster, layout).await?;
+        Ok(carina)
+    }
+
+    /// Waits until the kubelet lists the driver on the Node's CSINode and
+    /// the NodeStorageResource shows every group.
+    async fn wait_registered(&self, cluster: &LocalCluster, layout: &Layout) -> Result<()> {
+        let client = cluster.client();
+        let csinodes: Api<CSINode> = Api::all(client.clone());
+        let registered = await_object(
+            &csinodes,
+            cluster.node_name(),
+            "listing the carina driver",
+            REGISTER_TIMEOUT,
+            |n: Option<&CSINode>| {
+                n.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER))
+            },
+        )
+        .await;
+        if let Err(e) = registered {
+            bail!("{e:#}\n{}", describe(cluster));
+        }
+        let names: Vec<String> = layout.groups.iter().map(|g| g.name.clone()).collect();
+        let resources: Api<NodeStorageResource> = Api::all(client);
+        let published = await_object(
+            &resources,
+            cluster.node_name(),
+            "showing every group",
+            REGISTER_TIMEOUT,
+            |r: Option<&NodeStorageResource>| {
+                r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                    names
+                        .iter()
+                        .all(|n| s.groups.iter().any(|g| &g.name == n))
+                })
+            },
+        )
+        .await;
+        if let Err(e) = published {
+            bail!("{e:#}\n{}", describe(cluster));
+        }
+        Ok(())
+    }
+
+    /// The chart (its `helm`), e.g. for `helm upgrade`.
+    pub fn chart(&self) -> &Chart {
+        &self.chart
+    }
+}
+
+/// Pod states, events and the carina pods' logs: what a failed install
+/// needs to be understood.
+pub fn describe(cluster: &LocalCluster) -> String {
+    let mut out = String::new();
+    for args in [
+        &["get", "pods", "-A", "-o", "wide"][..],
+        &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
+        &["logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=carina-node", "--all-containers", "--tail=40"][..],
+        &["logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=carina-controller", "--all-containers", "--tail=40"][..],
+    ] {
+        out.push_str(&format!("$ kubectl {}\n", args.join(" ")));
+        match cluster.kubectl(args) {
+            Ok(text) => out.push_str(&text),
+            Err(e) => out.push_str(&format!("{e:#}\n")),
+        }
+    }
+    out
+}
+
+/// The chart's values for this cluster.
+fn values(
+    cluster: &LocalCluster,
+    layout: &Layout,
+    selectors: Vec<serde_json::Value>,
+) -> Result<serde_json::Value> {
+    Ok(serde_json::json!({
+        "kubeletDir": cluster.kubelet_root(),
+        "identity": {"mode": "manual"},
+        "controller": {
+            "replicas": 1,
+            // Pods are scheduled to this node only; no disruption budget
+            // matters.
+            "podDisruptionBudget": {"enabled": false},
+        },
+        "node": {
+            "port": crate::cluster::free_port()?,
+            "extraArgs": [format!("--metrics-listen=127.0.0.1:{}", crate::cluster::free_port()?)],
+        },
+        "config": {
+            "diskSelector": selectors,
+            "diskScanInterval": "0",
+            "schedulerStrategy": "spreadout",
+        },
+        "storageClasses": layout.storage_classes,
+    }))
+}
+
+/// The namespace and the Secrets of identity mode `manual`: the node's
+/// server certificate (DNS SAN: the Node's name) and the controller's
+/// client certificate, from one CA.
+async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
+    let client = cluster.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NAMESPACE.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces.create(&PostParams::default(), &ns).await?;
+    let pki = Pki::write(&cluster.dir().join("carina-pki"))?;
+    let node = pki.node(cluster.node_name())?;
+    let secrets: Api<Secret> = Api::namespaced(client, NAMESPACE);
+    for (name, cert, key) in [
+        ("carina-node-tls", &node.cert, &node.key),
+        ("carina-controller-tls", &pki.controller.cert, &pki.controller.key),
+    ] {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".to_string()),
+            data: Some(
+                [
+                    ("tls.crt", cert.as_path()),
+                    ("tls.key", key.as_path()),
+                    ("ca.crt", pki.ca_pem.as_path()),
+                ]
+                .into_iter()
+                .map(|(k, path)| Ok((k.to_string(), ByteString(std::fs::read(path)?))))
+                .collect::<Result<_>>()?,
+            ),
+            ..Default::default()
+        };
+        secrets.create(&PostParams::default(), &secret).await?;
+    }
+    Ok(())
+}
+
+/// The options of a cluster Carina can be installed into: the test images
+/// (pause, busybox, the CSI sidecars) imported before the kubelet starts.
+pub fn local_options() -> Result<LocalOptions> {
+    Ok(LocalOptions {
+        images: test_images()?.into_iter().map(|(_, path)| path).collect(),
+        extenders: Vec::new(),
+    })
+}
+
+/// The archives of `tests/tools/build.sh test-images`, with the image
+/// reference each provides (from its `images.tsv`).
+pub fn test_images() -> Result<Vec<(String, PathBuf)>> {
+    let dir = match std::env::var_os("CARINA_TEST_IMAGES") {
+        Some(dir) => PathBuf::from(dir),
+        None => tool_path("test-images")?,
+    };
+    // The tool's folder, or its bin/ folder.
+    let tsv = [dir.join("images.tsv"), dir.join("../images.tsv")]
+        .into_iter()
+        .find(|p| p.exists())
+        .with_context(|| {
+            format!(
+                "no images.tsv in {}: run tests/tools/build.sh test-images first (or set CARINA_TEST_IMAGES)",
+                dir.display()
+            )
+        })?;
+    read_images_tsv(&tsv)
+}
+
+/// Where `tests/tools/build.sh` keeps `tool` (`--print-path`; builds
+/// nothing).
+fn tool_path(tool: &str) -> Result<PathBuf> {
+    let script = repo_root().join("tests/tools/build.sh");
+    let out = std::process::Command::new(&script)
+        .args(["--print-path", tool])
+        .output()
+        .with_context(|| format!("run {}", script.display()))?;
+    ensure!(
+        out.status.success(),
+        "{} --print-path {tool}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// `images.tsv`: `<file>\t<reference>` rows beside the archives.
+fn read_images_tsv(tsv: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let dir = tsv.parent().context("images.tsv without a folder")?;
+    let text = std::fs::read_to_string(tsv).with_context(|| format!("read {}", tsv.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut cols = line.split('\t');
+        let (Some(file), Some(reference)) = (cols.next(), cols.next()) else {
+            bail!("{}: bad row {line:?}", tsv.display());
+        };
+        let path = dir.join(file);
+        ensure!(path.exists(), "{} lists {file}, which is missing", tsv.display());
+        out.push((reference.to_string(), path));
+    }
+    Ok(out)
+}
+
+/// Carina's own images, built once per test process by `make images`
+/// (hack/images.sh) into `<target>/local-images`.
+pub fn carina_images() -> Result<Vec<PathBuf>> {
+    static BUILT: OnceLock<Result<Vec<PathBuf>, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| build_carina_images().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn build_carina_images() -> Result<Vec<PathBuf>> {
+    let root = repo_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let out = target.join("local-images");
+    // Test processes building at once take turns.
+    let lock = std::fs::File::create(target.join(".local-images.lock"))?;
+    lock.lock()?;
+    let script = root.join("hack/images.sh");
+    let status = std::process::Command::new(&script)
+        .arg(&out)
+        .current_dir(&root)
+        .env("IMAGE_BUILD_DIR", target.join("image-build"))
+        .status()
+        .with_context(|| format!("run {}", script.display()))?;
+    ensure!(status.success(), "{} failed: {status}", script.display());
+    let names = ["carina-node", "carina-controller", "carina-scheduler"];
+    Ok(names
+        .iter()
+        .map(|n| out.join(format!("{n}.oci.tar")))
+        .collect())
+}
+
+/// Whether `dir` exists and is empty.
+pub fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
+}
+
+/// The LVs of volume group `vg` (names), as the host's lvm sees them.
+pub fn logical_volumes(vg: &str, devices: &[&str]) -> Result<Vec<String>> {
+    let out = crate::lvm(devices, &["lvs", "--noheadings", "-o", "lv_name", vg])?;
+    Ok(out.split_whitespace().map(str::to_string).collect())
+}
+
+/// The partitions of `dev` (from sysfs).
+pub fn partitions(dev: &str) -> Vec<String> {
+    let name = dev.trim_start_matches("/dev/");
+    let Ok(entries) = std::fs::read_dir(Path::new("/sys/class/block").join(name)) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| n.starts_with(name) && n != name)
+        .collect()
+}

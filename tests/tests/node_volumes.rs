@@ -1,0 +1,131 @@
+//! Carina on a real node, each volume type from claim to pod and back:
+//! a WaitForFirstConsumer claim is provisioned for the pod the scheduler
+//! placed, the kubelet stages and publishes it, the pod writes; a second
+//! pod reads the data back; deleting the claim deletes the volume and
+//! leaves nothing on the node.
+//!
+//! Runs a LocalCluster (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler, containerd, runc, kube-proxy, kubelet) with Carina
+//! installed by its Helm chart from the images of `make images`. Needs
+//! root and `tests/tools/build.sh etcd kube kubelet containerd crictl cni
+//! helm test-images`.
+
+use anyhow::{Result, ensure};
+use carina_tests::have_root;
+use carina_tests::local::carina::{Carina, Layout, describe, local_options, logical_volumes, partitions};
+use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
+use carina_tests::local::LocalCluster;
+
+/// Writes a token through one pod and reads it back through another, then
+/// deletes the claim; returns the cluster for the caller's checks of what
+/// is left.
+async fn round_trip(class: &str, size: &str, block: bool) -> Result<(LocalCluster, Carina)> {
+    let mut cluster = LocalCluster::start(local_options()?).await?;
+    let carina = Carina::install(&mut cluster, &Layout::standard()).await?;
+    let work = Workload::new(cluster.client(), "default");
+    let image = busybox_image()?;
+    let token = carina_tests::unique("token");
+
+    work.create_claim(&claim("data", class, size, block)).await?;
+    let (write, read, uses) = if block {
+        (
+            format!("printf '{token}' | dd of=/dev/xvda conv=fsync && echo -n written > /dev/termination-log"),
+            format!("dd if=/dev/xvda bs={} count=1 2>/dev/null > /dev/termination-log", token.len()),
+            vec![Use::device("data", "/dev/xvda")],
+        )
+    } else {
+        (
+            format!("echo -n '{token}' > /data/f && sync && echo -n written > /dev/termination-log"),
+            "cat /data/f > /dev/termination-log".to_string(),
+            vec![Use::mount("data", "/data")],
+        )
+    };
+    work.create_pod(&pod("writer", &image, &write, &uses)).await?;
+    let written = work.succeeded("writer").await;
+    ensure!(
+        written.as_deref().ok() == Some("written"),
+        "writer: {written:?}\n{}",
+        describe(&cluster)
+    );
+    work.delete_pod("writer").await?;
+
+    work.create_pod(&pod("reader", &image, &read, &uses)).await?;
+    let read_back = work.succeeded("reader").await?;
+    ensure!(read_back == token, "read back {read_back:?}, wrote {token:?}");
+    work.delete_pod("reader").await?;
+
+    work.delete_claim("data").await?;
+    Ok((cluster, carina))
+}
+
+/// The LVs left in `group`'s volume group.
+fn lvs_left(carina: &Carina, group: &str) -> Result<Vec<String>> {
+    let devices: Vec<&str> = carina
+        .disks
+        .iter()
+        .filter(|(g, _)| g == group)
+        .map(|(_, d)| d.as_str())
+        .collect();
+    logical_volumes(group, &devices)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lvm_ext4_round_trip() -> Result<()> {
+    if !have_root("lvm_ext4_round_trip") {
+        return Ok(());
+    }
+    let (_cluster, carina) = round_trip("csi-carina-lvm-ext4", "256Mi", false).await?;
+    let left = lvs_left(&carina, "carina-vg-ssd")?;
+    ensure!(left.is_empty(), "LVs left after the claim was deleted: {left:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lvm_xfs_round_trip() -> Result<()> {
+    if !have_root("lvm_xfs_round_trip") {
+        return Ok(());
+    }
+    let (_cluster, carina) = round_trip("csi-carina-lvm", "512Mi", false).await?;
+    let left = lvs_left(&carina, "carina-vg-ssd")?;
+    ensure!(left.is_empty(), "LVs left after the claim was deleted: {left:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lvm_block_round_trip() -> Result<()> {
+    if !have_root("lvm_block_round_trip") {
+        return Ok(());
+    }
+    let (_cluster, carina) = round_trip("csi-carina-hdd", "64Mi", true).await?;
+    let left = lvs_left(&carina, "carina-vg-hdd")?;
+    ensure!(left.is_empty(), "LVs left after the claim was deleted: {left:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_partition_round_trip() -> Result<()> {
+    if !have_root("raw_partition_round_trip") {
+        return Ok(());
+    }
+    let (_cluster, carina) = round_trip("csi-carina-raw", "256Mi", false).await?;
+    for (group, dev) in &carina.disks {
+        if group == "carina-raw-hdd" {
+            let left = partitions(dev);
+            ensure!(left.is_empty(), "partitions left on {dev}: {left:?}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_directory_round_trip() -> Result<()> {
+    if !have_root("host_directory_round_trip") {
+        return Ok(());
+    }
+    let (_cluster, carina) = round_trip("csi-carina-host", "64Mi", false).await?;
+    for (_, dir) in &carina.host_dirs {
+        let left: Vec<_> = std::fs::read_dir(dir)?.flatten().map(|e| e.file_name()).collect();
+        ensure!(left.is_empty(), "left in {}: {left:?}", dir.display());
+    }
+    Ok(())
+}
