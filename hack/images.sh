@@ -26,20 +26,19 @@ REPO=${IMAGE_REPO:-ghcr.io/carina-rs}
 VERSION=$(awk -F'"' '/^\[workspace.package\]/ {p=1} p && /^version/ {print $2; exit}' Cargo.toml)
 TAG=${IMAGE_TAG:-$VERSION}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
-SUITE=${DEBIAN_SUITE:-$(. /etc/os-release && echo "$VERSION_CODENAME")}
-if [ -z "${APT_SOURCES:-}" ]; then
-  for f in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list.d/ubuntu.sources /etc/apt/sources.list; do
-    if [ -s "$f" ]; then APT_SOURCES=$f; break; fi
-  done
-fi
 BUILD_DIR=$(realpath -m "${IMAGE_BUILD_DIR:-target/image-build}")
 
 die() { echo "images: $*" >&2; exit 1; }
+# shellcheck source=hack/lib/oci.sh
+. hack/lib/oci.sh
+# shellcheck source=hack/lib/rootfs.sh
+. hack/lib/rootfs.sh
 [ "$(id -u)" = 0 ] || die "run as root (mmdebstrap writes device nodes and owners)"
 for tool in mmdebstrap tar gzip sha256sum; do
   command -v "$tool" >/dev/null || die "$tool is missing (make deps installs it)"
 done
-[ -n "${APT_SOURCES:-}" ] || die "no apt sources found; set APT_SOURCES"
+rootfs_apt_defaults || exit 1
+SUITE=$ROOTFS_SUITE
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -63,48 +62,12 @@ BIN=$BUILD_DIR/release
 
 # --- root file systems ----------------------------------------------------
 # Packages are extracted, not configured (no maintainer scripts run in an
-# image), without recommends and without documentation.
-debootstrap_root() {
-  local dir=$1 include=$2
-  mmdebstrap --quiet --variant=extract \
-    --aptopt='APT::Install-Recommends "false"' \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-    --include="$include" "$SUITE" "$dir" "$APT_SOURCES"
-  # What the extraction leaves for a later apt run, and device nodes the
-  # runtime provides.
-  rm -rf "$dir"/dev/* "$dir"/etc/apt "$dir"/var/cache/apt "$dir"/var/lib/apt "$dir"/var/log/* \
-    "$dir"/etc/resolv.conf "$dir"/etc/hostname "$dir"/etc/dpkg "$dir"/var/lib/dpkg \
-    "$dir"/usr/share/lintian "$dir"/usr/share/bash-completion
-  mkdir -p "$dir/tmp" && chmod 1777 "$dir/tmp"
-}
-
-# Every dynamically linked program under the root finds its libraries
-# there: a pruned library still in use fails the build here, not at run time.
-check_links() {
-  local dir=$1 f out bad=0
-  for f in "$dir"/bin/* "$dir"/sbin/* "$dir"/usr/bin/* "$dir"/usr/sbin/* "$dir"/usr/local/bin/*; do
-    [ -f "$f" ] && [ ! -L "$f" ] || continue
-    [ "$(head -c4 "$f" | tr -d '\0')" = $'\x7fELF' ] || continue
-    out=$(chroot "$dir" /lib64/ld-linux-x86-64.so.2 --list "${f#"$dir"}" 2>&1) || true
-    if grep -q "not found" <<<"$out"; then
-      echo "images: ${f#"$dir"}: $(grep 'not found' <<<"$out" | head -3 | tr '\n' ' ')" >&2
-      bad=1
-    fi
-  done
-  [ "$bad" = 0 ] || die "a program in the image misses a library"
-}
-
-users() {
-  local dir=$1
-  mkdir -p "$dir/etc"
-  printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$dir/etc/passwd"
-  printf 'root:x:0:\nnonroot:x:65532:\n' >"$dir/etc/group"
-}
-
+# image); hack/lib/rootfs.sh. Every dynamically linked program is checked to
+# find its libraries in the root: a pruned library still in use fails the
+# build here, not at run time.
 echo "== node root file system ($SUITE)"
 NODE_ROOT=$WORK/node
-debootstrap_root "$NODE_ROOT" lvm2,xfsprogs,gdisk,parted,bcache-tools,e2fsprogs,util-linux,mount,fdisk,dash,coreutils
+rootfs_extract "$NODE_ROOT" lvm2,xfsprogs,gdisk,parted,bcache-tools,e2fsprogs,util-linux,mount,fdisk,dash,coreutils
 # xfsprogs pulls Python and ICU in for xfs_scrub_all only; the node runs
 # mkfs.xfs, xfs_growfs and xfs_quota, which need neither.
 rm -rf "$NODE_ROOT"/usr/lib/python3* "$NODE_ROOT"/usr/bin/python3* "$NODE_ROOT"/usr/share/python3 \
@@ -131,14 +94,14 @@ for want in activation/udev_sync=0 activation/udev_rules=0 devices/obtain_device
   [ "$got" = "${want#*/}" ] || die "lvm.conf: ${want%%=*} is '${got}', expected '${want#*/}'"
 done
 install -m 0755 "$BIN/carina-node" "$BIN/carinactl" -D -t "$NODE_ROOT/usr/local/bin"
-users "$NODE_ROOT"
-check_links "$NODE_ROOT"
+rootfs_users "$NODE_ROOT"
+rootfs_check_links "$NODE_ROOT"
 
 echo "== minimal root file system ($SUITE)"
 MIN_ROOT=$WORK/minimal
-debootstrap_root "$MIN_ROOT" libc6,libgcc-s1
+rootfs_extract "$MIN_ROOT" libc6,libgcc-s1
 rm -rf "$MIN_ROOT"/usr/lib/x86_64-linux-gnu/gconv "$MIN_ROOT"/usr/share/gcc
-users "$MIN_ROOT"
+rootfs_users "$MIN_ROOT"
 mkdir -p "$MIN_ROOT/home/nonroot"
 chown 65532:65532 "$MIN_ROOT/home/nonroot"
 CONTROLLER_ROOT=$WORK/controller SCHEDULER_ROOT=$WORK/scheduler
@@ -146,79 +109,19 @@ cp -a "$MIN_ROOT" "$CONTROLLER_ROOT"
 cp -a "$MIN_ROOT" "$SCHEDULER_ROOT"
 install -m 0755 "$BIN/carina-controller" -D -t "$CONTROLLER_ROOT/usr/local/bin"
 install -m 0755 "$BIN/carina-scheduler" -D -t "$SCHEDULER_ROOT/usr/local/bin"
-check_links "$CONTROLLER_ROOT"
-check_links "$SCHEDULER_ROOT"
+rootfs_check_links "$CONTROLLER_ROOT"
+rootfs_check_links "$SCHEDULER_ROOT"
 
-# --- OCI archives -----------------------------------------------------------
-created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
-
-# blob <file>: moves the file into the layout's blob store, prints its digest.
-blob() {
-  local file=$1 layout=$2 sum
-  sum=$(sha256sum "$file" | cut -d' ' -f1)
-  mkdir -p "$layout/blobs/sha256"
-  mv "$file" "$layout/blobs/sha256/$sum"
-  echo "$sum"
-}
-
-size_of() { stat -c %s "$1"; }
-
-# json_array a b c -> ["a","b","c"]
-json_array() {
-  local first=1 item
-  printf '['
-  for item in "$@"; do
-    [ $first = 1 ] || printf ','
-    first=0
-    printf '"%s"' "${item//\"/\\\"}"
-  done
-  printf ']'
-}
-
-# deterministic_tar <dir> <out>: sorted names, one time stamp, numeric
-# owners, no access or change times.
-deterministic_tar() {
-  tar --sort=name --format=posix \
-    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
-    --mtime="@$SOURCE_DATE_EPOCH" --clamp-mtime --numeric-owner \
-    -C "$1" -cf "$2" .
-}
+# --- OCI archives (hack/lib/oci.sh) -----------------------------------------
 
 # image <name> <root> <user> <entrypoint...>
 image() {
   local name=$1 root=$2 user=$3; shift 3
-  local layout=$WORK/oci-$name ref="$REPO/$name:$TAG"
-  mkdir -p "$layout"
-  deterministic_tar "$root" "$WORK/layer.tar"
-  local diff_id layer layer_size
-  diff_id=$(sha256sum "$WORK/layer.tar" | cut -d' ' -f1)
-  gzip -n -9 "$WORK/layer.tar"
-  layer_size=$(size_of "$WORK/layer.tar.gz")
-  layer=$(blob "$WORK/layer.tar.gz" "$layout")
-
-  printf '{"architecture":"amd64","os":"linux","created":"%s","config":{"User":"%s","Entrypoint":%s,"Env":["PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"%s","org.opencontainers.image.version":"%s"}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"%s","created_by":"hack/images.sh"}]}' \
-    "$created" "$user" "$(json_array "$@")" "$name" "$TAG" "$diff_id" "$created" >"$WORK/config.json"
-  local config config_size
-  config_size=$(size_of "$WORK/config.json")
-  config=$(blob "$WORK/config.json" "$layout")
-
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
-    "$config" "$config_size" "$layer" "$layer_size" >"$WORK/manifest.json"
-  local manifest manifest_size
-  manifest_size=$(size_of "$WORK/manifest.json")
-  manifest=$(blob "$WORK/manifest.json" "$layout")
-
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-    "$manifest" "$manifest_size" "$ref" "$TAG" >"$layout/index.json"
-  printf '{"imageLayoutVersion":"1.0.0"}' >"$layout/oci-layout"
-  # The Docker archive index, for loaders that read only that form.
-  printf '[{"Config":"blobs/sha256/%s","RepoTags":["%s"],"Layers":["blobs/sha256/%s"]}]' \
-    "$config" "$ref" "$layer" >"$layout/manifest.json"
-  deterministic_tar "$layout" "$OUT/$name.oci.tar"
-
-  local uncompressed
-  uncompressed=$(du -sb "$root" | cut -f1)
-  printf '%s\t%s\tsha256:%s\t%s\t%s\n' "$name" "$ref" "$manifest" "$layer_size" "$uncompressed" >>"$WORK/summary.tsv"
+  local ref="$REPO/$name:$TAG"
+  oci_image --user "$user" --label "org.opencontainers.image.title=$name" \
+    --label "org.opencontainers.image.version=$TAG" --created-by hack/images.sh \
+    "$root" "$ref" "$OUT/$name.oci.tar" "$@"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$ref" "$OCI_MANIFEST_DIGEST" "$OCI_LAYER_SIZE" "$OCI_ROOT_SIZE" >>"$WORK/summary.tsv"
 }
 
 echo "== archives ($OUT)"

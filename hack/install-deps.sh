@@ -27,6 +27,7 @@ declare -A NEED=(
   [mmdebstrap]=mmdebstrap
   [skopeo]=skopeo
   [runc]=runc
+  [gcc]=gcc          # the test images' pause program (static)
 )
 
 missing=()
@@ -35,6 +36,11 @@ for cmd in "${!NEED[@]}"; do
     missing+=("${NEED[$cmd]}")
   fi
 done
+
+# Packages without a command of their own: the static C library for pause.
+if ! dpkg-query -W -f='${Status}' libc6-dev 2>/dev/null | grep -q 'ok installed'; then
+  missing+=(libc6-dev)
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
   mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)

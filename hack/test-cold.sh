@@ -2,7 +2,9 @@
 # Runs the whole suite as a first run on a fresh machine does: with an empty
 # upstream-tool cache (Go modules and builds included) and an empty Cargo
 # target directory, both in a temporary folder that is removed afterwards
-# (CARINA_KEEP_COLD=1 keeps it). Prints how long it took.
+# (CARINA_KEEP_COLD=1 keeps it). Prints how long it took. Source archives of
+# upstream programs the Go module proxy does not serve stay where they are
+# (CARINA_UPSTREAM_SRC, see tests/tools/README.md): they are inputs, not a cache.
 # Usage: hack/test-cold.sh [tier...]      (make test-cold)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -99,6 +99,12 @@ impl Containerd {
         run(&ctr, &full)
     }
 
+    /// The daemon's socket, an absolute path (what `ctr -a` needs), for
+    /// a `ctr` a test runs itself, e.g. in the background.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// The folder holding the daemon's root, state and log.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Build the upstream Go programs carina's tests run against (csi-sanity, etcd,
-# the Kubernetes control plane, external-provisioner, jaeger, containerd, helm)
-# from the Go module proxy into a versioned cache outside the clone.  See
-# tests/tools/README.md.
+# Build the upstream programs carina's tests run against (csi-sanity, etcd,
+# the Kubernetes control plane and node, the CSI sidecars, jaeger, containerd,
+# helm, the e2e suite) from source, and the container images a test node runs,
+# into a versioned cache outside the clone.  See tests/tools/README.md.
 #
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
-#   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir, no build
+#   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir (image
+#                                              tools: the archives' dir), no build
 #
-# TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | jaeger |
-#       containerd | crictl | cni | helm | all
+# TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | csi-resizer |
+#       jaeger | containerd | crictl | cni | helm | e2e | test-images |
+#       e2e-images | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -21,11 +23,21 @@ CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
 CRICTL_VERSION=v1.37.0          # sigs.k8s.io/cri-tools
 CNI_PLUGINS_VERSION=v1.10.0     # github.com/containernetworking/plugins
 HELM_VERSION=v3.22.0            # helm.sh/helm/v3 (cmd/helm)
+CSI_RESIZER_VERSION=v2.2.1      # github.com/kubernetes-csi/external-resizer (source archive)
+# containerd v2.4's default sandbox image, which test-images provides.
+PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
+# The image tools' recipes (below); bump when one changes.  Their cache
+# directories also change with every input version and library they use.
+IMAGES_REVISION=r1
 
-TOOLS=(csi-sanity etcd kube kubelet csi-provisioner jaeger containerd crictl cni helm)
+TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer jaeger containerd crictl cni helm
+    e2e test-images e2e-images)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
+# Source archives of programs the Go module proxy does not serve.
+SRC_ROOT=${CARINA_UPSTREAM_SRC:-/var/cache/carina-src}
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
-usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,14s/^# \{0,1\}//p' "$0"; }
 die() { echo "build.sh: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
@@ -33,8 +45,10 @@ tool_version() {
     case $1 in
     csi-sanity) echo "$CSI_SANITY_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
-    kube | kubelet) echo "$KUBE_VERSION" ;;
+    kube | kubelet | e2e) echo "$KUBE_VERSION" ;;
     csi-provisioner) echo "$CSI_PROVISIONER_VERSION" ;;
+    csi-resizer) echo "$CSI_RESIZER_VERSION" ;;
+    test-images | e2e-images) images_version "$1" ;;
     jaeger) echo "$JAEGER_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
     crictl) echo "$CRICTL_VERSION" ;;
@@ -47,14 +61,66 @@ tool_version() {
 tool_binaries() {
     case $1 in
     kube) echo kube-apiserver kube-controller-manager kube-scheduler ;;
-    kubelet) echo kubelet kubectl ;;
+    kubelet) echo kubelet kubectl kube-proxy ;;
     containerd) echo containerd containerd-shim-runc-v2 ctr ;;
     cni) echo bridge host-local loopback ;;
+    e2e) echo e2e.test agnhost ;;
+    test-images | e2e-images) ;;
     *) echo "$1" ;;
     esac
 }
 
-bin_dir() { echo "$ROOT/$1-$(tool_version "$1")/bin"; }
+# Image tools: OCI archives <name>.oci.tar and images.tsv in the tool's dir.
+tool_images() {
+    case $1 in
+    test-images) echo pause busybox csi-provisioner csi-resizer ;;
+    e2e-images) echo agnhost nginx glibc-dns-testing ;;
+    esac
+}
+
+# Tools a tool is built from; built first when missing.
+tool_deps() {
+    case $1 in
+    test-images) echo csi-provisioner csi-resizer ;;
+    e2e-images) echo e2e ;;
+    esac
+}
+
+# Files (relative to the tool's dir) a complete build has.
+tool_outputs() {
+    local b
+    for b in $(tool_binaries "$1"); do echo "bin/$b"; done
+    if [[ -n $(tool_images "$1") ]]; then
+        echo images.tsv
+        for b in $(tool_images "$1"); do echo "$b.oci.tar"; done
+    fi
+}
+
+tool_dir() { echo "$ROOT/$1-$(tool_version "$1")"; }
+bin_dir() { echo "$(tool_dir "$1")/bin"; }
+
+# What --print-path shows: the binaries' dir, or an image tool's dir.
+print_dir() {
+    if [[ -n $(tool_images "$1") ]]; then tool_dir "$1"; else bin_dir "$1"; fi
+}
+
+# images_version TOOL: IMAGES_REVISION and a digest of everything else the
+# images are made of (versions, the Debian suite, the shared libraries and
+# the pause source), so a change of any of them builds into a new dir.
+images_version() {
+    local suite digest
+    # shellcheck disable=SC1091
+    suite=${DEBIAN_SUITE:-$(. /etc/os-release && echo "$VERSION_CODENAME")}
+    digest=$(
+        {
+            echo "$1 $KUBE_VERSION $suite"
+            [[ $1 != test-images ]] || echo "$PAUSE_IMAGE $CSI_PROVISIONER_VERSION $CSI_RESIZER_VERSION"
+            cat "$REPO_DIR/hack/lib/oci.sh" "$REPO_DIR/hack/lib/rootfs.sh"
+            [[ $1 != test-images ]] || cat "$REPO_DIR/tests/tools/pause.c"
+        } | sha256sum | cut -c1-12
+    )
+    echo "$IMAGES_REVISION-$digest"
+}
 
 # ---- go environment ------------------------------------------------------------
 setup_go() {
@@ -177,20 +243,28 @@ kube_staging() {
     echo "$1@${KUBE_VERSION/#v1./v0.}"
 }
 
-# kube_build WRAPPER_DIR OUT_BIN_DIR PACKAGE...: commands of k8s.io/kubernetes,
-# stamped with the version as hack/lib/version.sh does (minus git data).
-kube_build() {
-    local dir=$1 out=$2 v=$KUBE_VERSION minor major flags=() key val
-    shift 2
+KUBE_TAGS=selinux,notest,grpcnotrace   # what hack/lib/golang.sh uses for release builds
+
+# kube_ldflags: -ldflags stamping the version as hack/lib/version.sh does
+# (minus git data).
+kube_ldflags() {
+    local v=$KUBE_VERSION minor major flags=() key val
     major=${v#v}; major=${major%%.*}
     minor=${v#v*.}; minor=${minor%%.*}
-    new_wrapper "$dir" k8s.io/kubernetes "$v" kube_staging
     for key in gitVersion=$v gitMajor=$major gitMinor=$minor gitTreeState=clean; do
         for val in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
             flags+=("-X $val.$key")
         done
     done
-    wrapper_build "$dir" -tags selinux,notest,grpcnotrace -ldflags "-s -w ${flags[*]}" -o "$out/" "$@"
+    echo "-s -w ${flags[*]}"
+}
+
+# kube_build WRAPPER_DIR OUT_BIN_DIR PACKAGE...: commands of k8s.io/kubernetes.
+kube_build() {
+    local dir=$1 out=$2
+    shift 2
+    new_wrapper "$dir" k8s.io/kubernetes "$KUBE_VERSION" kube_staging
+    wrapper_build "$dir" -tags "$KUBE_TAGS" -ldflags "$(kube_ldflags)" -o "$out/" "$@"
 }
 
 build_kube() {
@@ -201,12 +275,64 @@ build_kube() {
 }
 
 build_kubelet() {
-    kube_build "$1" "$2" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+    kube_build "$1" "$2" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
+        k8s.io/kubernetes/cmd/kube-proxy
+}
+
+build_e2e() {
+    # The e2e suite is a test binary (go test -c), built like k/k's
+    # `make WHAT=test/e2e/e2e.test`; agnhost, the suite's many-purpose test
+    # program, reports the version of its image (test/images/agnhost/VERSION).
+    local dir=$1 out=$2 src
+    new_wrapper "$dir" k8s.io/kubernetes "$KUBE_VERSION" kube_staging
+    (cd "$dir" && go test -c -trimpath -tags "$KUBE_TAGS" -ldflags "$(kube_ldflags)" \
+        -o "$out/e2e.test" k8s.io/kubernetes/test/e2e)
+    src=$(cd "$dir" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+    wrapper_build "$dir" -ldflags "-s -w -X main.Version=$(<"$src/test/images/agnhost/VERSION")" \
+        -o "$out/agnhost" k8s.io/kubernetes/test/images/agnhost
 }
 
 build_csi_provisioner() {
     kubernetes_csi_build "$1" "$2" github.com/kubernetes-csi/external-provisioner/v6 \
         "$CSI_PROVISIONER_VERSION" version csi-provisioner
+}
+
+# source_archive NAME VERSION UPSTREAM: the path of NAME-VERSION.tar.xz in
+# $SRC_ROOT, a release of UPSTREAM with its vendor/ folder, for programs the
+# Go module proxy does not serve.  Dies saying how to make it when missing.
+source_archive() {
+    local name=$1 v=$2 upstream=$3 file
+    file=$SRC_ROOT/$1-$2.tar.xz
+    [[ -f $file ]] && { echo "$file"; return; }
+    die "$(basename "$file") not found in $SRC_ROOT (CARINA_UPSTREAM_SRC).
+  The Go module proxy does not serve $upstream, so it is built from a source
+  archive with its dependencies vendored.  Make it where GitHub is reachable:
+    git clone --depth 1 --branch $v https://$upstream $name-$v
+    (cd $name-$v && go mod vendor && rm -rf .git)
+    tar -cJf $name-$v.tar.xz $name-$v
+  and copy $name-$v.tar.xz into $SRC_ROOT."
+}
+
+# vendored_build WORK_DIR ARCHIVE GO_BUILD_ARGS...: unpacks ARCHIVE (one
+# top-level folder, a Go module with vendor/) into WORK_DIR and runs
+# `go build -trimpath ARGS` there against its vendor/ folder, offline.
+vendored_build() {
+    local work=$1 archive=$2 src
+    shift 2
+    mkdir -p "$work"
+    tar -xJf "$archive" -C "$work"
+    src=$(find "$work" -mindepth 2 -maxdepth 2 -name go.mod -printf '%h\n')
+    [[ $(wc -l <<<"$src") -eq 1 && -n $src ]] || die "$archive: expected one folder with a go.mod"
+    [[ -f $src/vendor/modules.txt ]] || die "$archive has no vendor/ folder (run go mod vendor before packing it)"
+    (cd "$src" && GOFLAGS=-mod=vendor GOPROXY=off go build -trimpath "$@")
+}
+
+build_csi_resizer() {
+    local v=$CSI_RESIZER_VERSION archive
+    archive=$(source_archive external-resizer "$v" github.com/kubernetes-csi/external-resizer)
+    vendored_build "$1" "$archive" -ldflags "-s -w -X main.version=$v" \
+        -o "$2/csi-resizer" ./cmd/csi-resizer
+    (cd "$SRC_ROOT" && sha256sum "$(basename "$archive")") >"$2/../source.sha256"
 }
 
 build_jaeger() {
@@ -260,6 +386,158 @@ build_helm() {
     wrapper_build "$1" -ldflags "-s -w ${flags[*]}" -o "$2/helm" helm.sh/helm/v3/cmd/helm
 }
 
+# ---- image tools: build_<tool> WORK_DIR OUT_DIR ---------------------------------------
+# OCI archives made without a container engine (hack/lib/oci.sh), from the
+# binaries above and Debian packages (hack/lib/rootfs.sh); OUT_DIR gets
+# <name>.oci.tar for each image and images.tsv naming them.
+
+# images_setup: what every image tool needs: root, mmdebstrap, the libraries,
+# and one time stamp so the same inputs give the same digests.
+images_setup() {
+    [[ $(id -u) == 0 ]] || die "the image tools need root (mmdebstrap writes owners and device nodes)"
+    command -v mmdebstrap >/dev/null || die "mmdebstrap is missing (make deps installs it)"
+    # shellcheck source=hack/lib/oci.sh
+    . "$REPO_DIR/hack/lib/oci.sh"
+    # shellcheck source=hack/lib/rootfs.sh
+    . "$REPO_DIR/hack/lib/rootfs.sh"
+    export SOURCE_DATE_EPOCH=0
+}
+
+# e2e_image_ref WORK_DIR ID: the reference the e2e suite of KUBE_VERSION
+# uses for image ID (test/utils/image/manifest.go: `configs[ID] =
+# Config{list.<Registry>, "<name>", "<tag>"}` and the default registries).
+e2e_image_ref() {
+    local work=$1 id=$2 src manifest ref
+    mkdir -p "$work"
+    src=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+    manifest=$src/test/utils/image/manifest.go
+    [[ -f $manifest ]] || die "no $manifest"
+    ref=$(awk -v id="$id" '
+        /initRegistry = RegistryList\{/ { inreg = 1; next }
+        inreg && /^[[:space:]]*\}/ { inreg = 0 }
+        inreg && match($0, /^[[:space:]]*[A-Za-z0-9]+:[[:space:]]*"[^"]*"/) {
+            split($0, kv, ":"); k = kv[1]; gsub(/[[:space:]]/, "", k)
+            v = $0; sub(/^[^"]*"/, "", v); sub(/".*/, "", v); reg[k] = v
+        }
+        index($0, "configs[" id "] = Config{") {
+            line = $0; sub(/.*Config\{/, "", line); sub(/\}.*/, "", line)
+            n = split(line, f, ","); r = f[1]; gsub(/[[:space:]]|list\./, "", r)
+            name = f[2]; tag = f[3]; gsub(/[[:space:]"]/, "", name); gsub(/[[:space:]"]/, "", tag)
+        }
+        END { if (r in reg && name != "" && tag != "") print reg[r] "/" name ":" tag }' "$manifest")
+    [[ -n $ref ]] || die "$manifest: no reference for image $id"
+    echo "$ref"
+}
+
+# busybox_root DIR [PACKAGE...]: Debian's static busybox with a link for each
+# applet where busybox would install it, plus PACKAGEs, root and nobody.
+busybox_root() {
+    local dir=$1 applet
+    shift
+    rootfs_extract "$dir" "$(IFS=,; echo "busybox-static${*:+,$*}")"
+    [[ -x $dir/bin/busybox ]] || die "busybox-static did not install /bin/busybox"
+    for applet in $("$dir/bin/busybox" --list-full); do
+        [[ -e $dir/$applet || -L $dir/$applet ]] && continue
+        mkdir -p "$(dirname "$dir/$applet")"
+        ln -s /bin/busybox "$dir/$applet"
+    done
+    rootfs_users "$dir"
+    echo 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' >>"$dir/etc/passwd"
+    echo 'nogroup:x:65534:' >>"$dir/etc/group"
+    mkdir -p "$dir/root" "$dir/var/tmp" && chmod 1777 "$dir/var/tmp"
+}
+
+# static_root DIR BINARY: a root for one static program: /BINARY's name,
+# /etc/passwd, /tmp.
+static_root() {
+    mkdir -p "$1/tmp" && chmod 1777 "$1/tmp"
+    rootfs_users "$1"
+    install -m 0755 "$2" "$1/$(basename "$2")"
+}
+
+# add_image OUT NAME REF ROOT [OPTION...] [-- ENTRYPOINT...]: OUT/NAME.oci.tar
+# from ROOT (oci_image's OPTIONs), listed in OUT/images.tsv.
+add_image() {
+    local out=$1 name=$2 ref=$3 root=$4 opts=()
+    shift 4
+    while [[ $# -gt 0 && $1 != -- ]]; do opts+=("$1"); shift; done
+    [[ $# -eq 0 ]] || shift
+    oci_image --label "org.opencontainers.image.title=$name" --created-by tests/tools/build.sh \
+        "${opts[@]}" -- "$root" "$ref" "$out/$name.oci.tar" "$@"
+    printf '%s.oci.tar\t%s\t%s\n' "$name" "$ref" "$OCI_MANIFEST_DIGEST" >>"$out/images.tsv"
+}
+
+build_test_images() {
+    local work=$1 out=$2 ref
+    images_setup
+    mkdir -p "$work" "$out"
+    printf '# file\treference\tmanifest digest\n' >"$out/images.tsv"
+
+    # pause: the pod sandbox, a static C program (tests/tools/pause.c).
+    command -v gcc >/dev/null || die "gcc is missing (make deps installs it)"
+    mkdir -p "$work/pause"
+    gcc -static -Os -s -Wall -Werror -o "$work/pause/pause" "$REPO_DIR/tests/tools/pause.c" ||
+        die "could not build pause.c statically (needs gcc and libc6-dev: make deps)"
+    add_image "$out" pause "$PAUSE_IMAGE" "$work/pause" --user 65535:65535 -- /pause
+
+    # busybox: the e2e suite's default test image.
+    ref=$(e2e_image_ref "$work/go" BusyBox)
+    busybox_root "$work/busybox"
+    add_image "$out" busybox "$ref" "$work/busybox" --cmd sh
+
+    # The CSI sidecars, as the chart names them (static Go programs).
+    local name v
+    for name in csi-provisioner csi-resizer; do
+        v=$(tool_version "$name")
+        static_root "$work/$name" "$(bin_dir "$name")/$name"
+        ref=registry.k8s.io/sig-storage/$name:$v
+        add_image "$out" "$name" "$ref" "$work/$name" --label "org.opencontainers.image.version=$v" -- "/$name"
+    done
+}
+
+build_e2e_images() {
+    local work=$1 out=$2 ref root
+    images_setup
+    mkdir -p "$work" "$out"
+    printf '# file\treference\tmanifest digest\n' >"$out/images.tsv"
+
+    # agnhost on a busybox root with bash (its tests run shell commands), the
+    # user and group its image defines, and the layout of its Dockerfile.
+    root=$work/agnhost
+    busybox_root "$root" bash-static
+    ln -sf bash-static "$root/bin/bash"
+    install -m 0755 "$(bin_dir e2e)/agnhost" "$root/agnhost"
+    ln -s agnhost "$root/agnhost-2"
+    mkdir -p "$root/uploads"
+    echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>"$root/etc/passwd"
+    printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$root/etc/group"
+    ref=$(e2e_image_ref "$work/go" Agnhost)
+    add_image "$out" agnhost "$ref" "$root" --cmd pause -- /agnhost
+
+    # nginx (the volumes suite runs a shell script in it): Debian's nginx on
+    # a busybox root, serving its default page in the foreground.
+    root=$work/nginx
+    busybox_root "$root" nginx-light
+    echo 'www-data:x:33:33:www-data:/var/www:/sbin/nologin' >>"$root/etc/passwd"
+    echo 'www-data:x:33:' >>"$root/etc/group"
+    mkdir -p "$root/var/log/nginx" "$root/var/lib/nginx" "$root/run"
+    rootfs_check_links "$root"
+    chroot "$root" /usr/sbin/nginx -t -q || die "nginx: its configuration does not load"
+    ref=$(e2e_image_ref "$work/go" Nginx)
+    add_image "$out" nginx "$ref" "$root" --cmd -g --cmd "daemon off;" -- /usr/sbin/nginx
+
+    # glibc-dns-testing (the multivolume suite's pods): a glibc Debian root
+    # with a shell, coreutils and the DNS tools its name is about.
+    root=$work/glibc-dns-testing
+    rootfs_extract "$root" dash,bash,coreutils,grep,sed,findutils,util-linux,mount,bind9-dnsutils,libc-bin
+    ln -sf dash "$root/bin/sh"
+    rootfs_users "$root"
+    rootfs_check_links "$root"
+    ref=$(e2e_image_ref "$work/go" GlibcDnsTesting)
+    add_image "$out" glibc-dns-testing "$ref" "$root" --cmd /bin/sh
+}
+
 # ---- cache handling -----------------------------------------------------------------
 
 CLEANUP=()
@@ -268,28 +546,33 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# A tool is built when its dir has every output it lists; a dir that lacks
+# one (e.g. built before a binary was added to the tool) is rebuilt.
 is_built() {
-    local b dir
-    dir=$(bin_dir "$1")
-    for b in $(tool_binaries "$1"); do
-        [[ -x $dir/$b ]] || return 1
+    local f dir
+    dir=$(tool_dir "$1")
+    for f in $(tool_outputs "$1"); do
+        [[ -s $dir/$f ]] || return 1
+        [[ $f != bin/* || -x $dir/$f ]] || return 1
     done
 }
 
-# Build TOOL into a temporary directory under $ROOT, then rename it into place,
-# so $ROOT/<tool>-<version> is either complete or absent.
+# Build TOOL (after the tools it is made from) into a temporary directory
+# under $ROOT, then rename it into place, so $ROOT/<tool>-<version> is either
+# complete or absent.
 install_tool() {
-    local tool=$1 ver dest tmp lock start b
+    local tool=$1 ver dest tmp lock start f dep out
     ver=$(tool_version "$tool")
     dest=$ROOT/$tool-$ver
     if is_built "$tool"; then
-        log "$tool $ver: cached in $dest/bin"
+        log "$tool $ver: cached in $dest"
         return
     fi
+    for dep in $(tool_deps "$tool"); do install_tool "$dep"; done
     exec {lock}>"$ROOT/.$tool-$ver.lock"
     flock "$lock"   # another build.sh may be building the same tool
     if is_built "$tool"; then
-        log "$tool $ver: cached in $dest/bin"
+        log "$tool $ver: cached in $dest"
         exec {lock}>&-
         return
     fi
@@ -297,18 +580,26 @@ install_tool() {
     tmp=$(mktemp -d "$ROOT/.build-$tool-$ver.XXXXXX")
     CLEANUP+=("$tmp")
     mkdir -p "$tmp/out/bin"
+    # Binary tools write into out/bin, image tools into out.
+    out=$tmp/out/bin
+    [[ -z $(tool_images "$tool") ]] || { rmdir "$tmp/out/bin"; out=$tmp/out; }
     log "$tool $ver: building ..."
     start=$SECONDS
-    "build_${tool//-/_}" "$tmp/wrapper" "$tmp/out/bin"
-    for b in $(tool_binaries "$tool"); do
-        [[ -x $tmp/out/bin/$b ]] || die "$tool: $b was not built"
+    "build_${tool//-/_}" "$tmp/wrapper" "$out"
+    for f in $(tool_outputs "$tool"); do
+        [[ -s $tmp/out/$f ]] || die "$tool: $f was not built"
     done
-    cp "$tmp/wrapper/go.mod" "$tmp/wrapper/go.sum" "$tmp/out/" # record of what was built
-    rm -rf "$dest"   # an incomplete leftover, e.g. hand-made
+    # A record of what was built: the wrapper module, if there is one.
+    if [[ -f $tmp/wrapper/go.mod ]]; then
+        cp "$tmp/wrapper/go.mod" "$tmp/wrapper/go.sum" "$tmp/out/"
+    fi
+    rm -rf "$dest"   # an incomplete leftover, e.g. hand-made or missing a binary
     mv -T "$tmp/out" "$dest"
+    # Unpacked sources may hold read-only folders.
+    chmod -R u+w "$tmp" 2>/dev/null || true
     rm -rf "$tmp"
     exec {lock}>&-
-    log "$tool $ver: built in $((SECONDS - start))s into $dest/bin"
+    log "$tool $ver: built in $((SECONDS - start))s into $dest"
 }
 
 # ---- main ---------------------------------------------------------------------------
@@ -330,7 +621,7 @@ main() {
         fi
     done
     if $print; then
-        for t in "${tools[@]}"; do bin_dir "$t"; done
+        for t in "${tools[@]}"; do print_dir "$t"; done
         return
     fi
     mkdir -p "$ROOT"
