@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build images manifests demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold lint bench bench-scale deps tools
+.PHONY: all build images manifests demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold e2e lint bench bench-scale deps tools
 
 all: build
 
@@ -53,8 +53,15 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+## e2e: the real-node scenarios and the whole Kubernetes storage e2e suite (make test runs a named subset of it)
+e2e: deps
+	hack/test.sh node e2e
+	tests/tools/build.sh etcd kube kubelet containerd crictl cni helm test-images e2e e2e-images
+	$(CARGO) test -p carina-tests --test e2e_storage -- --ignored --nocapture --test-threads=1
+
 ## bench: measure against the raw commands; writes docs/benchmarks.md and docs/benchmarks.json
 bench: deps
+	tests/tools/build.sh etcd kube kubelet containerd crictl cni helm test-images
 	$(CARGO) build --release -p carina-bench -p carina-node --bin carina-node
 	$(CARGO) run --release -q -p carina-bench -- --out docs
 

@@ -15,7 +15,6 @@ use carina_csi::identity::IdentityService;
 use carina_proto::csi::identity_server::IdentityServer;
 use carina_proto::trace::ServerTraceLayer;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 pub use carina_csi::socket::{SocketError, bind as bind_unix, socket_path};
@@ -31,6 +30,6 @@ pub async fn serve_controller<P: Provisioner>(
         .layer(ServerTraceLayer)
         .add_service(IdentityServer::new(IdentityService::always_ready()))
         .add_service(ControllerService::new(provisioner).into_server())
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(carina_proto::uds::incoming(listener), shutdown)
         .await
 }

@@ -30,6 +30,7 @@ pub mod devcerts;
 pub mod telemetry;
 pub mod tls;
 pub mod trace;
+pub mod uds;
 
 /// NodeStorage v1: messages, the server trait and the client.
 pub mod nodestorage {

@@ -110,11 +110,6 @@ impl Containerd {
         self.dir.path()
     }
 
-    /// The daemon's socket.
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
     /// The daemon's log file.
     pub fn log(&self) -> &Path {
         &self.daemon.log

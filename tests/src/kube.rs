@@ -229,6 +229,8 @@ impl KubeCluster {
                 "--authorization-mode=Node,RBAC".to_string(),
                 format!("--kubelet-client-certificate={}", pki.admin_cert.display()),
                 format!("--kubelet-client-key={}", pki.admin_key.display()),
+                // The Node's name is not in DNS.
+                "--kubelet-preferred-address-types=InternalIP,Hostname".to_string(),
             ]),
         }
         let mut apiserver = ChildGuard::spawn(

@@ -45,7 +45,6 @@ use carina_proto::trace::ServerTraceLayer;
 use carina_sys::IoError;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
@@ -230,7 +229,7 @@ impl PluginRegistration {
         let serve = Server::builder()
             .layer(ServerTraceLayer)
             .add_service(RegistrationServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal);
+            .serve_with_incoming_shutdown(carina_proto::uds::incoming(listener), signal);
         let drained = async move {
             let _ = stop_rx.wait_for(|s| *s).await;
             tokio::time::sleep(DRAIN).await;

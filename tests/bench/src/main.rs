@@ -8,12 +8,14 @@
 //! Needs root and loop devices, like the engine tests; `--only scheduler`
 //! runs just the scheduler extender's group, which needs neither;
 //! `--only kube` just the Kubernetes control plane's group, `--only
-//! engine` the engine groups (LVM and RAW), `--only raw` the RAW one.
+//! engine` the engine groups (LVM and RAW), `--only raw` the RAW one,
+//! `--only pod` the real node's PVC-to-running-Pod group.
 
 mod csi;
 mod engine;
 mod grpc;
 mod kube;
+mod pod;
 mod pool;
 mod raw;
 mod report;
@@ -50,15 +52,15 @@ fn parse_args() -> Result<Args> {
                     .context("--iterations")?
             }
             "--only" => match it.next().as_deref() {
-                Some(group @ ("scheduler" | "kube" | "engine" | "raw")) => {
+                Some(group @ ("scheduler" | "kube" | "engine" | "raw" | "pod")) => {
                     args.only = Some(group.into())
                 }
                 other => bail!(
-                    "--only {other:?}: only `scheduler`, `kube`, `engine` or `raw` can run alone"
+                    "--only {other:?}: only `scheduler`, `kube`, `engine`, `raw` or `pod` can run alone"
                 ),
             },
             other => bail!(
-                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube|engine|raw)"
+                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube|engine|raw|pod)"
             ),
         }
     }
@@ -96,6 +98,10 @@ async fn main() -> Result<()> {
             entries.extend(raw::create_delete(args.iterations).await?);
             return finish(&args, &entries);
         }
+        Some("pod") => {
+            entries.extend(pod::pvc_to_running().await?);
+            return finish(&args, &entries);
+        }
         _ => {}
     }
     entries.extend(engine::lvm_create_delete(args.iterations).await?);
@@ -106,6 +112,7 @@ async fn main() -> Result<()> {
     entries.extend(csi::full_cycle(args.iterations).await?);
     entries.extend(kube::create_volume(args.iterations).await?);
     entries.extend(scheduler::latency(args.iterations).await?);
+    entries.extend(pod::pvc_to_running().await?);
     finish(&args, &entries)
 }
 

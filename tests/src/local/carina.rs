@@ -97,6 +97,21 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// One LVM group `carina-vg-ssd` of 8 GiB for the Kubernetes storage
+    /// e2e suite, which brings its own StorageClasses.
+    pub fn e2e() -> Layout {
+        Layout {
+            groups: vec![Group {
+                name: "carina-vg-ssd".to_string(),
+                policy: "LVM".to_string(),
+                disks: vec![8192 * MIB],
+            }],
+            storage_classes: serde_json::json!([]),
+        }
+    }
+}
+
 /// Carina installed in a cluster. The disks it was given are handed to the
 /// cluster, which releases them after its node is gone.
 #[derive(Debug)]
@@ -112,8 +127,9 @@ impl Carina {
     /// Makes the groups' disks, the TLS Secrets (identity mode `manual`),
     /// imports the images and installs the chart; waits until the node
     /// plugin is registered with the kubelet and has published its groups.
+    /// The cluster must have been started with [`local_options`] (the
+    /// images).
     pub async fn install(cluster: &mut LocalCluster, layout: &Layout) -> Result<Carina> {
-        cluster.import_images(&carina_images()?)?;
         let mut selectors = Vec::new();
         let mut host_dirs = Vec::new();
         let mut disks = Vec::new();
@@ -314,10 +330,13 @@ async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
 }
 
 /// The options of a cluster Carina can be installed into: the test images
-/// (pause, busybox, the CSI sidecars) imported before the kubelet starts.
+/// (pause, busybox, the CSI sidecars) and Carina's own, imported before
+/// the kubelet starts.
 pub fn local_options() -> Result<LocalOptions> {
+    let mut images: Vec<PathBuf> = test_images()?.into_iter().map(|(_, path)| path).collect();
+    images.extend(carina_images()?);
     Ok(LocalOptions {
-        images: test_images()?.into_iter().map(|(_, path)| path).collect(),
+        images,
         extenders: Vec::new(),
     })
 }
@@ -325,9 +344,21 @@ pub fn local_options() -> Result<LocalOptions> {
 /// The archives of `tests/tools/build.sh test-images`, with the image
 /// reference each provides (from its `images.tsv`).
 pub fn test_images() -> Result<Vec<(String, PathBuf)>> {
-    let dir = match std::env::var_os("CARINA_TEST_IMAGES") {
+    images_of_tool("test-images", "CARINA_TEST_IMAGES")
+}
+
+/// The archives of `tests/tools/build.sh e2e-images` (agnhost, nginx, ...
+/// as the e2e suite names them).
+pub fn e2e_images() -> Result<Vec<(String, PathBuf)>> {
+    images_of_tool("e2e-images", "CARINA_E2E_IMAGES")
+}
+
+/// The archives an image tool of `tests/tools/build.sh` made (or those in
+/// the folder `env` names), with the reference each provides.
+fn images_of_tool(tool: &str, env: &str) -> Result<Vec<(String, PathBuf)>> {
+    let dir = match std::env::var_os(env) {
         Some(dir) => PathBuf::from(dir),
-        None => tool_path("test-images")?,
+        None => tool_path(tool)?,
     };
     // The tool's folder, or its bin/ folder.
     let tsv = [dir.join("images.tsv"), dir.join("../images.tsv")]
@@ -335,7 +366,7 @@ pub fn test_images() -> Result<Vec<(String, PathBuf)>> {
         .find(|p| p.exists())
         .with_context(|| {
             format!(
-                "no images.tsv in {}: run tests/tools/build.sh test-images first (or set CARINA_TEST_IMAGES)",
+                "no images.tsv in {}: run tests/tools/build.sh {tool} first (or set {env})",
                 dir.display()
             )
         })?;
@@ -344,7 +375,7 @@ pub fn test_images() -> Result<Vec<(String, PathBuf)>> {
 
 /// Where `tests/tools/build.sh` keeps `tool` (`--print-path`; builds
 /// nothing).
-fn tool_path(tool: &str) -> Result<PathBuf> {
+pub fn tool_path(tool: &str) -> Result<PathBuf> {
     let script = repo_root().join("tests/tools/build.sh");
     let out = std::process::Command::new(&script)
         .args(["--print-path", tool])
