@@ -654,15 +654,7 @@ impl Engine {
             .await?;
         }
         let dev = devnum(backing);
-        if !k.registered(dev).await {
-            k.register(device_of(backing, "backing_volume")?).await?;
-            k.wait_until(
-                &format!("backing device {dev} to register"),
-                settle,
-                || async { Ok(k.registered(dev).await) },
-            )
-            .await?;
-        }
+        self.register_backing(backing).await?;
         let status = self.backing_status(dev).await?;
         match status.cache_set.as_deref() {
             Some(s) if s == cset => {}
@@ -695,6 +687,22 @@ impl Engine {
                 let s = self.backing_status(dev).await?;
                 Ok(s.running && s.device.is_some())
             },
+        )
+        .await
+    }
+
+    /// Registers the backing volume's device unless it is, and waits for it.
+    async fn register_backing(&self, backing: &Volume) -> Result<()> {
+        let k = &self.bcache().kernel;
+        let dev = devnum(backing);
+        if k.registered(dev).await {
+            return Ok(());
+        }
+        k.register(device_of(backing, "backing_volume")?).await?;
+        k.wait_until(
+            &format!("backing device {dev} to register"),
+            self.bcache().options.settle_timeout,
+            || async { Ok(k.registered(dev).await) },
         )
         .await
     }
@@ -960,13 +968,10 @@ impl Engine {
                 // Register the backing device alone: the kernel keeps it
                 // stopped while its cache is missing (so dirty data is
                 // never bypassed) and the record says what is missing.
-                let dev = device_of(&backing, "backing_volume")?;
                 self.our_superblock(record, "backing_volume", &backing, Role::Backing)
                     .await?
                     .ok_or_else(|| self.lost_superblock(record, "backing_volume", &backing))?;
-                if !self.bcache().kernel.registered(devnum(&backing)).await {
-                    self.bcache().kernel.register(dev).await?;
-                }
+                self.register_backing(&backing).await?;
                 return Err(e);
             }
         };
