@@ -186,88 +186,6 @@ pub fn parse_page_token(token: &str) -> Result<String, Error> {
     Ok(name)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::PathBuf;
-
-    #[test]
-    fn page_tokens_round_trip_and_reject_garbage() {
-        let t = page_token("pvc-1.a_b+c");
-        assert_eq!(parse_page_token(&t).expect("valid"), "pvc-1.a_b+c");
-        for bad in ["xyz", "0", "2d61", "zz", "c3"] {
-            let e = parse_page_token(bad).expect_err(bad);
-            assert!(e.to_string().starts_with("page_token:"), "{e}");
-        }
-    }
-
-    #[test]
-    fn create_request_names_the_field() {
-        let ok = pb::CreateLvRequest {
-            name: "v1".into(),
-            device_group: "g".into(),
-            size_bytes: 1 << 20,
-            exclusive: false,
-        };
-        assert!(create_request(ok.clone()).is_ok());
-        let cases = [
-            (
-                pb::CreateLvRequest {
-                    name: String::new(),
-                    ..ok.clone()
-                },
-                "name:",
-            ),
-            (
-                pb::CreateLvRequest {
-                    device_group: String::new(),
-                    ..ok.clone()
-                },
-                "device_group:",
-            ),
-            (
-                pb::CreateLvRequest {
-                    size_bytes: 0,
-                    ..ok.clone()
-                },
-                "size_bytes:",
-            ),
-            (
-                pb::CreateLvRequest {
-                    size_bytes: u64::MAX,
-                    ..ok.clone()
-                },
-                "size_bytes:",
-            ),
-        ];
-        for (req, want) in cases {
-            let e = create_request(req).expect_err(want);
-            assert!(e.to_string().starts_with(want), "{e}");
-        }
-    }
-
-    #[test]
-    fn volume_fields() {
-        let v = Volume {
-            name: "v".into(),
-            group: "g".into(),
-            policy: Policy::Host,
-            size_bytes: 4096,
-            device_path: None,
-            host_path: Some(PathBuf::from("/srv/g/v")),
-            major: 0,
-            minor: 0,
-            exclusive: false,
-            disk: None,
-        };
-        let p = volume(&v);
-        assert_eq!(p.policy, pb::Policy::Host as i32);
-        assert_eq!(p.host_path, "/srv/g/v");
-        assert_eq!(p.device_path, "");
-        assert_eq!(p.device_group, "g");
-    }
-}
-
 /// A wire cache mode; `UNSPECIFIED` is `default`, an unknown number is
 /// `INVALID_ARGUMENT` naming `field`.
 pub fn cache_mode(field: &str, value: i32, default: Option<CacheMode>) -> Result<CacheMode, Error> {
@@ -381,5 +299,87 @@ pub fn bcache(d: &BcacheDevice) -> pb::BcacheDevice {
         size_bytes: owned.map_or(0, |o| o.size_bytes),
         cache_ratio_percent: owned.map_or(0, |o| o.cache_ratio_percent),
         problem: d.problem.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let t = page_token("pvc-1.a_b+c");
+        assert_eq!(parse_page_token(&t).expect("valid"), "pvc-1.a_b+c");
+        for bad in ["xyz", "0", "2d61", "zz", "c3"] {
+            let e = parse_page_token(bad).expect_err(bad);
+            assert!(e.to_string().starts_with("page_token:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn create_request_names_the_field() {
+        let ok = pb::CreateLvRequest {
+            name: "v1".into(),
+            device_group: "g".into(),
+            size_bytes: 1 << 20,
+            exclusive: false,
+        };
+        assert!(create_request(ok.clone()).is_ok());
+        let cases = [
+            (
+                pb::CreateLvRequest {
+                    name: String::new(),
+                    ..ok.clone()
+                },
+                "name:",
+            ),
+            (
+                pb::CreateLvRequest {
+                    device_group: String::new(),
+                    ..ok.clone()
+                },
+                "device_group:",
+            ),
+            (
+                pb::CreateLvRequest {
+                    size_bytes: 0,
+                    ..ok.clone()
+                },
+                "size_bytes:",
+            ),
+            (
+                pb::CreateLvRequest {
+                    size_bytes: u64::MAX,
+                    ..ok.clone()
+                },
+                "size_bytes:",
+            ),
+        ];
+        for (req, want) in cases {
+            let e = create_request(req).expect_err(want);
+            assert!(e.to_string().starts_with(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn volume_fields() {
+        let v = Volume {
+            name: "v".into(),
+            group: "g".into(),
+            policy: Policy::Host,
+            size_bytes: 4096,
+            device_path: None,
+            host_path: Some(PathBuf::from("/srv/g/v")),
+            major: 0,
+            minor: 0,
+            exclusive: false,
+            disk: None,
+        };
+        let p = volume(&v);
+        assert_eq!(p.policy, pb::Policy::Host as i32);
+        assert_eq!(p.host_path, "/srv/g/v");
+        assert_eq!(p.device_path, "");
+        assert_eq!(p.device_group, "g");
     }
 }
