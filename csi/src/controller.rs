@@ -38,6 +38,11 @@ use crate::types::{Accessibility, ProvisionedVolume, Provisioner, Topology, Volu
 use crate::volume_id::VolumeId;
 use crate::{TOPOLOGY_KEY, context};
 
+/// Why CreateVolume refuses the bcache StorageClass parameters: they are
+/// validated, and the node assembles bcache devices (NodeStorage
+/// `CreateBcache`, `carinactl bcache`), but no control plane asks it to yet.
+pub const BCACHE_NOT_PROVISIONED: &str = "bcache volumes are not provisioned through CSI yet (the node's CreateBcache RPC and `carinactl bcache create` make them)";
+
 /// What the controller advertises. `SINGLE_NODE_MULTI_WRITER` is the spec's
 /// switch for the `SINGLE_NODE_SINGLE_WRITER` and `SINGLE_NODE_MULTI_WRITER`
 /// access modes.
@@ -94,9 +99,7 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
         ));
     }
     if parameters.bcache.is_some() {
-        return Err(CsiError::Unimplemented(
-            "bcache volumes are not implemented yet".into(),
-        ));
+        return Err(CsiError::Unimplemented(BCACHE_NOT_PROVISIONED.into()));
     }
     if let Access::Mount {
         fs_type: Some(from_cap),
@@ -748,7 +751,7 @@ mod tests {
         );
         let e = volume_request(&r).expect_err("bcache");
         assert_eq!(e.code(), Code::Unimplemented);
-        assert_eq!(e.to_string(), "bcache volumes are not implemented yet");
+        assert_eq!(e.to_string(), BCACHE_NOT_PROVISIONED);
 
         let mut r = create_req("pvc-1");
         r.accessibility_requirements = Some(csi::TopologyRequirement {

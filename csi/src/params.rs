@@ -22,12 +22,22 @@ pub const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
 pub const DISK_TYPE_ALIAS: &str = "carina.storage.io/disk-type";
 /// Older name of [`EXCLUSIVE`] that Carina's documentation still shows.
 pub const EXCLUSIVITY_ALIAS: &str = "carina.storage.io/exclusivity-disk";
+/// Older name of [`BACKEND_GROUP`] that Carina's documentation still shows.
+pub const BACKEND_TYPE_ALIAS: &str = "carina.storage.io/backend-disk-type";
+/// Older name of [`CACHE_GROUP`] that Carina's documentation still shows.
+pub const CACHE_TYPE_ALIAS: &str = "carina.storage.io/cache-disk-type";
 
 /// Deprecated keys and the keys that replace them.
 pub const ALIASES: &[(&str, &str)] = &[
     (DISK_TYPE_ALIAS, DISK_GROUP),
     (EXCLUSIVITY_ALIAS, EXCLUSIVE),
+    (BACKEND_TYPE_ALIAS, BACKEND_GROUP),
+    (CACHE_TYPE_ALIAS, CACHE_GROUP),
 ];
+
+/// The bcache cache modes a StorageClass may ask for (Carina documents
+/// the first three; `none` is the kernel's fourth).
+pub const CACHE_POLICIES: &[&str] = &["writethrough", "writeback", "writearound", "none"];
 
 const CARINA_PREFIX: &str = "carina.storage.io/";
 
@@ -41,13 +51,18 @@ pub fn parse_fs_type(field: &str, value: &str) -> Result<FsType, CsiError> {
     })
 }
 
-/// bcache tiering parameters (the engine support is a later piece of work).
+/// bcache tiering parameters: the volume is made in `backend_group`, a
+/// cache of `cache_ratio` percent of its size in `cache_group`, and the
+/// node assembles them (NodeStorage `CreateBcache`). The node side is
+/// built; the CSI controller does not yet ask for it (CreateVolume answers
+/// UNIMPLEMENTED for these parameters).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BcacheParams {
     pub backend_group: String,
     pub cache_group: String,
     /// Percent of the volume size given to the cache, 1..=100.
     pub cache_ratio: u8,
+    /// One of [`CACHE_POLICIES`]; `writethrough` when not given.
     pub cache_policy: String,
 }
 
@@ -127,17 +142,42 @@ impl Parameters {
     }
 }
 
-fn parse_bcache(raw: &HashMap<String, String>) -> Result<Option<BcacheParams>, CsiError> {
-    let any = [BACKEND_GROUP, CACHE_GROUP, CACHE_RATIO, CACHE_POLICY]
-        .iter()
-        .any(|k| raw.contains_key(*k));
-    if !any {
-        return Ok(None);
+/// The value of `key` or of its deprecated alias, with the key written.
+fn lookup<'a>(raw: &'a HashMap<String, String>, key: &'static str) -> Option<(&'a str, &'a str)> {
+    if let Some((k, v)) = raw.get_key_value(key) {
+        return Some((k, v));
     }
-    let need = |k: &str| {
-        raw.get(k)
-            .filter(|v| !v.is_empty())
-            .cloned()
+    ALIASES
+        .iter()
+        .filter(|(_, new)| *new == key)
+        .find_map(|(old, _)| raw.get_key_value(*old))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+}
+
+fn parse_bcache(raw: &HashMap<String, String>) -> Result<Option<BcacheParams>, CsiError> {
+    let given: Vec<&str> = [BACKEND_GROUP, CACHE_GROUP, CACHE_RATIO, CACHE_POLICY]
+        .iter()
+        .filter_map(|k| lookup(raw, k).map(|(written, _)| written))
+        .collect();
+    let Some(first) = given.first() else {
+        return Ok(None);
+    };
+    // A bcache volume's group is its backend group; a whole raw disk
+    // cannot hold a cache. Either beside the bcache keys is a mistake.
+    for other in [DISK_GROUP, EXCLUSIVE] {
+        if let Some((written, value)) = lookup(raw, other)
+            && !(other == EXCLUSIVE && matches!(value, "false" | ""))
+        {
+            return Err(CsiError::invalid(
+                format!("parameters[{written:?}]"),
+                format!("cannot be combined with the bcache parameters ({first})"),
+            ));
+        }
+    }
+    let need = |k: &'static str| {
+        lookup(raw, k)
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(_, v)| v.to_string())
             .ok_or_else(|| {
                 CsiError::invalid(
                     format!("parameters[{k:?}]"),
@@ -160,10 +200,7 @@ fn parse_bcache(raw: &HashMap<String, String>) -> Result<Option<BcacheParams>, C
         .get(CACHE_POLICY)
         .cloned()
         .unwrap_or_else(|| "writethrough".into());
-    if !matches!(
-        cache_policy.as_str(),
-        "writethrough" | "writeback" | "writearound" | "none"
-    ) {
+    if !CACHE_POLICIES.contains(&cache_policy.as_str()) {
         return Err(CsiError::invalid(
             format!("parameters[{CACHE_POLICY:?}]"),
             format!("{cache_policy:?} is not writethrough, writeback, writearound or none"),
@@ -271,6 +308,68 @@ mod tests {
             .expect_err("not a bool")
             .to_string();
         assert!(err.contains("exclusivity-disk"), "{err}");
+    }
+
+    #[test]
+    fn bcache_parameters() {
+        let p = Parameters::parse(&map(&[
+            (BACKEND_TYPE_ALIAS, "hdd"),
+            (CACHE_TYPE_ALIAS, "ssd"),
+            (CACHE_RATIO, "50"),
+            (CACHE_POLICY, "writeback"),
+        ]))
+        .expect("Carina's older spellings");
+        assert_eq!(
+            p.bcache,
+            Some(BcacheParams {
+                backend_group: "hdd".into(),
+                cache_group: "ssd".into(),
+                cache_ratio: 50,
+                cache_policy: "writeback".into(),
+            })
+        );
+        assert_eq!(p.deprecated, [BACKEND_TYPE_ALIAS, CACHE_TYPE_ALIAS]);
+        let p = Parameters::parse(&map(&[
+            (BACKEND_GROUP, "hdd"),
+            (CACHE_GROUP, "ssd"),
+            (CACHE_RATIO, "100"),
+            (EXCLUSIVE, "false"),
+        ]))
+        .expect("policy defaults");
+        assert_eq!(p.bcache.expect("bcache").cache_policy, "writethrough");
+        let bcache = [
+            (BACKEND_GROUP, "hdd"),
+            (CACHE_GROUP, "ssd"),
+            (CACHE_RATIO, "10"),
+        ];
+        let cases = [
+            (
+                (DISK_GROUP, "hdd"),
+                "disk-group-name\"]: cannot be combined",
+            ),
+            (
+                (EXCLUSIVE, "true"),
+                "exclusively-raw-disk\"]: cannot be combined",
+            ),
+            ((DISK_TYPE_ALIAS, "hdd"), "disk-type\"]: cannot be combined"),
+            ((CACHE_RATIO, "101"), "cache-disk-ratio"),
+            ((CACHE_RATIO, "1.5"), "cache-disk-ratio"),
+            ((CACHE_POLICY, "Writeback"), "cache-policy"),
+            ((CACHE_TYPE_ALIAS, "other"), "contradicts"),
+        ];
+        for (extra, want) in cases {
+            let mut pairs = bcache.to_vec();
+            pairs.retain(|(k, _)| *k != extra.0);
+            pairs.push(extra);
+            let err = Parameters::parse(&map(&pairs))
+                .expect_err("invalid")
+                .to_string();
+            assert!(err.contains(want), "{extra:?}: {err}");
+        }
+        let err = Parameters::parse(&map(&[(CACHE_TYPE_ALIAS, "ssd"), (CACHE_RATIO, "5")]))
+            .expect_err("no backend group")
+            .to_string();
+        assert!(err.contains("backend-disk-group-name"), "{err}");
     }
 
     #[test]

@@ -220,7 +220,15 @@ pub async fn engine_over_with(
 ) -> Engine {
     let config = disk_group_config(group, policy, &disks.iter().collect::<Vec<_>>(), reserve);
     let device_mapper = (policy != "LVM").then_some(false);
-    start(&config, EngineOptions { device_mapper, lvm }).await
+    start(
+        &config,
+        EngineOptions {
+            device_mapper,
+            lvm,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// An engine over `config_json`; `device_mapper` `None` detects it.

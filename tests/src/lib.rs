@@ -5,6 +5,7 @@
 //! also when the test panics. Under `CI=true` a test that cannot get what it
 //! needs (root, a loop device) fails instead of skipping.
 
+pub mod bcache;
 pub mod cluster;
 pub mod containerd;
 pub mod csi;

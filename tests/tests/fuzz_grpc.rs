@@ -180,6 +180,7 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
             backing_volume: names(rng),
             cache_volume: names(rng),
             cache_mode: rng.below(7) as i32 - 1,
+            ..Default::default()
         }
         .encode_to_vec(),
         "DeleteBcache" => pb::DeleteBcacheRequest { name: names(rng) }.encode_to_vec(),

@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use carina_node::csi_local::registration::{PluginRegistration, advertised_endpoint};
 use carina_node::csi_local::serve::{CsiNodeServer, bind};
+use carina_node::engine::bcache::BcacheOptions;
 use carina_node::engine::lvm::LvmOptions;
 use carina_node::engine::{Config, Engine, EngineOptions, Policy};
 use carina_node::identity::{self, Backoff, DEFAULT_TOKEN_FILE, IdentityOptions};
@@ -128,6 +129,15 @@ struct Args {
     /// a process per command (`false`).
     #[arg(long, env = "CARINA_LVM_SHELL", default_value_t = true, action = clap::ArgAction::Set)]
     lvm_shell: bool,
+
+    /// The node's state directory (on the host, kept across restarts):
+    /// the bcache devices' records live in `<dir>/bcache`.
+    #[arg(long, env = "CARINA_STATE_DIR", default_value = "/var/lib/carina")]
+    state_dir: PathBuf,
+
+    /// The sysfs root the bcache driver is driven through.
+    #[arg(long, env = "CARINA_SYSFS_ROOT", default_value = "/sys")]
+    sysfs_root: PathBuf,
 }
 
 #[tokio::main]
@@ -178,6 +188,11 @@ async fn run(args: Args) -> Result<()> {
             lvm: LvmOptions {
                 shell: args.lvm_shell,
                 ..LvmOptions::default()
+            },
+            bcache: BcacheOptions {
+                sysfs_root: args.sysfs_root.clone(),
+                state_dir: Some(args.state_dir.clone()),
+                ..BcacheOptions::default()
             },
         },
     )

@@ -232,7 +232,8 @@ pub enum CacheModeArg {
 
 #[derive(Debug, Subcommand)]
 pub enum BcacheCommand {
-    /// Assemble a bcache device from a backing and a cache volume.
+    /// Assemble a bcache device from a backing and a cache volume; with
+    /// --backing-group, make both volumes too.
     Create {
         name: String,
         /// The slow volume holding the data.
@@ -243,8 +244,22 @@ pub enum BcacheCommand {
         cache: String,
         #[arg(long, value_enum, default_value_t = CacheModeArg::Writethrough)]
         mode: CacheModeArg,
+        /// Make the backing volume in this group (with --size, --cache-group
+        /// and --cache-ratio); the device then owns both volumes.
+        #[arg(long, requires_all = ["size", "cache_group", "cache_ratio"])]
+        backing_group: Option<String>,
+        /// The backing volume's size (`10Gi`, `500M`, bytes).
+        #[arg(long, value_parser = parse_size, requires = "backing_group")]
+        size: Option<u64>,
+        /// Make the cache volume in this group.
+        #[arg(long, requires = "backing_group")]
+        cache_group: Option<String>,
+        /// The cache volume's size as a percentage of --size (1 to 100).
+        #[arg(long, requires = "backing_group", value_parser = clap::value_parser!(u32).range(1..=100))]
+        cache_ratio: Option<u32>,
     },
-    /// Stop and remove a bcache device (its volumes stay).
+    /// Detach (flushing), stop and remove a bcache device; volumes it made
+    /// are deleted with it, others stay.
     Delete { name: String },
     /// Show one bcache device.
     Get { name: String },

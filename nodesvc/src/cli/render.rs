@@ -194,9 +194,17 @@ pub struct BcacheView<'a> {
     backing_volume: &'a str,
     cache_volume: &'a str,
     cache_mode: String,
+    kernel_cache_mode: String,
+    state: &'a str,
+    running: bool,
+    dirty_bytes: u64,
+    cache_hit_ratio_percent: u32,
     device_path: &'a str,
     major: u32,
     minor: u32,
+    cache_set_uuid: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    problem: &'a str,
 }
 
 pub fn bcache_json(b: &BcacheDevice) -> BcacheView<'_> {
@@ -205,9 +213,16 @@ pub fn bcache_json(b: &BcacheDevice) -> BcacheView<'_> {
         backing_volume: &b.backing_volume,
         cache_volume: &b.cache_volume,
         cache_mode: cache_mode_name(b.cache_mode),
+        kernel_cache_mode: cache_mode_name(b.kernel_cache_mode),
+        state: &b.state,
+        running: b.running,
+        dirty_bytes: b.dirty_bytes,
+        cache_hit_ratio_percent: b.cache_hit_ratio_percent,
         device_path: &b.device_path,
         major: b.major,
         minor: b.minor,
+        cache_set_uuid: &b.cache_set_uuid,
+        problem: &b.problem,
     }
 }
 
@@ -328,6 +343,9 @@ pub fn bcache_table(b: &BcacheDevice) -> Table {
         left("BACKING"),
         left("CACHE"),
         left("MODE"),
+        left("STATE"),
+        right("DIRTY"),
+        right("HIT%"),
         left("DEVICE"),
         left("MAJ:MIN"),
     ]);
@@ -336,6 +354,9 @@ pub fn bcache_table(b: &BcacheDevice) -> Table {
         b.backing_volume.clone(),
         b.cache_volume.clone(),
         cache_mode_name(b.cache_mode),
+        b.state.clone(),
+        super::size::format_size(b.dirty_bytes),
+        b.cache_hit_ratio_percent.to_string(),
         b.device_path.clone(),
         devnum(b.major, b.minor),
     ]);

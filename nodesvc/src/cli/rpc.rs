@@ -390,12 +390,20 @@ async fn bcache(node: &mut Node, cmd: BcacheCommand, out: &Printer) -> Result<()
             backing,
             cache,
             mode,
+            backing_group,
+            size,
+            cache_group,
+            cache_ratio,
         } => {
             let request = node.request(CreateBcacheRequest {
                 name,
                 backing_volume: backing,
                 cache_volume: cache,
                 cache_mode: cache_mode(mode) as i32,
+                backing_device_group: backing_group.unwrap_or_default(),
+                size_bytes: size.unwrap_or_default(),
+                cache_device_group: cache_group.unwrap_or_default(),
+                cache_ratio_percent: cache_ratio.unwrap_or_default(),
             });
             node.client
                 .create_bcache(request)

@@ -65,6 +65,32 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// No bcache device of that name is recorded on this node.
+    #[error("bcache device {name:?} not found")]
+    BcacheNotFound { name: String },
+
+    /// A bcache device of that name exists with other arguments.
+    #[error("bcache device {name:?} already exists: {reason}")]
+    BcacheConflict { name: String, reason: String },
+
+    /// The kernel did not show a change in time (a register, attach,
+    /// flush or mode change); the operation may still complete, and a
+    /// retry continues from where it is.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    KernelTimeout {
+        what: String,
+        waited: std::time::Duration,
+    },
+
+    /// The kernel refused a write to one of its sysfs attributes.
+    #[error("writing {value:?} to {}: {source}", path.display())]
+    Sysfs {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Another operation on the same volume is in progress.
     #[error("an operation on volume {name:?} is already in progress")]
     Busy { name: String },

@@ -8,6 +8,7 @@
 //! and publishes a [`CapacitySnapshot`] after every change.
 
 pub mod backend;
+pub mod bcache;
 pub mod config;
 pub mod devnum;
 pub mod disks;
@@ -45,6 +46,9 @@ pub struct EngineOptions {
     pub device_mapper: Option<bool>,
     /// How `lvm` commands run (one persistent shell by default).
     pub lvm: lvm::LvmOptions,
+    /// Where the bcache side finds the kernel, its records, and how long
+    /// it waits.
+    pub bcache: bcache::BcacheOptions,
 }
 
 /// The span of one backend mutation, the same for every policy:
@@ -97,6 +101,7 @@ struct Inner {
     disks: StdMutex<Vec<DiskStatus>>,
     /// LVM and RAW groups that took no disk at the last scan, by name.
     empty: StdMutex<BTreeMap<String, disks::EmptyGroup>>,
+    bcache: bcache::Bcache,
 }
 
 #[derive(Debug)]
@@ -121,6 +126,7 @@ impl Engine {
         let device_mapper = options.device_mapper.unwrap_or_else(detect_device_mapper);
         let lvm = Arc::new(lvm::LvmRunner::new(options.lvm));
         let groups = build_groups(&config, device_mapper, &lvm)?;
+        let bcache = bcache::Bcache::load(options.bcache)?;
         let (capacity, _) = watch::channel(CapacitySnapshot {
             generation: 0,
             reason: ChangeReason::Start,
@@ -136,9 +142,11 @@ impl Engine {
                 index: StdMutex::new(HashMap::new()),
                 disks: StdMutex::new(Vec::new()),
                 empty: StdMutex::new(BTreeMap::new()),
+                bcache,
             }),
         };
         engine.rescan_with(ChangeReason::Start).await?;
+        engine.recover_bcache().await;
         Ok(engine)
     }
 
@@ -295,10 +303,26 @@ impl Engine {
         Ok(volume)
     }
 
-    /// Deletes a volume we own; `VolumeNotFound` if there is none.
+    /// Deletes a volume we own; `VolumeNotFound` if there is none, and
+    /// `FailedPrecondition` while a bcache device is made of it.
     #[instrument(skip(self), err(level = "info"), fields(volume.name = %name))]
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         names::check_volume_name(name)?;
+        if let Some(device) = self.inner.bcache.user_of(name) {
+            return Err(Error::FailedPrecondition {
+                operation: "delete",
+                name: name.to_string(),
+                reason: format!(
+                    "the volume is part of bcache device {device:?}; delete that first"
+                ),
+            });
+        }
+        self.delete_volume_unchecked(name).await
+    }
+
+    /// [`Engine::delete_volume`] without the bcache check (a bcache
+    /// delete removes its own volumes).
+    async fn delete_volume_unchecked(&self, name: &str) -> Result<()> {
         let _guard = self.inner.locks.try_lock(name)?;
         // The index names the group and the backend's delete says whether
         // the volume is there: reading it first would read the group twice.

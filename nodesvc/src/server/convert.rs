@@ -6,6 +6,8 @@ use std::path::Path;
 
 use carina_proto::nodestorage as pb;
 
+use crate::engine::bcache::record::OwnedVolumes;
+use crate::engine::bcache::{BcacheDevice, BcacheRequest, CacheMode};
 use crate::engine::{
     CapacitySnapshot, ChangeReason, CreateRequest, DiskStatus, Error, GroupCapacity, Policy,
     QuotaMode, Volume, names,
@@ -182,6 +184,122 @@ pub fn parse_page_token(token: &str) -> Result<String, Error> {
     let name = String::from_utf8(bytes).map_err(|_| bad())?;
     names::check_volume_name(&name).map_err(|_| bad())?;
     Ok(name)
+}
+
+/// A wire cache mode; `UNSPECIFIED` is `default`, an unknown number is
+/// `INVALID_ARGUMENT` naming `field`.
+pub fn cache_mode(field: &str, value: i32, default: Option<CacheMode>) -> Result<CacheMode, Error> {
+    match pb::CacheMode::try_from(value) {
+        Ok(pb::CacheMode::Unspecified) => default.ok_or_else(|| invalid(field, "must be set")),
+        Ok(pb::CacheMode::Writethrough) => Ok(CacheMode::Writethrough),
+        Ok(pb::CacheMode::Writeback) => Ok(CacheMode::Writeback),
+        Ok(pb::CacheMode::Writearound) => Ok(CacheMode::Writearound),
+        Ok(pb::CacheMode::None) => Ok(CacheMode::None),
+        Err(_) => Err(invalid(field, format!("{value} is not a cache mode"))),
+    }
+}
+
+pub fn wire_cache_mode(m: CacheMode) -> pb::CacheMode {
+    match m {
+        CacheMode::Writethrough => pb::CacheMode::Writethrough,
+        CacheMode::Writeback => pb::CacheMode::Writeback,
+        CacheMode::Writearound => pb::CacheMode::Writearound,
+        CacheMode::None => pb::CacheMode::None,
+    }
+}
+
+/// A `CreateBcache` request, validated: the volumes are made when
+/// `backing_device_group` is set (then `cache_device_group`, `size_bytes`
+/// and `cache_ratio_percent` are required); otherwise those fields must
+/// be empty.
+pub fn bcache_request(r: pb::CreateBcacheRequest) -> Result<BcacheRequest, Error> {
+    volume_name(&r.name).map_err(|e| rename(e, "name"))?;
+    volume_name(&r.backing_volume).map_err(|e| rename(e, "backing_volume"))?;
+    volume_name(&r.cache_volume).map_err(|e| rename(e, "cache_volume"))?;
+    let mode = cache_mode("cache_mode", r.cache_mode, Some(CacheMode::Writethrough))?;
+    let create = if r.backing_device_group.is_empty() {
+        for (field, set) in [
+            ("cache_device_group", !r.cache_device_group.is_empty()),
+            ("size_bytes", r.size_bytes != 0),
+            ("cache_ratio_percent", r.cache_ratio_percent != 0),
+        ] {
+            if set {
+                return Err(invalid(
+                    field,
+                    "only with backing_device_group (when CreateBcache makes the volumes)",
+                ));
+            }
+        }
+        None
+    } else {
+        if r.cache_device_group.is_empty() {
+            return Err(invalid(
+                "cache_device_group",
+                "required with backing_device_group",
+            ));
+        }
+        size("size_bytes", r.size_bytes)?;
+        if !(1..=100).contains(&r.cache_ratio_percent) {
+            return Err(invalid(
+                "cache_ratio_percent",
+                format!(
+                    "{} is not a percentage from 1 to 100",
+                    r.cache_ratio_percent
+                ),
+            ));
+        }
+        Some(OwnedVolumes {
+            backing_group: r.backing_device_group,
+            size_bytes: r.size_bytes,
+            cache_group: r.cache_device_group,
+            cache_ratio_percent: r.cache_ratio_percent,
+        })
+    };
+    Ok(BcacheRequest {
+        name: r.name,
+        backing_volume: r.backing_volume,
+        cache_volume: r.cache_volume,
+        cache_mode: mode,
+        create,
+    })
+}
+
+/// An `InvalidArgument` about the name, said of `field`.
+fn rename(e: Error, field: &str) -> Error {
+    match e {
+        Error::InvalidArgument { reason, .. } => invalid(field, reason),
+        other => other,
+    }
+}
+
+pub fn bcache(d: &BcacheDevice) -> pb::BcacheDevice {
+    let k = d.kernel.as_ref();
+    let dev = k.and_then(|k| k.device.as_ref());
+    let owned = d.owned.as_ref();
+    pb::BcacheDevice {
+        name: d.name.clone(),
+        backing_volume: d.backing_volume.clone(),
+        cache_volume: d.cache_volume.clone(),
+        cache_mode: wire_cache_mode(d.cache_mode).into(),
+        device_path: path_string(d.device_path.as_deref()),
+        major: dev.map_or(0, |d| d.dev.major),
+        minor: dev.map_or(0, |d| d.dev.minor),
+        state: d.state(),
+        dirty_bytes: k.map_or(0, |k| k.dirty_bytes),
+        cache_hit_ratio_percent: k.map_or(0, |k| k.hit_ratio_percent),
+        running: k.is_some_and(|k| k.running),
+        cache_set_uuid: d.cset_uuid.clone(),
+        backing_uuid: d.backing_uuid.clone().unwrap_or_default(),
+        kernel_cache_mode: k
+            .and_then(|k| k.cache_mode)
+            .map_or(pb::CacheMode::Unspecified, wire_cache_mode)
+            .into(),
+        backing_device_group: owned.map(|o| o.backing_group.clone()).unwrap_or_default(),
+        cache_device_group: owned.map(|o| o.cache_group.clone()).unwrap_or_default(),
+        size_bytes: owned.map_or(0, |o| o.size_bytes),
+        cache_ratio_percent: owned.map_or(0, |o| o.cache_ratio_percent),
+        problem: d.problem.clone().unwrap_or_default(),
+    }
 }
 
 #[cfg(test)]

@@ -23,8 +23,6 @@ use crate::engine::{Config, Engine, Error};
 pub const DEFAULT_PAGE_SIZE: usize = 500;
 pub const MAX_PAGE_SIZE: usize = 5000;
 
-const BCACHE_UNIMPLEMENTED: &str = "bcache engine is not implemented yet";
-
 /// The service. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct NodeStorageService {
@@ -331,47 +329,91 @@ impl NodeStorage for NodeStorageService {
         self.done("ApplyConfig", result)
     }
 
-    #[instrument(name = "NodeStorage/CreateBcache", skip_all, err(level = "info"))]
+    #[instrument(
+        name = "NodeStorage/CreateBcache",
+        skip(self, request),
+        err(level = "info"),
+        fields(
+            bcache.name = %request.get_ref().name,
+            bcache.backing = %request.get_ref().backing_volume,
+            bcache.cache = %request.get_ref().cache_volume,
+        )
+    )]
     async fn create_bcache(
         &self,
-        _request: Request<pb::CreateBcacheRequest>,
+        request: Request<pb::CreateBcacheRequest>,
     ) -> Result<Response<pb::CreateBcacheResponse>, Status> {
-        self.done(
-            "CreateBcache",
-            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
-        )
+        let result = async {
+            let req = convert::bcache_request(request.into_inner())?;
+            let (device, created) = self.engine.ensure_bcache(req).await?;
+            Ok(pb::CreateBcacheResponse {
+                device: Some(convert::bcache(&device)),
+                created,
+            })
+        }
+        .await;
+        self.done("CreateBcache", result)
     }
 
-    #[instrument(name = "NodeStorage/DeleteBcache", skip_all, err(level = "info"))]
+    #[instrument(
+        name = "NodeStorage/DeleteBcache",
+        skip(self, request),
+        err(level = "info"),
+        fields(bcache.name = %request.get_ref().name)
+    )]
     async fn delete_bcache(
         &self,
-        _request: Request<pb::DeleteBcacheRequest>,
+        request: Request<pb::DeleteBcacheRequest>,
     ) -> Result<Response<pb::DeleteBcacheResponse>, Status> {
-        self.done(
-            "DeleteBcache",
-            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
-        )
+        let name = request.into_inner().name;
+        let result = async {
+            self.engine.delete_bcache(&name).await?;
+            Ok(pb::DeleteBcacheResponse {})
+        }
+        .await;
+        self.done("DeleteBcache", result)
     }
 
-    #[instrument(name = "NodeStorage/GetBcache", skip_all, err(level = "info"))]
+    #[instrument(
+        name = "NodeStorage/GetBcache",
+        skip(self, request),
+        err(level = "info"),
+        fields(bcache.name = %request.get_ref().name)
+    )]
     async fn get_bcache(
         &self,
-        _request: Request<pb::GetBcacheRequest>,
+        request: Request<pb::GetBcacheRequest>,
     ) -> Result<Response<pb::GetBcacheResponse>, Status> {
-        self.done(
-            "GetBcache",
-            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
-        )
+        let name = request.into_inner().name;
+        let result = async {
+            let device = self.engine.get_bcache(&name).await?;
+            Ok(pb::GetBcacheResponse {
+                device: Some(convert::bcache(&device)),
+            })
+        }
+        .await;
+        self.done("GetBcache", result)
     }
 
-    #[instrument(name = "NodeStorage/SetCacheMode", skip_all, err(level = "info"))]
+    #[instrument(
+        name = "NodeStorage/SetCacheMode",
+        skip(self, request),
+        err(level = "info"),
+        fields(bcache.name = %request.get_ref().name)
+    )]
     async fn set_cache_mode(
         &self,
-        _request: Request<pb::SetCacheModeRequest>,
+        request: Request<pb::SetCacheModeRequest>,
     ) -> Result<Response<pb::SetCacheModeResponse>, Status> {
-        self.done(
-            "SetCacheMode",
-            Err(Status::unimplemented(BCACHE_UNIMPLEMENTED)),
-        )
+        let req = request.into_inner();
+        let result = async {
+            let mode = convert::cache_mode("cache_mode", req.cache_mode, None)?;
+            let device = self.engine.set_cache_mode(&req.name, mode).await?;
+            Ok(pb::SetCacheModeResponse {
+                device: Some(convert::bcache(&device)),
+            })
+        }
+        .await;
+        self.done("SetCacheMode", result)
     }
 }

@@ -3,14 +3,14 @@
 //! | engine error | code |
 //! | --- | --- |
 //! | `InvalidArgument`, `InvalidConfig`, `UnknownGroup` | `INVALID_ARGUMENT` |
-//! | `VolumeNotFound` | `NOT_FOUND` |
-//! | `AlreadyExists` | `ALREADY_EXISTS` |
+//! | `VolumeNotFound`, `BcacheNotFound` | `NOT_FOUND` |
+//! | `AlreadyExists`, `BcacheConflict` | `ALREADY_EXISTS` |
 //! | `ResourceExhausted` | `RESOURCE_EXHAUSTED` |
 //! | `FailedPrecondition`, `Unsupported` | `FAILED_PRECONDITION` |
 //! | `Busy` | `ABORTED` |
-//! | `Command(TimedOut)` | `DEADLINE_EXCEEDED` |
+//! | `Command(TimedOut)`, `KernelTimeout` (a bcache change did not show in time) | `DEADLINE_EXCEEDED` |
 //! | `Command(Interrupted)` (the lvm shell died or garbled its answer mid-command) | `UNAVAILABLE` |
-//! | `Command(Spawn | Failed)`, `Io`, `Parse` | `INTERNAL` |
+//! | `Command(Spawn | Failed)`, `Io`, `Parse`, `Sysfs` (the kernel refused a write) | `INTERNAL` |
 //! | `Task` cancelled (shutting down) | `UNAVAILABLE` |
 //! | `Task` panicked | `INTERNAL` |
 //!
@@ -28,16 +28,19 @@ pub fn code(e: &Error) -> Code {
         Error::InvalidArgument { .. }
         | Error::InvalidConfig { .. }
         | Error::UnknownGroup { .. } => Code::InvalidArgument,
-        Error::VolumeNotFound { .. } => Code::NotFound,
-        Error::AlreadyExists { .. } => Code::AlreadyExists,
+        Error::VolumeNotFound { .. } | Error::BcacheNotFound { .. } => Code::NotFound,
+        Error::AlreadyExists { .. } | Error::BcacheConflict { .. } => Code::AlreadyExists,
         Error::ResourceExhausted { .. } => Code::ResourceExhausted,
         Error::FailedPrecondition { .. } | Error::Unsupported { .. } => Code::FailedPrecondition,
         Error::Busy { .. } => Code::Aborted,
-        Error::Command(CommandError::TimedOut { .. }) => Code::DeadlineExceeded,
+        Error::Command(CommandError::TimedOut { .. }) | Error::KernelTimeout { .. } => {
+            Code::DeadlineExceeded
+        }
         // Its outcome is unknown and a retry runs on a fresh shell.
         Error::Command(CommandError::Interrupted { .. }) => Code::Unavailable,
         Error::Command(CommandError::Spawn { .. } | CommandError::Failed { .. })
         | Error::Io(_)
+        | Error::Sysfs { .. }
         | Error::Parse { .. } => Code::Internal,
         // Cancelled: the node is shutting down, a retry elsewhere or later
         // works. A panic is a bug.
@@ -124,6 +127,36 @@ mod tests {
                 "HOST",
             ),
             (Error::Busy { name: "v".into() }, Code::Aborted, "\"v\""),
+            (
+                Error::BcacheNotFound { name: "b".into() },
+                Code::NotFound,
+                "bcache device \"b\" not found",
+            ),
+            (
+                Error::BcacheConflict {
+                    name: "b".into(),
+                    reason: "it exists with backing volume \"x\"".into(),
+                },
+                Code::AlreadyExists,
+                "backing volume \"x\"",
+            ),
+            (
+                Error::KernelTimeout {
+                    what: "cache set u to register".into(),
+                    waited: Duration::from_secs(10),
+                },
+                Code::DeadlineExceeded,
+                "cache set u to register",
+            ),
+            (
+                Error::Sysfs {
+                    path: "/sys/fs/bcache/register".into(),
+                    value: "/dev/loop3".into(),
+                    source: std::io::Error::from_raw_os_error(16),
+                },
+                Code::Internal,
+                "writing \"/dev/loop3\" to /sys/fs/bcache/register",
+            ),
             (
                 Error::Command(CommandError::TimedOut {
                     command: "lvcreate -n v".into(),
