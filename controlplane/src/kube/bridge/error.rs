@@ -79,7 +79,16 @@ impl Error {
             Error::Endpoint(EndpointError::Api { .. }) => Retry::Soon,
             Error::Endpoint(_) => Retry::Later,
             Error::Finalizer(e) => match &**e {
-                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.retry(),
+                finalizer::Error::ApplyFailed(e) => e.retry(),
+                // A volume still in use is most often a pod's volume the
+                // kubelet is unstaging right now (a claim deleted with its
+                // pod): worth trying again soon, not every slow retry.
+                finalizer::Error::CleanupFailed(e)
+                    if e.code() == Some(Code::FailedPrecondition) =>
+                {
+                    Retry::Soon
+                }
+                finalizer::Error::CleanupFailed(e) => e.retry(),
                 finalizer::Error::AddFinalizer(_) | finalizer::Error::RemoveFinalizer(_) => {
                     Retry::Soon
                 }
@@ -119,5 +128,14 @@ mod tests {
         ))));
         assert!(cleanup.is_cleanup());
         assert_eq!(cleanup.code(), Some(Code::ResourceExhausted));
+        // A delete refused because the volume is still in use is retried
+        // soon; the same code on a create is not.
+        let in_use = |f: fn(Error) -> finalizer::Error<Error>| {
+            Error::Finalizer(Box::new(f(Error::Node(CsiError::FailedPrecondition(
+                "in use".into(),
+            )))))
+        };
+        assert_eq!(in_use(finalizer::Error::CleanupFailed).retry(), Retry::Soon);
+        assert_eq!(in_use(finalizer::Error::ApplyFailed).retry(), Retry::Later);
     }
 }

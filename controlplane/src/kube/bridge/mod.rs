@@ -27,7 +27,10 @@
 //! `ALREADY_EXISTS`, `RESOURCE_EXHAUSTED` and `OUT_OF_RANGE` are terminal:
 //! the provisioner reads the code, and the bridge does not try the same
 //! generation again (a change of the spec does). Other codes (`INTERNAL`,
-//! `FAILED_PRECONDITION`, `PERMISSION_DENIED`, ...) are retried slowly.
+//! `FAILED_PRECONDITION`, `PERMISSION_DENIED`, ...) are retried slowly,
+//! except a delete the node refuses with `FAILED_PRECONDITION` (the volume
+//! is still in use, typically while the kubelet unstages it): that one is
+//! retried soon, with the backoff.
 //!
 //! **Cleanup**: `DeleteLV` on the node. Success or `NOT_FOUND` (or a name
 //! the node calls invalid, which no volume can have) releases the
