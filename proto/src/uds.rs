@@ -151,7 +151,8 @@ where
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
             Err(e) => return Err(e),
         }
-        let length = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        let length =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
         if length > MAX_READ_FRAME {
             return Err(invalid("frame too large"));
         }
@@ -214,7 +215,9 @@ impl<'a> HeadersFrame<'a> {
         let mut rest = payload;
         let mut pad = 0;
         if flags & PADDED != 0 {
-            let (&len, tail) = rest.split_first().ok_or_else(|| invalid("HEADERS without padding length"))?;
+            let (&len, tail) = rest
+                .split_first()
+                .ok_or_else(|| invalid("HEADERS without padding length"))?;
             pad = usize::from(len);
             rest = tail;
         }
@@ -268,7 +271,11 @@ async fn write_block<W: AsyncWrite + Unpin>(
             fields.push((name.into_owned(), value.into_owned()))
         })
         .map_err(|e| invalid(&format!("HPACK: {e:?}")))?;
-    let encoded = encode_literals(fields.iter().map(|(n, v)| (n.as_slice(), fixed_value(n, v))));
+    let encoded = encode_literals(
+        fields
+            .iter()
+            .map(|(n, v)| (n.as_slice(), fixed_value(n, v))),
+    );
 
     let mut first = Vec::with_capacity(encoded.len().min(MAX_WRITE_FRAME) + 5);
     let mut flags = block.flags & (END_STREAM | PRIORITY);
@@ -357,7 +364,10 @@ mod tests {
     fn literals_round_trip_and_authority_is_fixed() {
         let fields: Vec<(&[u8], &[u8])> = vec![
             (b":method", b"POST"),
-            (b":authority", b"/var/lib/kubelet/plugins_registry/x-reg.sock"),
+            (
+                b":authority",
+                b"/var/lib/kubelet/plugins_registry/x-reg.sock",
+            ),
             (b":path", b"/pluginregistration.Registration/GetInfo"),
             (b"content-type", b"application/grpc"),
         ];
@@ -371,8 +381,14 @@ mod tests {
     #[test]
     fn valid_and_percent_encoded_authorities() {
         assert_eq!(fixed_value(b":authority", b"localhost"), b"localhost");
-        assert_eq!(fixed_value(b":authority", b"127.0.0.1:7443"), b"127.0.0.1:7443");
-        assert_eq!(fixed_value(b":authority", b"%2Frun%2Fcsi.sock"), b"localhost");
+        assert_eq!(
+            fixed_value(b":authority", b"127.0.0.1:7443"),
+            b"127.0.0.1:7443"
+        );
+        assert_eq!(
+            fixed_value(b":authority", b"%2Frun%2Fcsi.sock"),
+            b"localhost"
+        );
         assert_eq!(fixed_value(b":authority", b"tmp/csi.sock"), b"localhost");
         assert_eq!(fixed_value(b":path", b"/a/b"), b"/a/b");
     }
@@ -401,7 +417,13 @@ mod tests {
         let (a, b) = block.split_at(block.len() / 2);
         let mut input = PREFACE.to_vec();
         let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
-            let mut f = vec![(payload.len() >> 16) as u8, (payload.len() >> 8) as u8, payload.len() as u8, kind, flags];
+            let mut f = vec![
+                (payload.len() >> 16) as u8,
+                (payload.len() >> 8) as u8,
+                payload.len() as u8,
+                kind,
+                flags,
+            ];
             f.extend_from_slice(&stream.to_be_bytes());
             f.extend_from_slice(payload);
             f
@@ -410,7 +432,9 @@ mod tests {
         input.extend(frame(CONTINUATION, END_HEADERS, 1, b));
         input.extend(frame(0x6, 0, 0, &[0; 8]));
         let mut out = Vec::new();
-        rewrite_requests(&input[..], &mut out).await.expect("relays");
+        rewrite_requests(&input[..], &mut out)
+            .await
+            .expect("relays");
 
         assert_eq!(&out[..24], PREFACE);
         let rest = &out[24..];
@@ -418,8 +442,14 @@ mod tests {
         assert_eq!(rest[3], HEADERS);
         assert_eq!(rest[4], END_HEADERS);
         let fields = decode(&rest[9..9 + len]);
-        assert!(fields.contains(&(":authority".into(), "localhost".into())), "{fields:?}");
-        assert!(fields.contains(&(":path".into(), "/svc/M".into())), "{fields:?}");
+        assert!(
+            fields.contains(&(":authority".into(), "localhost".into())),
+            "{fields:?}"
+        );
+        assert!(
+            fields.contains(&(":path".into(), "/svc/M".into())),
+            "{fields:?}"
+        );
         // The PING passes unchanged.
         assert_eq!(&rest[9 + len..], &frame(0x6, 0, 0, &[0; 8])[..]);
     }

@@ -662,7 +662,12 @@ impl Pki {
 
 /// A client certificate for user `user` in group `group` (the apiserver
 /// reads the user from CN and groups from O), as `(cert_pem, key_pem)`.
-fn client_cert(ca: &DevCa, user: &str, group: &str, validity: Validity) -> Result<(String, String)> {
+fn client_cert(
+    ca: &DevCa,
+    user: &str,
+    group: &str,
+    validity: Validity,
+) -> Result<(String, String)> {
     let ca_key = KeyPair::from_pem(ca.key_pem()).context("parse CA key")?;
     let issuer = Issuer::from_ca_cert_pem(ca.cert_pem(), ca_key).context("parse CA")?;
     let mut params = CertificateParams::default();
@@ -686,7 +691,10 @@ fn client_cert(ca: &DevCa, user: &str, group: &str, validity: Validity) -> Resul
 /// Writes a certificate and key as `<dir>/<file>.crt` and `.key`.
 fn write_pair(dir: &Path, file: &str, cert: &str, key: &str) -> Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir)?;
-    let paths = (dir.join(format!("{file}.crt")), dir.join(format!("{file}.key")));
+    let paths = (
+        dir.join(format!("{file}.crt")),
+        dir.join(format!("{file}.key")),
+    );
     std::fs::write(&paths.0, cert)?;
     std::fs::write(&paths.1, key)?;
     Ok(paths)

@@ -92,7 +92,8 @@ impl CsiNodeServer {
             .add_service(IdentityServer::new(IdentityService::always_ready()))
             .add_service(CsiNodeService::new(NodeService::new(self.volumes)));
         tracing::info!(csi.socket = ?socket, node.name = %node_name, "CSI Identity and Node serving");
-        let serve = router.serve_with_incoming_shutdown(carina_proto::uds::incoming(listener), signal);
+        let serve =
+            router.serve_with_incoming_shutdown(carina_proto::uds::incoming(listener), signal);
         let deadline = async move {
             let _ = stop_rx.wait_for(|s| *s).await;
             tokio::time::sleep(grace).await;

@@ -35,6 +35,7 @@ impl LvmPool {
             EngineOptions {
                 device_mapper: None,
                 lvm,
+                ..Default::default()
             },
         )
         .await?;

@@ -168,10 +168,7 @@ mod tests {
     #[test]
     fn route_source_is_read() {
         let out = "8.8.8.8 via 192.0.2.1 dev eth0 src 192.0.2.2 uid 0 \n    cache \n";
-        assert_eq!(
-            parse_route_source(out),
-            Some(Ipv4Addr::new(192, 0, 2, 2))
-        );
+        assert_eq!(parse_route_source(out), Some(Ipv4Addr::new(192, 0, 2, 2)));
         assert_eq!(parse_route_source("unreachable"), None);
     }
 }
