@@ -173,7 +173,11 @@ pub fn loops_backed_by(dev: &str) -> Vec<String> {
             let mut it = l.split_whitespace();
             let name = it.next()?;
             let back = it.next()?;
-            (back == dev).then(|| name.to_string())
+            // A loop device set up inside a container that mounts the
+            // host's /dev names its backing device relative to that mount
+            // (`/loop0` for `/dev/loop0`) once the container is gone.
+            let same = back == dev || dev.strip_prefix("/dev") == Some(back);
+            same.then(|| name.to_string())
         })
         .collect()
 }

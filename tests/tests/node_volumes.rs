@@ -12,9 +12,11 @@
 
 use anyhow::{Result, ensure};
 use carina_tests::have_root;
-use carina_tests::local::carina::{Carina, Layout, describe, local_options, logical_volumes, partitions};
-use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
 use carina_tests::local::LocalCluster;
+use carina_tests::local::carina::{
+    Carina, Layout, explained, local_options, logical_volumes, partitions,
+};
+use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
 
 /// Writes a token through one pod and reads it back through another, then
 /// deletes the claim; returns the cluster for the caller's checks of what
@@ -22,40 +24,60 @@ use carina_tests::local::LocalCluster;
 async fn round_trip(class: &str, size: &str, block: bool) -> Result<(LocalCluster, Carina)> {
     let mut cluster = LocalCluster::start(local_options()?).await?;
     let carina = Carina::install(&mut cluster, &Layout::standard()).await?;
+    let result = write_read_delete(&cluster, class, size, block).await;
+    explained(&cluster, result)?;
+    Ok((cluster, carina))
+}
+
+async fn write_read_delete(
+    cluster: &LocalCluster,
+    class: &str,
+    size: &str,
+    block: bool,
+) -> Result<()> {
     let work = Workload::new(cluster.client(), "default");
     let image = busybox_image()?;
     let token = carina_tests::unique("token");
 
-    work.create_claim(&claim("data", class, size, block)).await?;
+    work.create_claim(&claim("data", class, size, block))
+        .await?;
     let (write, read, uses) = if block {
         (
-            format!("printf '{token}' | dd of=/dev/xvda conv=fsync && echo -n written > /dev/termination-log"),
-            format!("dd if=/dev/xvda bs={} count=1 2>/dev/null > /dev/termination-log", token.len()),
+            format!(
+                "printf '{token}' | dd of=/dev/xvda conv=fsync && echo -n written > /dev/termination-log"
+            ),
+            format!(
+                "dd if=/dev/xvda bs={} count=1 2>/dev/null > /dev/termination-log",
+                token.len()
+            ),
             vec![Use::device("data", "/dev/xvda")],
         )
     } else {
         (
-            format!("echo -n '{token}' > /data/f && sync && echo -n written > /dev/termination-log"),
+            format!(
+                "echo -n '{token}' > /data/f && sync && echo -n written > /dev/termination-log"
+            ),
             "cat /data/f > /dev/termination-log".to_string(),
             vec![Use::mount("data", "/data")],
         )
     };
-    work.create_pod(&pod("writer", &image, &write, &uses)).await?;
-    let written = work.succeeded("writer").await;
-    ensure!(
-        written.as_deref().ok() == Some("written"),
-        "writer: {written:?}\n{}",
-        describe(&cluster)
-    );
+    work.create_pod(&pod("writer", &image, &write, &uses))
+        .await?;
+    let written = work.succeeded("writer").await?;
+    ensure!(written == "written", "writer: {written:?}");
     work.delete_pod("writer").await?;
 
-    work.create_pod(&pod("reader", &image, &read, &uses)).await?;
+    work.create_pod(&pod("reader", &image, &read, &uses))
+        .await?;
     let read_back = work.succeeded("reader").await?;
-    ensure!(read_back == token, "read back {read_back:?}, wrote {token:?}");
+    ensure!(
+        read_back == token,
+        "read back {read_back:?}, wrote {token:?}"
+    );
     work.delete_pod("reader").await?;
 
     work.delete_claim("data").await?;
-    Ok((cluster, carina))
+    Ok(())
 }
 
 /// The LVs left in `group`'s volume group.
@@ -76,7 +98,10 @@ async fn lvm_ext4_round_trip() -> Result<()> {
     }
     let (_cluster, carina) = round_trip("csi-carina-lvm-ext4", "256Mi", false).await?;
     let left = lvs_left(&carina, "carina-vg-ssd")?;
-    ensure!(left.is_empty(), "LVs left after the claim was deleted: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "LVs left after the claim was deleted: {left:?}"
+    );
     Ok(())
 }
 
@@ -87,7 +112,10 @@ async fn lvm_xfs_round_trip() -> Result<()> {
     }
     let (_cluster, carina) = round_trip("csi-carina-lvm", "512Mi", false).await?;
     let left = lvs_left(&carina, "carina-vg-ssd")?;
-    ensure!(left.is_empty(), "LVs left after the claim was deleted: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "LVs left after the claim was deleted: {left:?}"
+    );
     Ok(())
 }
 
@@ -98,7 +126,10 @@ async fn lvm_block_round_trip() -> Result<()> {
     }
     let (_cluster, carina) = round_trip("csi-carina-hdd", "64Mi", true).await?;
     let left = lvs_left(&carina, "carina-vg-hdd")?;
-    ensure!(left.is_empty(), "LVs left after the claim was deleted: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "LVs left after the claim was deleted: {left:?}"
+    );
     Ok(())
 }
 
@@ -123,8 +154,16 @@ async fn host_directory_round_trip() -> Result<()> {
         return Ok(());
     }
     let (_cluster, carina) = round_trip("csi-carina-host", "64Mi", false).await?;
+    // The group keeps its marker folder; no volume's folder or marker may
+    // be left.
     for (_, dir) in &carina.host_dirs {
-        let left: Vec<_> = std::fs::read_dir(dir)?.flatten().map(|e| e.file_name()).collect();
+        let markers = dir.join(carina_node::engine::host::MARKER_DIR);
+        let left: Vec<_> = std::fs::read_dir(dir)?
+            .chain(std::fs::read_dir(&markers)?)
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p != &markers)
+            .collect();
         ensure!(left.is_empty(), "left in {}: {left:?}", dir.display());
     }
     Ok(())

@@ -28,7 +28,7 @@ CSI_RESIZER_VERSION=v2.2.1      # github.com/kubernetes-csi/external-resizer (so
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 # The image tools' recipes (below); bump when one changes.  Their cache
 # directories also change with every input version and library they use.
-IMAGES_REVISION=r1
+IMAGES_REVISION=r2
 
 TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer jaeger containerd crictl cni helm
     e2e test-images e2e-images)
@@ -73,7 +73,7 @@ tool_binaries() {
 # Image tools: OCI archives <name>.oci.tar and images.tsv in the tool's dir.
 tool_images() {
     case $1 in
-    test-images) echo pause busybox csi-provisioner csi-resizer ;;
+    test-images) echo pause busybox csi-provisioner csi-resizer kube-scheduler ;;
     e2e-images) echo agnhost nginx glibc-dns-testing ;;
     esac
 }
@@ -81,7 +81,7 @@ tool_images() {
 # Tools a tool is built from; built first when missing.
 tool_deps() {
     case $1 in
-    test-images) echo csi-provisioner csi-resizer ;;
+    test-images) echo csi-provisioner csi-resizer kube ;;
     e2e-images) echo e2e ;;
     esac
 }
@@ -494,6 +494,12 @@ build_test_images() {
         ref=registry.k8s.io/sig-storage/$name:$v
         add_image "$out" "$name" "$ref" "$work/$name" --label "org.opencontainers.image.version=$v" -- "/$name"
     done
+
+    # kube-scheduler, for the chart's second scheduler (the extender's
+    # partner), as the chart names it.
+    static_root "$work/kube-scheduler" "$(bin_dir kube)/kube-scheduler"
+    add_image "$out" kube-scheduler "registry.k8s.io/kube-scheduler:$KUBE_VERSION" "$work/kube-scheduler" \
+        --label "org.opencontainers.image.version=$KUBE_VERSION" -- /kube-scheduler
 }
 
 build_e2e_images() {

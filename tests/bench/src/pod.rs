@@ -58,15 +58,27 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
     for i in 0..PODS + WARMUP {
         let (name, claim_name) = (format!("bench-{i}"), format!("bench-data-{i}"));
         let t0 = Instant::now();
-        work.create_claim(&claim(&claim_name, CLASS, SIZE, false)).await?;
-        let script = "while true; do sleep 1; done";
-        work.create_pod(&pod(&name, &image, script, &[Use::mount(&claim_name, "/data")]))
+        work.create_claim(&claim(&claim_name, CLASS, SIZE, false))
             .await?;
-        await_object(&work.claims, &claim_name, "Bound", WAIT, |c: Option<&PersistentVolumeClaim>| {
-            c.and_then(|c| c.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                == Some("Bound")
-        })
+        let script = "while true; do sleep 1; done";
+        work.create_pod(&pod(
+            &name,
+            &image,
+            script,
+            &[Use::mount(&claim_name, "/data")],
+        ))
+        .await?;
+        await_object(
+            &work.claims,
+            &claim_name,
+            "Bound",
+            WAIT,
+            |c: Option<&PersistentVolumeClaim>| {
+                c.and_then(|c| c.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Bound")
+            },
+        )
         .await?;
         let bound = t0.elapsed();
         let pv = work
@@ -103,9 +115,27 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
         .map(|(c, m)| *c + *m)
         .collect();
     Ok(vec![
-        timed(GROUP, "pod.pvc_to_running", "lvcreate + mkfs.ext4 + mount", &total, Some(&floor_total)),
-        timed(GROUP, "pod.provisioning", "lvcreate", &provision, Some(&bare_create)),
-        timed(GROUP, "pod.stage_publish", "mkfs.ext4 + mount", &publish, Some(&bare_mount)),
+        timed(
+            GROUP,
+            "pod.pvc_to_running",
+            "lvcreate + mkfs.ext4 + mount",
+            &total,
+            Some(&floor_total),
+        ),
+        timed(
+            GROUP,
+            "pod.provisioning",
+            "lvcreate",
+            &provision,
+            Some(&bare_create),
+        ),
+        timed(
+            GROUP,
+            "pod.stage_publish",
+            "mkfs.ext4 + mount",
+            &publish,
+            Some(&bare_mount),
+        ),
         timed(GROUP, "pod.container_start", "-", &start, None),
     ])
 }
@@ -116,13 +146,16 @@ async fn wait_for_mount(kubelet_root: &Path, pv: &str, t0: Instant) -> Result<Du
     let pods = kubelet_root.join("pods");
     let deadline = Instant::now() + WAIT;
     loop {
-        let published = mounts_under(&pods).into_iter().any(|m| {
-            m.ends_with("mount") && m.to_string_lossy().contains(&format!("/{pv}/"))
-        });
+        let published = mounts_under(&pods)
+            .into_iter()
+            .any(|m| m.ends_with("mount") && m.to_string_lossy().contains(&format!("/{pv}/")));
         if published {
             return Ok(t0.elapsed());
         }
-        anyhow::ensure!(Instant::now() < deadline, "{pv} not mounted within {WAIT:?}");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{pv} not mounted within {WAIT:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -132,7 +165,10 @@ async fn wait_for_mount(kubelet_root: &Path, pv: &str, t0: Instant) -> Result<Du
 async fn bare_mkfs_mount(device: &str, dir: &Path) -> Result<Duration> {
     let dir_s = dir.to_string_lossy().into_owned();
     let t = Instant::now();
-    Cmd::new("mkfs.ext4").args(["-q", "-F", device]).run().await?;
+    Cmd::new("mkfs.ext4")
+        .args(["-q", "-F", device])
+        .run()
+        .await?;
     Cmd::new("mount").args([device, &dir_s]).run().await?;
     let took = t.elapsed();
     Cmd::new("umount").arg(&dir_s).run().await?;

@@ -28,6 +28,10 @@ use crate::{LoopDisk, VgGuard};
 /// The CSI driver's name.
 pub const DRIVER: &str = "carina.storage.io";
 
+/// The schedulerName of the chart's second scheduler (with
+/// [`Layout::extender`]).
+pub const SCHEDULER_NAME: &str = "carina-scheduler";
+
 /// The namespace Carina is installed into.
 pub const NAMESPACE: &str = "carina-system";
 
@@ -54,6 +58,15 @@ pub struct Layout {
     pub groups: Vec<Group>,
     /// `storageClasses` of the chart's values.
     pub storage_classes: serde_json::Value,
+    /// Whether the chart runs its second scheduler, `carina-scheduler`
+    /// (kube-scheduler with the Carina extender).
+    pub extender: bool,
+    /// Whether `config.json` holds only the keys Carina documents
+    /// (`name`, `re`, `policy`, `nodeLabel`; `diskScanInterval` "300"), so
+    /// Carina's defaults apply, 10 GiB kept free in an LVM group among
+    /// them. Otherwise each group keeps nothing free (`reserveBytes: 0`)
+    /// and disks are not rescanned.
+    pub carina_keys_only: bool,
 }
 
 const MIB: u64 = 1 << 20;
@@ -93,6 +106,8 @@ impl Layout {
                 class("csi-carina-raw", "carina-raw-hdd", Some("ext4")),
                 class("csi-carina-host", "carina-host", None),
             ]),
+            extender: false,
+            carina_keys_only: false,
         }
     }
 }
@@ -108,6 +123,8 @@ impl Layout {
                 disks: vec![8192 * MIB],
             }],
             storage_classes: serde_json::json!([]),
+            extender: false,
+            carina_keys_only: false,
         }
     }
 }
@@ -139,6 +156,7 @@ impl Carina {
                 std::fs::create_dir_all(&dir)?;
                 selectors.push(serde_json::json!({
                     "name": group.name, "re": [dir], "policy": "HOST",
+                    "nodeLabel": "kubernetes.io/hostname",
                 }));
                 host_dirs.push((group.name.clone(), dir));
                 continue;
@@ -148,14 +166,18 @@ impl Carina {
                 made.push(LoopDisk::new(size)?);
             }
             let patterns: Vec<String> = made.iter().map(LoopDisk::pattern).collect();
-            selectors.push(serde_json::json!({
+            let mut selector = serde_json::json!({
                 "name": group.name, "re": patterns, "policy": group.policy,
                 "nodeLabel": "kubernetes.io/hostname",
-            }));
-            disks.extend(made.iter().map(|d| (group.name.clone(), d.dev())));
-            let guard = (group.policy == "LVM").then(|| {
-                VgGuard::new(&group.name, &made.iter().collect::<Vec<_>>())
             });
+            if !layout.carina_keys_only {
+                // The default keeps 10 GiB free; these disks are small.
+                selector["reserveBytes"] = 0.into();
+            }
+            selectors.push(selector);
+            disks.extend(made.iter().map(|d| (group.name.clone(), d.dev())));
+            let guard = (group.policy == "LVM")
+                .then(|| VgGuard::new(&group.name, &made.iter().collect::<Vec<_>>()));
             // Released after the node: the disks last, the group first.
             cluster.release_after_node(Box::new(made));
             if let Some(guard) = guard {
@@ -166,12 +188,24 @@ impl Carina {
         create_secrets(cluster).await?;
         let values = values(cluster, layout, selectors)?;
         let chart = Chart::new()?;
-        let kubeconfig = cluster.kube().kubeconfig_path().to_string_lossy().into_owned();
+        let kubeconfig = cluster
+            .kube()
+            .kubeconfig_path()
+            .to_string_lossy()
+            .into_owned();
         let dir = chart.dir().to_string_lossy().into_owned();
         let out = chart.run(
             &[
-                "install", RELEASE, &dir, "--namespace", NAMESPACE, "--kubeconfig", &kubeconfig,
-                "--wait", "--timeout", INSTALL_TIMEOUT,
+                "install",
+                RELEASE,
+                &dir,
+                "--namespace",
+                NAMESPACE,
+                "--kubeconfig",
+                &kubeconfig,
+                "--wait",
+                "--timeout",
+                INSTALL_TIMEOUT,
             ],
             Some(&values.to_string()),
         )?;
@@ -218,11 +252,8 @@ impl Carina {
             "showing every group",
             REGISTER_TIMEOUT,
             |r: Option<&NodeStorageResource>| {
-                r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
-                    names
-                        .iter()
-                        .all(|n| s.groups.iter().any(|g| &g.name == n))
-                })
+                r.and_then(|r| r.status.as_ref())
+                    .is_some_and(|s| names.iter().all(|n| s.groups.iter().any(|g| &g.name == n)))
             },
         )
         .await;
@@ -238,6 +269,12 @@ impl Carina {
     }
 }
 
+/// `result`, or its error with [`describe`] of the cluster appended: what
+/// a failed scenario needs to be understood.
+pub fn explained<T>(cluster: &LocalCluster, result: Result<T>) -> Result<T> {
+    result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", describe(cluster)))
+}
+
 /// Pod states, events and the carina pods' logs: what a failed install
 /// needs to be understood.
 pub fn describe(cluster: &LocalCluster) -> String {
@@ -245,8 +282,24 @@ pub fn describe(cluster: &LocalCluster) -> String {
     for args in [
         &["get", "pods", "-A", "-o", "wide"][..],
         &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
-        &["logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=carina-node", "--all-containers", "--tail=40"][..],
-        &["logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=carina-controller", "--all-containers", "--tail=40"][..],
+        &[
+            "logs",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=carina-node",
+            "--all-containers",
+            "--tail=40",
+        ][..],
+        &[
+            "logs",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=carina-controller",
+            "--all-containers",
+            "--tail=40",
+        ][..],
     ] {
         out.push_str(&format!("$ kubectl {}\n", args.join(" ")));
         match cluster.kubectl(args) {
@@ -278,10 +331,11 @@ fn values(
         },
         "config": {
             "diskSelector": selectors,
-            "diskScanInterval": "0",
+            "diskScanInterval": if layout.carina_keys_only { "300" } else { "0" },
             "schedulerStrategy": "spreadout",
         },
         "storageClasses": layout.storage_classes,
+        "scheduler": {"enabled": layout.extender, "replicas": 1},
     }))
 }
 
@@ -304,7 +358,11 @@ async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client, NAMESPACE);
     for (name, cert, key) in [
         ("carina-node-tls", &node.cert, &node.key),
-        ("carina-controller-tls", &pki.controller.cert, &pki.controller.key),
+        (
+            "carina-controller-tls",
+            &pki.controller.cert,
+            &pki.controller.key,
+        ),
     ] {
         let secret = Secret {
             metadata: ObjectMeta {
@@ -395,13 +453,20 @@ fn read_images_tsv(tsv: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = tsv.parent().context("images.tsv without a folder")?;
     let text = std::fs::read_to_string(tsv).with_context(|| format!("read {}", tsv.display()))?;
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
         let mut cols = line.split('\t');
         let (Some(file), Some(reference)) = (cols.next(), cols.next()) else {
             bail!("{}: bad row {line:?}", tsv.display());
         };
         let path = dir.join(file);
-        ensure!(path.exists(), "{} lists {file}, which is missing", tsv.display());
+        ensure!(
+            path.exists(),
+            "{} lists {file}, which is missing",
+            tsv.display()
+        );
         out.push((reference.to_string(), path));
     }
     Ok(out)

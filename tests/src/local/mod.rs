@@ -127,9 +127,7 @@ impl LocalCluster {
         let host_ip = host::default_route_ip()?;
         let kube = KubeCluster::start_with(ApiServerMode::WithKubelet { host_ip }).await?;
         let log_dir = kube.log_dir().to_path_buf();
-        let dir = tempfile::Builder::new()
-            .prefix("carina-node-")
-            .tempdir()?;
+        let dir = tempfile::Builder::new().prefix("carina-node-").tempdir()?;
         let id = unique("n").replace('-', "");
         let node_name = format!("carina-{id}");
         // Interface names are at most 15 bytes.
@@ -308,7 +306,9 @@ impl LocalCluster {
 
     /// The control plane.
     pub fn kube(&self) -> &KubeCluster {
-        self.kube.as_ref().expect("the control plane runs until drop")
+        self.kube
+            .as_ref()
+            .expect("the control plane runs until drop")
     }
 
     /// The Node's name.
@@ -328,7 +328,10 @@ impl LocalCluster {
 
     /// The cluster's folder.
     pub fn dir(&self) -> &Path {
-        self.dir.as_ref().expect("the folder lives until drop").path()
+        self.dir
+            .as_ref()
+            .expect("the folder lives until drop")
+            .path()
     }
 
     /// Where the processes' logs are.
@@ -346,7 +349,10 @@ impl LocalCluster {
     /// Imports OCI archives into the node's containerd (the CRI namespace),
     /// as a pull would.
     pub fn import_images(&mut self, archives: &[PathBuf]) -> Result<()> {
-        let containerd = self.containerd.as_mut().context("containerd is not running")?;
+        let containerd = self
+            .containerd
+            .as_mut()
+            .context("containerd is not running")?;
         for archive in archives {
             let path = archive.to_str().context("UTF-8 archive path")?;
             containerd
@@ -389,9 +395,15 @@ impl LocalCluster {
         let Ok(crictl) = upstream_tool("CARINA_CRICTL", CRICTL_TOOL, "crictl") else {
             return;
         };
-        let endpoint = format!("--runtime-endpoint=unix://{}", containerd.socket().display());
+        let endpoint = format!(
+            "--runtime-endpoint=unix://{}",
+            containerd.socket().display()
+        );
         let crictl = crictl.to_string_lossy().into_owned();
-        let _ = run(&crictl, &[&endpoint, "--timeout=30s", "rmp", "--all", "--force"]);
+        let _ = run(
+            &crictl,
+            &[&endpoint, "--timeout=30s", "rmp", "--all", "--force"],
+        );
     }
 }
 
@@ -411,6 +423,18 @@ impl Drop for LocalCluster {
             }
         }
         host::delete_link(&self.bridge);
+        // The containers' logs outlive the cluster beside the processes'.
+        let pod_logs = self.dir().join("pod-logs");
+        if pod_logs.exists() && !self.log_dir.starts_with(self.dir()) {
+            let _ = run(
+                "cp",
+                &[
+                    "-a",
+                    &pod_logs.to_string_lossy(),
+                    &self.log_dir.to_string_lossy(),
+                ],
+            );
+        }
         host::unmount_under(self.dir());
         if let Err(e) = host::remove_cgroup(&self.cgroup) {
             eprintln!("local cluster: {e:#}");
@@ -446,10 +470,7 @@ pub fn node_is_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The path of `program` on PATH (or in /usr/sbin, /sbin).

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::{
     VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
 use super::carina::test_images;
 use crate::cluster::await_object;
@@ -187,9 +187,13 @@ impl Workload {
     /// Waits until the pod has `Succeeded` and returns its termination
     /// message; fails at once if it `Failed`.
     pub async fn succeeded(&self, name: &str) -> Result<String> {
-        let pod = await_object(&self.pods, name, "finished", POD_TIMEOUT, |p: Option<&Pod>| {
-            matches!(phase(p), Some("Succeeded" | "Failed"))
-        })
+        let pod = await_object(
+            &self.pods,
+            name,
+            "finished",
+            POD_TIMEOUT,
+            |p: Option<&Pod>| matches!(phase(p), Some("Succeeded" | "Failed")),
+        )
         .await?
         .context("pod gone")?;
         let message = termination_message(&pod);
@@ -201,9 +205,13 @@ impl Workload {
 
     /// Waits until the pod is `Running`.
     pub async fn running(&self, name: &str) -> Result<Pod> {
-        await_object(&self.pods, name, "running", POD_TIMEOUT, |p: Option<&Pod>| {
-            phase(p) == Some("Running")
-        })
+        await_object(
+            &self.pods,
+            name,
+            "running",
+            POD_TIMEOUT,
+            |p: Option<&Pod>| phase(p) == Some("Running"),
+        )
         .await?
         .context("pod gone")
     }
@@ -212,8 +220,14 @@ impl Workload {
     /// by the kubelet).
     pub async fn delete_pod(&self, name: &str) -> Result<()> {
         self.pods.delete(name, &DeleteParams::default()).await?;
-        await_object(&self.pods, name, "deleted", DELETE_TIMEOUT, |p: Option<&Pod>| p.is_none())
-            .await?;
+        await_object(
+            &self.pods,
+            name,
+            "deleted",
+            DELETE_TIMEOUT,
+            |p: Option<&Pod>| p.is_none(),
+        )
+        .await?;
         Ok(())
     }
 
@@ -232,10 +246,15 @@ impl Workload {
     pub async fn delete_claim(&self, claim: &str) -> Result<()> {
         let volume = self.volume_of(claim).await.ok();
         self.claims.delete(claim, &DeleteParams::default()).await?;
-        await_object(&self.claims, claim, "deleted", DELETE_TIMEOUT, |c| c.is_none()).await?;
+        await_object(&self.claims, claim, "deleted", DELETE_TIMEOUT, |c| {
+            c.is_none()
+        })
+        .await?;
         if let Some(name) = volume.and_then(|v| v.metadata.name) {
-            await_object(&self.volumes, &name, "deleted", DELETE_TIMEOUT, |v| v.is_none())
-                .await?;
+            await_object(&self.volumes, &name, "deleted", DELETE_TIMEOUT, |v| {
+                v.is_none()
+            })
+            .await?;
         }
         Ok(())
     }
