@@ -53,11 +53,11 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## e2e: the real-node scenarios and the whole Kubernetes storage e2e suite (make test runs a named subset of it)
+## e2e: the real-node scenarios, then the Kubernetes storage e2e suite (a named subset, then every suite that applies to one node)
 e2e: deps
-	hack/test.sh node e2e
+	hack/test.sh node
 	tests/tools/build.sh etcd kube kubelet containerd crictl cni helm test-images e2e e2e-images
-	$(CARGO) test -p carina-tests --test e2e_storage -- --ignored --nocapture --test-threads=1
+	$(CARGO) test -p carina-tests --test e2e_storage -- --include-ignored --nocapture --test-threads=1
 
 ## bench: measure against the raw commands; writes docs/benchmarks.md and docs/benchmarks.json
 bench: deps

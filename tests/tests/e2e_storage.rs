@@ -54,8 +54,14 @@ async fn run_suite(focus: &str, report_name: &str) -> Result<()> {
     let status = Command::new(&e2e)
         .current_dir(&e2e_dir)
         .args([
-            format!("--kubeconfig={}", cluster.kube().kubeconfig_path().display()),
-            format!("--storage.testdriver={}", e2e_dir.join("carina-driver.yaml").display()),
+            format!(
+                "--kubeconfig={}",
+                cluster.kube().kubeconfig_path().display()
+            ),
+            format!(
+                "--storage.testdriver={}",
+                e2e_dir.join("carina-driver.yaml").display()
+            ),
             format!("--repo-root={}", e2e_dir.display()),
             format!("--ginkgo.focus={DRIVER_FOCUS}.*({focus})"),
             format!("--ginkgo.skip={SKIP}"),
@@ -109,8 +115,14 @@ fn read_junit(path: &Path) -> Result<BTreeMap<String, Counts>> {
 
 /// An XML attribute's value (the report escapes `&`, `<`, `"`).
 fn attribute(element: &str, key: &str) -> Option<String> {
-    let start = element.find(&format!(" {key}=\"")).map(|i| i + key.len() + 3)
-        .or_else(|| element.starts_with(&format!("{key}=\"")).then_some(key.len() + 2))?;
+    let start = element
+        .find(&format!(" {key}=\""))
+        .map(|i| i + key.len() + 3)
+        .or_else(|| {
+            element
+                .starts_with(&format!("{key}=\""))
+                .then_some(key.len() + 2)
+        })?;
     let end = element[start..].find('"')? + start;
     Some(
         element[start..end]
@@ -123,7 +135,10 @@ fn attribute(element: &str, key: &str) -> Option<String> {
 }
 
 fn print_table(counts: &BTreeMap<String, Counts>) {
-    println!("{:<28} {:>5} {:>7} {:>7} {:>8}", "suite", "ran", "passed", "failed", "skipped");
+    println!(
+        "{:<28} {:>5} {:>7} {:>7} {:>8}",
+        "suite", "ran", "passed", "failed", "skipped"
+    );
     for (suite, c) in counts {
         println!(
             "{suite:<28} {:>5} {:>7} {:>7} {:>8}",
