@@ -18,6 +18,10 @@ pub const CACHE_GROUP: &str = "carina.storage.io/cache-disk-group-name";
 pub const CACHE_RATIO: &str = "carina.storage.io/cache-disk-ratio";
 pub const CACHE_POLICY: &str = "carina.storage.io/cache-policy";
 pub const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+/// Carina's opt-in to pod migration, which its documentation also shows as
+/// a StorageClass parameter (Carina's webhook copies it onto the pods of
+/// the class as an annotation of the same name).
+pub const POD_MIGRATION: &str = "carina.storage.io/allow-pod-migration-if-node-notready";
 /// Older name of [`DISK_GROUP`] that Carina's documentation still shows.
 pub const DISK_TYPE_ALIAS: &str = "carina.storage.io/disk-type";
 /// Older name of [`EXCLUSIVE`] that Carina's documentation still shows.
@@ -73,6 +77,9 @@ pub struct Parameters {
     pub exclusive: bool,
     pub fs_type: Option<FsType>,
     pub bcache: Option<BcacheParams>,
+    /// [`POD_MIGRATION`]: the class's pods allow migration off a NotReady
+    /// node. Recorded; it changes nothing about the volume itself.
+    pub pod_migration: bool,
     /// Keys we do not interpret (kept for the record).
     pub other: BTreeMap<String, String>,
     /// Deprecated keys the request used (from [`ALIASES`]); the caller
@@ -115,18 +122,8 @@ impl Parameters {
                     }
                     p.group = Some(value.to_string());
                 }
-                EXCLUSIVE => {
-                    p.exclusive = match value {
-                        "true" => true,
-                        "false" | "" => false,
-                        other => {
-                            return Err(CsiError::invalid(
-                                field(written),
-                                format!("{other:?} is not \"true\" or \"false\""),
-                            ));
-                        }
-                    }
-                }
+                EXCLUSIVE => p.exclusive = parse_bool(&field(written), value)?,
+                POD_MIGRATION => p.pod_migration = parse_bool(&field(written), value)?,
                 FS_TYPE => p.fs_type = Some(parse_fs_type(&field(key), value)?),
                 BACKEND_GROUP | CACHE_GROUP | CACHE_RATIO | CACHE_POLICY => {}
                 k if k.starts_with(CARINA_PREFIX) => {
@@ -139,6 +136,18 @@ impl Parameters {
         }
         p.bcache = parse_bcache(raw)?;
         Ok(p)
+    }
+}
+
+/// `"true"`, `"false"` or empty (false), as Carina reads its flags.
+fn parse_bool(field: &str, value: &str) -> Result<bool, CsiError> {
+    match value {
+        "true" => Ok(true),
+        "false" | "" => Ok(false),
+        other => Err(CsiError::invalid(
+            field,
+            format!("{other:?} is not \"true\" or \"false\""),
+        )),
     }
 }
 
@@ -222,7 +231,7 @@ mod tests {
         /// parsed or refused with INVALID_ARGUMENT, never a panic.
         #[test]
         fn parameters_take_any_values(
-            values in proptest::collection::vec(carina_sys::testkit::noisy_text(), 8),
+            values in proptest::collection::vec(carina_sys::testkit::noisy_text(), 9),
             keys in proptest::collection::vec(".{0,40}", 0..4),
         ) {
             let known = [
@@ -234,6 +243,7 @@ mod tests {
                 "carina.storage.io/cache-disk-ratio",
                 "carina.storage.io/cache-policy",
                 "carina.storage.io/volume-type",
+                "carina.storage.io/allow-pod-migration-if-node-notready",
             ];
             let mut raw: HashMap<String, String> =
                 known.iter().map(|k| k.to_string()).zip(values).collect();
@@ -280,6 +290,17 @@ mod tests {
             Parameters::parse(&HashMap::new()).expect("empty"),
             Parameters::default()
         );
+        // Carina's documentation puts the pod-migration opt-in into a
+        // StorageClass too.
+        let p = Parameters::parse(&map(&[
+            (DISK_GROUP, "carina-lvm"),
+            (FS_TYPE, "xfs"),
+            (POD_MIGRATION, "true"),
+        ]))
+        .expect("valid");
+        assert!(p.pod_migration);
+        let e = Parameters::parse(&map(&[(POD_MIGRATION, "yes")])).expect_err("not a flag");
+        assert!(e.to_string().contains(POD_MIGRATION), "{e}");
     }
 
     /// The older names Carina's documentation still shows mean the same,
