@@ -1,6 +1,6 @@
 //! What a Go Carina user brings, unchanged, on a real node: a
 //! `config.json` with only the keys Carina documents (so Carina's defaults
-//! apply, 10 GiB kept free in an LVM group among them) and StorageClasses
+//! apply, 10 GiB kept free in each group among them) and StorageClasses
 //! written the way Carina's documentation writes them, applied as YAML
 //! text: the current key `disk-group-name` with the pod-migration opt-in
 //! beside it, the older key `disk-type`, an `Immediate` class, an empty
@@ -57,8 +57,8 @@ volumeBindingMode: Immediate
 mountOptions:
 "#;
 
-/// An LVM group on a 12 GiB sparse disk (Carina keeps 10 GiB of it free)
-/// and a RAW group on 1 GiB; no StorageClass from the chart.
+/// An LVM and a RAW group, each on a 12 GiB sparse disk (Carina keeps
+/// 10 GiB of a group free); no StorageClass from the chart.
 fn carina_layout() -> Layout {
     let group = |name: &str, policy: &str, size: u64| Group {
         name: name.to_string(),
@@ -68,7 +68,7 @@ fn carina_layout() -> Layout {
     Layout {
         groups: vec![
             group("carina-vg-ssd", "LVM", 12 * 1024 * MIB),
-            group("carina-raw-ssd", "RAW", 1024 * MIB),
+            group("carina-raw-ssd", "RAW", 12 * 1024 * MIB),
         ],
         storage_classes: serde_json::json!([]),
         extender: false,
@@ -96,7 +96,7 @@ async fn documented_classes_round_trip(cluster: &LocalCluster, carina: &Carina) 
     let work = Workload::new(cluster.client(), "default");
     let image = busybox_image()?;
 
-    // 1 GiB fits beside the 10 GiB Carina keeps free in the 12 GiB group;
+    // 1 GiB fits beside the 10 GiB Carina keeps free in a 12 GiB group;
     // the RAW claim is provisioned before any pod asks for it.
     work.create_claim(&claim("db", "csi-carina-sc", "1Gi", false))
         .await?;

@@ -63,7 +63,7 @@ pub struct Layout {
     pub extender: bool,
     /// Whether `config.json` holds only the keys Carina documents
     /// (`name`, `re`, `policy`, `nodeLabel`; `diskScanInterval` "300"), so
-    /// Carina's defaults apply, 10 GiB kept free in an LVM group among
+    /// Carina's defaults apply, 10 GiB kept free in each group among
     /// them. Otherwise each group keeps nothing free (`reserveBytes: 0`)
     /// and disks are not rescanned.
     pub carina_keys_only: bool,
