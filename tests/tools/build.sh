@@ -28,7 +28,7 @@ CSI_RESIZER_VERSION=v2.2.1      # github.com/kubernetes-csi/external-resizer (so
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 # The image tools' recipes (below); bump when one changes.  Their cache
 # directories also change with every input version and library they use.
-IMAGES_REVISION=r2
+IMAGES_REVISION=r3
 
 TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer jaeger containerd crictl cni helm
     e2e test-images e2e-images)
@@ -448,12 +448,13 @@ busybox_root() {
     mkdir -p "$dir/root" "$dir/var/tmp" && chmod 1777 "$dir/var/tmp"
 }
 
-# static_root DIR BINARY: a root for one static program: /BINARY's name,
-# /etc/passwd, /tmp.
+# static_root DIR BINARY [SUBDIR]: a root for one static program: BINARY at
+# /SUBDIR (default: /), /etc/passwd, /tmp.
 static_root() {
-    mkdir -p "$1/tmp" && chmod 1777 "$1/tmp"
+    local dir=$1/${3:-}
+    mkdir -p "$1/tmp" "$dir" && chmod 1777 "$1/tmp"
     rootfs_users "$1"
-    install -m 0755 "$2" "$1/$(basename "$2")"
+    install -m 0755 "$2" "$dir/$(basename "$2")"
 }
 
 # add_image OUT NAME REF ROOT [OPTION...] [-- ENTRYPOINT...]: OUT/NAME.oci.tar
@@ -496,10 +497,11 @@ build_test_images() {
     done
 
     # kube-scheduler, for the chart's second scheduler (the extender's
-    # partner), as the chart names it.
-    static_root "$work/kube-scheduler" "$(bin_dir kube)/kube-scheduler"
+    # partner): on PATH in /usr/local/bin as in the released image, whose
+    # pods run it by name.
+    static_root "$work/kube-scheduler" "$(bin_dir kube)/kube-scheduler" usr/local/bin
     add_image "$out" kube-scheduler "registry.k8s.io/kube-scheduler:$KUBE_VERSION" "$work/kube-scheduler" \
-        --label "org.opencontainers.image.version=$KUBE_VERSION" -- /kube-scheduler
+        --label "org.opencontainers.image.version=$KUBE_VERSION" -- /usr/local/bin/kube-scheduler
 }
 
 build_e2e_images() {
