@@ -1,9 +1,11 @@
 //! The images a test node runs besides Carina's own, from
-//! `tests/tools/build.sh test-images` (pause, busybox and the CSI sidecars
-//! the chart names), taken as a node's containerd takes them: each archive
-//! imports under the reference and manifest digest `images.tsv` states, and
-//! runs with runc. busybox runs a shell; pause stays up until SIGTERM and
-//! then exits 0; each sidecar prints its version.
+//! `tests/tools/build.sh test-images` (pause, busybox, the CSI sidecars
+//! the chart names and kube-scheduler for its second scheduler), taken as
+//! a node's containerd takes them: each archive imports under the
+//! reference and manifest digest `images.tsv` states, and runs with runc.
+//! busybox runs a shell; pause stays up until SIGTERM and then exits 0;
+//! each sidecar prints its version, and so does kube-scheduler run by
+//! name, as the chart runs it.
 //!
 //! Needs root and runc (`make deps`); containerd and the archives come from
 //! `tests/tools/build.sh containerd test-images`.
@@ -107,7 +109,8 @@ fn test_images_import_and_run() -> Result<()> {
             "pause.oci.tar",
             "busybox.oci.tar",
             "csi-provisioner.oci.tar",
-            "csi-resizer.oci.tar"
+            "csi-resizer.oci.tar",
+            "kube-scheduler.oci.tar"
         ]
     );
     let reference = |file: &str| -> String {
@@ -203,5 +206,15 @@ fn test_images_import_and_run() -> Result<()> {
         )?;
         assert!(out.contains(&version), "{name} --version: {out}");
     }
+
+    // kube-scheduler runs by name from PATH, as the chart's pod runs it.
+    let image = reference("kube-scheduler.oci.tar");
+    let version = image.rsplit(':').next().unwrap_or_default().to_string();
+    let id = unique("kube-scheduler");
+    let out = containerd.ctr(
+        &ns,
+        &["run", "--rm", &image, &id, "kube-scheduler", "--version"],
+    )?;
+    assert!(out.contains(&version), "kube-scheduler --version: {out}");
     Ok(())
 }
