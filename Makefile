@@ -53,11 +53,10 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## e2e: the real-node scenarios, then the Kubernetes storage e2e suite (a named subset, then every suite that applies to one node)
+## e2e: the real-node scenarios and the storage e2e subset (the node and e2e tiers), then every storage e2e suite that applies to one node
 e2e: deps
-	hack/test.sh node
-	tests/tools/build.sh etcd kube kubelet containerd crictl cni helm test-images e2e e2e-images
-	$(CARGO) test -p carina-tests --test e2e_storage -- --include-ignored --nocapture --test-threads=1
+	hack/test.sh node e2e
+	$(CARGO) test -p carina-tests --test e2e_storage -- --ignored --nocapture --test-threads=1
 
 ## bench: measure against the raw commands; writes docs/benchmarks.md and docs/benchmarks.json
 bench: deps
