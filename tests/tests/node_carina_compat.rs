@@ -13,9 +13,7 @@ use anyhow::{Context, Result, ensure};
 use carina_tests::cluster::await_object;
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
-use carina_tests::local::carina::{
-    Carina, Group, Layout, explained, local_options, logical_volumes, partitions,
-};
+use carina_tests::local::carina::{Carina, Group, Layout, explained, local_options, partitions};
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -145,22 +143,18 @@ async fn documented_classes_round_trip(cluster: &LocalCluster, carina: &Carina) 
     work.delete_pod("reader").await?;
 
     // The volumes are where the classes said, and go with their claims.
-    let disk_of = |group: &str| -> Result<String> {
-        carina
-            .disks
-            .iter()
-            .find(|(g, _)| g == group)
-            .map(|(_, d)| d.clone())
-            .with_context(|| format!("no disk for {group}"))
-    };
-    let (lvm_disk, raw_disk) = (disk_of("carina-vg-ssd")?, disk_of("carina-raw-ssd")?);
-    let lvs = logical_volumes("carina-vg-ssd", &[&lvm_disk])?;
+    let raw_disk = carina
+        .disks_of("carina-raw-ssd")
+        .first()
+        .map(|d| d.to_string())
+        .context("no disk for carina-raw-ssd")?;
+    let lvs = carina.logical_volumes("carina-vg-ssd")?;
     ensure!(lvs.len() == 1, "LVs in carina-vg-ssd: {lvs:?}");
     let parts = partitions(&raw_disk);
     ensure!(parts.len() == 1, "partitions of {raw_disk}: {parts:?}");
     work.delete_claim("db").await?;
     work.delete_claim("log").await?;
-    let lvs = logical_volumes("carina-vg-ssd", &[&lvm_disk])?;
+    let lvs = carina.logical_volumes("carina-vg-ssd")?;
     ensure!(lvs.is_empty(), "LVs left in carina-vg-ssd: {lvs:?}");
     let parts = partitions(&raw_disk);
     ensure!(parts.is_empty(), "partitions left on {raw_disk}: {parts:?}");

@@ -135,13 +135,7 @@ async fn one_pod_two_groups() -> Result<()> {
                 .and_then(|s| s.csi)
                 .map(|c| c.volume_handle)
                 .context("not a CSI volume")?;
-            let devices: Vec<&str> = carina
-                .disks
-                .iter()
-                .filter(|(g, _)| g == group)
-                .map(|(_, d)| d.as_str())
-                .collect();
-            let lvs = carina_tests::local::carina::logical_volumes(group, &devices)?;
+            let lvs = carina.logical_volumes(group)?;
             ensure!(
                 lvs.iter().any(|lv| handle.contains(lv.as_str()) || lv.contains(handle.as_str())),
                 "volume {handle} of claim {claim_name} is not in {group}: {lvs:?}"

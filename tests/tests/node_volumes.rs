@@ -13,9 +13,7 @@
 use anyhow::{Result, ensure};
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
-use carina_tests::local::carina::{
-    Carina, Layout, explained, local_options, logical_volumes, partitions,
-};
+use carina_tests::local::carina::{Carina, Layout, explained, local_options, partitions};
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
 
 /// Writes a token through one pod and reads it back through another, then
@@ -80,24 +78,13 @@ async fn write_read_delete(
     Ok(())
 }
 
-/// The LVs left in `group`'s volume group.
-fn lvs_left(carina: &Carina, group: &str) -> Result<Vec<String>> {
-    let devices: Vec<&str> = carina
-        .disks
-        .iter()
-        .filter(|(g, _)| g == group)
-        .map(|(_, d)| d.as_str())
-        .collect();
-    logical_volumes(group, &devices)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lvm_ext4_round_trip() -> Result<()> {
     if !have_root("lvm_ext4_round_trip") {
         return Ok(());
     }
     let (_cluster, carina) = round_trip("csi-carina-lvm-ext4", "256Mi", false).await?;
-    let left = lvs_left(&carina, "carina-vg-ssd")?;
+    let left = carina.logical_volumes("carina-vg-ssd")?;
     ensure!(
         left.is_empty(),
         "LVs left after the claim was deleted: {left:?}"
@@ -111,7 +98,7 @@ async fn lvm_xfs_round_trip() -> Result<()> {
         return Ok(());
     }
     let (_cluster, carina) = round_trip("csi-carina-lvm", "512Mi", false).await?;
-    let left = lvs_left(&carina, "carina-vg-ssd")?;
+    let left = carina.logical_volumes("carina-vg-ssd")?;
     ensure!(
         left.is_empty(),
         "LVs left after the claim was deleted: {left:?}"
@@ -125,7 +112,7 @@ async fn lvm_block_round_trip() -> Result<()> {
         return Ok(());
     }
     let (_cluster, carina) = round_trip("csi-carina-hdd", "64Mi", true).await?;
-    let left = lvs_left(&carina, "carina-vg-hdd")?;
+    let left = carina.logical_volumes("carina-vg-hdd")?;
     ensure!(
         left.is_empty(),
         "LVs left after the claim was deleted: {left:?}"

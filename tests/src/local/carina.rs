@@ -263,6 +263,20 @@ impl Carina {
         Ok(())
     }
 
+    /// The loop disks of group `group`.
+    pub fn disks_of(&self, group: &str) -> Vec<&str> {
+        self.disks
+            .iter()
+            .filter(|(g, _)| g == group)
+            .map(|(_, d)| d.as_str())
+            .collect()
+    }
+
+    /// The LVs of LVM group `group`, as the host's lvm sees them.
+    pub fn logical_volumes(&self, group: &str) -> Result<Vec<String>> {
+        logical_volumes(group, &self.disks_of(group))
+    }
+
     /// The chart (its `helm`), e.g. for `helm upgrade`.
     pub fn chart(&self) -> &Chart {
         &self.chart
