@@ -10,12 +10,10 @@
 //! Needs what node_volumes.rs needs.
 
 use anyhow::{Context, Result, ensure};
-use carina_tests::cluster::await_object;
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
 use carina_tests::local::carina::{Carina, Group, Layout, explained, local_options, partitions};
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 
@@ -100,18 +98,7 @@ async fn documented_classes_round_trip(cluster: &LocalCluster, carina: &Carina) 
         .await?;
     work.create_claim(&claim("log", "csi-carina-raw", "256Mi", false))
         .await?;
-    await_object(
-        &work.claims,
-        "log",
-        "Bound",
-        std::time::Duration::from_secs(120),
-        |c: Option<&PersistentVolumeClaim>| {
-            c.and_then(|c| c.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                == Some("Bound")
-        },
-    )
-    .await?;
+    work.bound("log").await?;
 
     let token = carina_tests::unique("token");
     let uses = [Use::mount("db", "/db"), Use::mount("log", "/log")];

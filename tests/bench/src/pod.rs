@@ -23,12 +23,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use carina_sys::command::Cmd;
-use carina_tests::cluster::await_object;
 use carina_tests::local::LocalCluster;
 use carina_tests::local::carina::{Carina, Layout, local_options};
 use carina_tests::local::host::mounts_under;
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
@@ -68,18 +66,7 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
             &[Use::mount(&claim_name, "/data")],
         ))
         .await?;
-        await_object(
-            &work.claims,
-            &claim_name,
-            "Bound",
-            WAIT,
-            |c: Option<&PersistentVolumeClaim>| {
-                c.and_then(|c| c.status.as_ref())
-                    .and_then(|s| s.phase.as_deref())
-                    == Some("Bound")
-            },
-        )
-        .await?;
+        work.bound(&claim_name).await?;
         let bound = t0.elapsed();
         let pv = work
             .volume_of(&claim_name)

@@ -231,6 +231,24 @@ impl Workload {
         Ok(())
     }
 
+    /// Waits until the claim is `Bound` (provisioned and bound to its
+    /// PersistentVolume).
+    pub async fn bound(&self, claim: &str) -> Result<PersistentVolumeClaim> {
+        await_object(
+            &self.claims,
+            claim,
+            "Bound",
+            POD_TIMEOUT,
+            |c: Option<&PersistentVolumeClaim>| {
+                c.and_then(|c| c.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Bound")
+            },
+        )
+        .await?
+        .context("claim gone")
+    }
+
     /// The PersistentVolume bound to the claim.
     pub async fn volume_of(&self, claim: &str) -> Result<PersistentVolume> {
         let bound = self.claims.get(claim).await?;
