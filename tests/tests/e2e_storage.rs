@@ -50,12 +50,16 @@ const SKIP_WITHOUT_PID1_MOUNT_NS: &str =
 /// CAP_SYS_RESOURCE, which some machines (VMs, containers) deny even to
 /// root: the kernel refuses the resize (`resize2fs: Permission denied to
 /// resize filesystem`). The kubelet grows a file system only once it is
-/// staged (mounted), so the three resize tests of the default file system
+/// staged (mounted), so where the capability is missing the tests that
+/// grow a default file system are skipped: the three resize tests
 /// (offline, while a pod uses it, and for a pod re-created after the
-/// controller's resize) are skipped where the capability is missing. The
-/// block pattern's resize tests still run (and the node tier grows a
-/// mounted xfs).
-const SKIP_WITHOUT_SYS_RESOURCE: &str = r"\(default fs\)\(allowExpansion\)\] volume-expand (should resize volume|Verify if offline PVC expansion works)";
+/// controller's resize) and the expansion of a generic ephemeral volume
+/// (late and immediate binding). The block patterns' resize tests still
+/// run (and the node tier grows a mounted xfs).
+const SKIP_WITHOUT_SYS_RESOURCE: &str = concat!(
+    r"\(default fs\)\(allowExpansion\)\] volume-expand (should resize volume|Verify if offline PVC expansion works)",
+    r"|Generic Ephemeral-volume \(default fs\) \((late|immediate)-binding\)\] ephemeral should support expansion of pvcs created for ephemeral pvcs",
+);
 
 /// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff).
 fn has_sys_resource() -> bool {
@@ -280,4 +284,57 @@ fn junit_cases_are_counted_per_suite() {
     // Tags between the pattern and the suite are not suites.
     assert_eq!(counts["provisioning"].failed, 1);
     assert_eq!(counts.len(), 2);
+}
+
+#[test]
+fn the_sys_resource_skip_names_only_default_fs_growth() {
+    let skip = regex::Regex::new(SKIP_WITHOUT_SYS_RESOURCE).expect("valid expression");
+    let name = |pattern: &str, test: &str| {
+        format!("External Storage [Driver: carina.storage.io] [Testpattern: {pattern}] {test}")
+    };
+    let expand = "ephemeral should support expansion of pvcs created for ephemeral pvcs";
+    for (pattern, test) in [
+        (
+            "Dynamic PV (default fs)(allowExpansion)",
+            "volume-expand Verify if offline PVC expansion works",
+        ),
+        (
+            "Dynamic PV (default fs)(allowExpansion)",
+            "volume-expand should resize volume when PVC is edited while pod is using it",
+        ),
+        (
+            "Dynamic PV (default fs)(allowExpansion)",
+            "volume-expand should resize volume when PVC is edited and the pod is re-created on the same node after controller resize is finished",
+        ),
+        (
+            "Generic Ephemeral-volume (default fs) (late-binding)",
+            expand,
+        ),
+        (
+            "Generic Ephemeral-volume (default fs) (immediate-binding)",
+            expand,
+        ),
+    ] {
+        assert!(skip.is_match(&name(pattern, test)), "{pattern} {test}");
+    }
+    for (pattern, test) in [
+        (
+            "Dynamic PV (block volmode)(allowExpansion)",
+            "volume-expand should resize volume when PVC is edited while pod is using it",
+        ),
+        (
+            "Dynamic PV (default fs)(allowExpansion)",
+            "volume-expand should not allow expansion of pvcs without AllowVolumeExpansion property",
+        ),
+        (
+            "Generic Ephemeral-volume (block volmode) (late-binding)",
+            expand,
+        ),
+        (
+            "Generic Ephemeral-volume (default fs) (late-binding)",
+            "ephemeral should create read/write inline ephemeral volume",
+        ),
+    ] {
+        assert!(!skip.is_match(&name(pattern, test)), "{pattern} {test}");
+    }
 }
