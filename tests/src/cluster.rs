@@ -100,13 +100,23 @@ impl Pki {
     /// A server certificate for node `name` (DNS SANs `name` and
     /// `localhost`, IP SAN 127.0.0.1).
     pub fn node(&self, name: &str) -> Result<CertFiles> {
+        self.nodes(&[name])
+    }
+
+    /// One server certificate for every node of `names` (DNS SANs: the
+    /// names and `localhost`, IP SAN 127.0.0.1), as one Secret would hold
+    /// for a DaemonSet; named after the first.
+    pub fn nodes(&self, names: &[&str]) -> Result<CertFiles> {
+        let (first, others) = names.split_first().context("no node name")?;
+        let mut sans: Vec<String> = others.iter().map(|n| n.to_string()).collect();
+        sans.push("localhost".to_string());
         let server = self.ca.issue_server(
-            name,
-            &["localhost".to_string()],
+            first,
+            &sans,
             &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
             Validity::days(1),
         )?;
-        CertFiles::write(&self.dir, name, &server)
+        CertFiles::write(&self.dir, first, &server)
     }
 
     /// The controller's credentials for node `name`.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::local::second::Enter;
 use crate::process::{ChildGuard, upstream_tool, wait_for_path};
 use crate::run;
 
@@ -49,6 +50,12 @@ impl Containerd {
     /// Starts a containerd whose files all live in a new temporary folder;
     /// with `cri`, the CRI plugins serve a kubelet.
     pub fn start_with(cri: Option<&Cri>) -> Result<Containerd> {
+        Self::start_in(cri, None)
+    }
+
+    /// [`start_with`](Self::start_with), the daemon (and so its shims and
+    /// containers) in a node's own namespaces when `enter` is given.
+    pub fn start_in(cri: Option<&Cri>, enter: Option<&Enter>) -> Result<Containerd> {
         let dir = tempfile::Builder::new()
             .prefix("carina-containerd-")
             .tempdir()?;
@@ -70,16 +77,16 @@ impl Containerd {
             tool_dir.display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut daemon = ChildGuard::spawn(
-            "containerd",
-            &program,
-            &[
-                "--config".to_string(),
-                config.to_string_lossy().into_owned(),
-            ],
-            &[("PATH", &path)],
-            &log,
-        )?;
+        let args = [
+            "--config".to_string(),
+            config.to_string_lossy().into_owned(),
+        ];
+        let (program, args) = match enter {
+            Some(enter) => enter.wrap(&program, &args),
+            None => (program, args.to_vec()),
+        };
+        let mut daemon =
+            ChildGuard::spawn("containerd", &program, &args, &[("PATH", &path)], &log)?;
         wait_for_path(&socket, &mut daemon, START_TIMEOUT)?;
         Ok(Containerd {
             daemon,

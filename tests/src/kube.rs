@@ -335,6 +335,30 @@ impl KubeCluster {
         Ok(())
     }
 
+    /// [`write_kubeconfig`](Self::write_kubeconfig) for a client in
+    /// another network namespace: the apiserver at `host` (an address
+    /// its serving certificate names) instead of 127.0.0.1.
+    pub fn write_kubeconfig_via(
+        &self,
+        path: &Path,
+        host: Ipv4Addr,
+        cert: &Path,
+        key: &Path,
+    ) -> Result<()> {
+        let server = self.server.replacen("127.0.0.1", &host.to_string(), 1);
+        std::fs::write(path, kubeconfig_yaml(&server, &self.pki.ca_cert, cert, key))?;
+        Ok(())
+    }
+
+    /// The admin kubeconfig with the apiserver at `host` (see
+    /// [`write_kubeconfig_via`](Self::write_kubeconfig_via)).
+    pub fn write_admin_kubeconfig_via(&self, path: &Path, host: Ipv4Addr) -> Result<()> {
+        let text = std::fs::read_to_string(&self.kubeconfig)?;
+        let server = self.server.replacen("127.0.0.1", &host.to_string(), 1);
+        std::fs::write(path, text.replace(&self.server, &server))?;
+        Ok(())
+    }
+
     /// Where `etcd.log` and `kube-apiserver.log` are written.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir

@@ -154,10 +154,14 @@ impl Carina {
             if group.policy == "HOST" {
                 let dir = cluster.dir().join("host").join(&group.name);
                 std::fs::create_dir_all(&dir)?;
-                selectors.push(serde_json::json!({
+                let mut selector = serde_json::json!({
                     "name": group.name, "re": [dir], "policy": "HOST",
                     "nodeLabel": "kubernetes.io/hostname",
-                }));
+                });
+                if !layout.carina_keys_only {
+                    selector["reserveBytes"] = 0.into();
+                }
+                selectors.push(selector);
                 host_dirs.push((group.name.clone(), dir));
                 continue;
             }
@@ -226,39 +230,42 @@ impl Carina {
         Ok(carina)
     }
 
-    /// Waits until the kubelet lists the driver on the Node's CSINode and
-    /// the NodeStorageResource shows every group.
+    /// Waits until every node's kubelet lists the driver on its CSINode
+    /// and each NodeStorageResource shows every group.
     async fn wait_registered(&self, cluster: &LocalCluster, layout: &Layout) -> Result<()> {
         let client = cluster.client();
         let csinodes: Api<CSINode> = Api::all(client.clone());
-        let registered = await_object(
-            &csinodes,
-            cluster.node_name(),
-            "listing the carina driver",
-            REGISTER_TIMEOUT,
-            |n: Option<&CSINode>| {
-                n.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER))
-            },
-        )
-        .await;
-        if let Err(e) = registered {
-            bail!("{e:#}\n{}", describe(cluster));
-        }
-        let names: Vec<String> = layout.groups.iter().map(|g| g.name.clone()).collect();
         let resources: Api<NodeStorageResource> = Api::all(client);
-        let published = await_object(
-            &resources,
-            cluster.node_name(),
-            "showing every group",
-            REGISTER_TIMEOUT,
-            |r: Option<&NodeStorageResource>| {
-                r.and_then(|r| r.status.as_ref())
-                    .is_some_and(|s| names.iter().all(|n| s.groups.iter().any(|g| &g.name == n)))
-            },
-        )
-        .await;
-        if let Err(e) = published {
-            bail!("{e:#}\n{}", describe(cluster));
+        let names: Vec<String> = layout.groups.iter().map(|g| g.name.clone()).collect();
+        for node in cluster.node_names() {
+            let registered = await_object(
+                &csinodes,
+                &node,
+                "listing the carina driver",
+                REGISTER_TIMEOUT,
+                |n: Option<&CSINode>| {
+                    n.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER))
+                },
+            )
+            .await;
+            if let Err(e) = registered {
+                bail!("{e:#}\n{}", describe(cluster));
+            }
+            let published = await_object(
+                &resources,
+                &node,
+                "showing every group",
+                REGISTER_TIMEOUT,
+                |r: Option<&NodeStorageResource>| {
+                    r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                        names.iter().all(|n| s.groups.iter().any(|g| &g.name == n))
+                    })
+                },
+            )
+            .await;
+            if let Err(e) = published {
+                bail!("{e:#}\n{}", describe(cluster));
+            }
         }
         Ok(())
     }
@@ -368,7 +375,8 @@ async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
     };
     namespaces.create(&PostParams::default(), &ns).await?;
     let pki = Pki::write(&cluster.dir().join("carina-pki"))?;
-    let node = pki.node(cluster.node_name())?;
+    let names = cluster.node_names();
+    let node = pki.nodes(&names.iter().map(String::as_str).collect::<Vec<_>>())?;
     let secrets: Api<Secret> = Api::namespaced(client, NAMESPACE);
     for (name, cert, key) in [
         ("carina-node-tls", &node.cert, &node.key),

@@ -10,9 +10,10 @@
 //! let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
 //! ```
 //!
-//! One node at a time runs on a host: it takes a host-wide lock for its
+//! One cluster at a time runs on a host: it takes a host-wide lock for its
 //! life (a kubelet owns fixed host paths), so tests that start one wait for
-//! each other, across test processes too.
+//! each other, across test processes too. [`LocalCluster::add_node`] adds
+//! a second node in namespaces of its own (see [`second`]).
 //!
 //! Everything lives in one temporary folder: the kubelet's root (bind
 //! mounted onto itself and made shared, so a node plugin's Bidirectional
@@ -27,6 +28,7 @@
 
 pub mod carina;
 pub mod host;
+pub mod second;
 pub mod workload;
 
 use std::fs::File;
@@ -97,6 +99,7 @@ pub struct LocalCluster {
     kubelet: Option<ChildGuard>,
     proxy: Option<ChildGuard>,
     containerd: Option<Containerd>,
+    second: Option<second::SecondNode>,
     scheduler: Option<Component>,
     controller_manager: Option<Component>,
     kube: Option<KubeCluster>,
@@ -141,6 +144,7 @@ impl LocalCluster {
             kubelet: None,
             proxy: None,
             containerd: None,
+            second: None,
             scheduler: None,
             controller_manager: None,
             kube: Some(kube),
@@ -167,7 +171,7 @@ impl LocalCluster {
         std::fs::create_dir_all(&cni_conf)?;
         std::fs::write(
             cni_conf.join("10-carina-test.conflist"),
-            cni_config(&self.bridge, &dir.join("cni/ipam")),
+            cni_config(&self.bridge, POD_CIDR, &dir.join("cni/ipam")),
         )?;
         let cni_bin = upstream_tool("CARINA_CNI_BIN", CNI_TOOL, "bridge")?
             .parent()
@@ -196,48 +200,17 @@ impl LocalCluster {
 
     fn start_kubelet(&mut self, containerd_socket: &Path) -> Result<()> {
         let kube = self.kube.as_ref().context("no control plane")?;
-        let dir = self.dir().to_path_buf();
-        let pki = dir.join("pki");
-        let user = format!("system:node:{}", self.node_name);
-        let (cert, key) = kube.write_client_cert(&pki, "kubelet-client", &user, "system:nodes")?;
-        let kubeconfig = dir.join("kubelet.kubeconfig");
-        kube.write_kubeconfig(&kubeconfig, &cert, &key)?;
-        let (serving_cert, serving_key) = kube.write_serving_cert(
-            &pki,
-            "kubelet-serving",
-            &self.node_name,
-            &[IpAddr::V4(self.host_ip), IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        )?;
         host::create_cgroup(&self.cgroup)?;
-        let config = dir.join("kubelet.yaml");
-        let text = kubelet_config(&KubeletConfig {
-            cgroup_root: &self.cgroup,
-            runtime_socket: containerd_socket,
-            pod_logs: &dir.join("pod-logs"),
-            client_ca: kube.ca_cert(),
-            serving_cert: &serving_cert,
-            serving_key: &serving_key,
-            address: self.host_ip,
-            port: free_port()?,
-            healthz_port: free_port()?,
-        });
-        std::fs::write(&config, text)?;
-        let args = vec![
-            format!("--config={}", config.display()),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--root-dir={}", self.kubelet_root.display()),
-            format!("--hostname-override={}", self.node_name),
-            format!("--node-ip={}", self.host_ip),
-            "--v=2".to_string(),
-        ];
-        let log = self.log_dir.join("kubelet.log");
-        self.kubelet = Some(ChildGuard::spawn(
-            "kubelet",
-            &node_binary("kubelet")?,
-            &args,
-            &[],
-            &log,
-        )?);
+        let node = NodeFiles {
+            name: &self.node_name,
+            ip: self.host_ip,
+            root: &self.kubelet_root,
+            cgroup: &self.cgroup,
+            dir: self.dir.as_ref().context("no folder")?.path(),
+            kubelet_log: &self.log_dir.join("kubelet.log"),
+            enter: None,
+        };
+        self.kubelet = Some(spawn_kubelet(kube, &node, containerd_socket)?);
         Ok(())
     }
 
@@ -245,28 +218,13 @@ impl LocalCluster {
     /// pods reach the apiserver through, and Carina's) route.
     fn start_proxy(&mut self) -> Result<()> {
         let kube = self.kube.as_ref().context("no control plane")?;
-        let args = vec![
-            format!("--kubeconfig={}", kube.kubeconfig_path().display()),
-            format!("--hostname-override={}", self.node_name),
-            "--proxy-mode=iptables".to_string(),
-            format!("--cluster-cidr={POD_CIDR}"),
-            // Replies from a pod to a pod behind a Service on the same
-            // bridge would skip the host's connection tracking without it
-            // (no br_netfilter here).
-            "--masquerade-all".to_string(),
-            // No CAP_SYS_RESOURCE: keep its score, leave conntrack sizing.
-            "--oom-score-adj=0".to_string(),
-            "--conntrack-max-per-core=0".to_string(),
-            format!("--healthz-bind-address=127.0.0.1:{}", free_port()?),
-            format!("--metrics-bind-address=127.0.0.1:{}", free_port()?),
-        ];
         let log = self.log_dir.join("kube-proxy.log");
-        self.proxy = Some(ChildGuard::spawn(
-            "kube-proxy",
-            &node_binary("kube-proxy")?,
-            &args,
-            &[],
+        self.proxy = Some(spawn_proxy(
+            &self.node_name,
+            POD_CIDR,
+            kube.kubeconfig_path(),
             &log,
+            None,
         )?);
         Ok(())
     }
@@ -275,18 +233,8 @@ impl LocalCluster {
     /// ServiceAccount (made by kube-controller-manager) that pods need.
     async fn wait_ready(&mut self) -> Result<()> {
         let client = self.client();
-        let nodes: Api<Node> = Api::all(client.clone());
-        let ready = await_object(&nodes, &self.node_name, "Ready", READY_TIMEOUT, |n| {
-            n.is_some_and(node_is_ready)
-        })
-        .await;
-        if let Err(e) = ready {
-            let kubelet = self.kubelet.as_mut().map(|k| {
-                let _ = k.check_running();
-                tail(&k.log, 40)
-            });
-            bail!("{e:#}\nkubelet log:\n{}", kubelet.unwrap_or_default());
-        }
+        let kubelet = self.kubelet.as_mut().context("no kubelet")?;
+        wait_node_ready(client.clone(), &self.node_name, kubelet).await?;
         let accounts: Api<ServiceAccount> = Api::namespaced(client, "default");
         await_object(
             &accounts,
@@ -314,6 +262,32 @@ impl LocalCluster {
     /// The Node's name.
     pub fn node_name(&self) -> &str {
         &self.node_name
+    }
+
+    /// Starts a second node (see [`second`]) with `images` imported and
+    /// waits until it is Ready; its name.
+    pub async fn add_node(&mut self, images: &[PathBuf]) -> Result<String> {
+        if self.second.is_some() {
+            bail!("this cluster has a second node already");
+        }
+        let kube = self.kube.as_ref().context("no control plane")?;
+        let node =
+            second::SecondNode::start(kube, &self.kubelet_root, images, &self.log_dir).await?;
+        let name = node.name().to_string();
+        self.second = Some(node);
+        Ok(name)
+    }
+
+    /// The second node, if [`add_node`](Self::add_node) started one.
+    pub fn second_node(&self) -> Option<&second::SecondNode> {
+        self.second.as_ref()
+    }
+
+    /// Every Node's name, the first node's first.
+    pub fn node_names(&self) -> Vec<String> {
+        let mut names = vec![self.node_name.clone()];
+        names.extend(self.second.as_ref().map(|n| n.name().to_string()));
+        names
     }
 
     /// The Node's InternalIP (the host's address on its default route).
@@ -380,6 +354,9 @@ impl LocalCluster {
         {
             child.check_running()?;
         }
+        if let Some(second) = self.second.as_mut() {
+            second.check_running()?;
+        }
         if let Some(kube) = self.kube.as_mut() {
             kube.check_running()?;
         }
@@ -409,6 +386,7 @@ impl LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
+        self.second.take();
         // Nothing restarts pods once the kubelet is gone.
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop(Duration::from_secs(10));
@@ -449,6 +427,142 @@ impl Drop for LocalCluster {
     }
 }
 
+/// Where a node's kubelet keeps its files, and how its processes are
+/// started (in the host's namespaces, or entered into a node's own).
+struct NodeFiles<'a> {
+    name: &'a str,
+    ip: Ipv4Addr,
+    root: &'a Path,
+    cgroup: &'a str,
+    /// The node's folder: certificates, configuration, pod logs.
+    dir: &'a Path,
+    kubelet_log: &'a Path,
+    enter: Option<&'a second::Enter>,
+}
+
+/// Writes the kubelet's certificates, kubeconfig and configuration under
+/// the node's folder and starts it.
+fn spawn_kubelet(
+    kube: &KubeCluster,
+    node: &NodeFiles<'_>,
+    containerd_socket: &Path,
+) -> Result<ChildGuard> {
+    let pki = node.dir.join("pki");
+    let user = format!("system:node:{}", node.name);
+    let (cert, key) = kube.write_client_cert(&pki, "kubelet-client", &user, "system:nodes")?;
+    let kubeconfig = node.dir.join("kubelet.kubeconfig");
+    match node.enter {
+        // Its own network: the apiserver is at the host's address.
+        Some(_) => {
+            kube.write_kubeconfig_via(&kubeconfig, host::default_route_ip()?, &cert, &key)?
+        }
+        None => kube.write_kubeconfig(&kubeconfig, &cert, &key)?,
+    }
+    let (serving_cert, serving_key) = kube.write_serving_cert(
+        &pki,
+        "kubelet-serving",
+        node.name,
+        &[IpAddr::V4(node.ip), IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    )?;
+    let config = node.dir.join("kubelet.yaml");
+    let text = kubelet_config(&KubeletConfig {
+        cgroup_root: node.cgroup,
+        runtime_socket: containerd_socket,
+        pod_logs: &node.dir.join("pod-logs"),
+        client_ca: kube.ca_cert(),
+        serving_cert: &serving_cert,
+        serving_key: &serving_key,
+        address: node.ip,
+        port: free_port()?,
+        healthz_port: free_port()?,
+    });
+    std::fs::write(&config, text)?;
+    let args = vec![
+        format!("--config={}", config.display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--root-dir={}", node.root.display()),
+        format!("--hostname-override={}", node.name),
+        format!("--node-ip={}", node.ip),
+        "--v=2".to_string(),
+    ];
+    spawn_in(
+        node.enter,
+        "kubelet",
+        &node_binary("kubelet")?,
+        &args,
+        &[],
+        node.kubelet_log,
+    )
+}
+
+/// kube-proxy in iptables mode for node `name`, whose pods are in `cidr`,
+/// with the admin's `kubeconfig`.
+fn spawn_proxy(
+    name: &str,
+    cidr: &str,
+    kubeconfig: &Path,
+    log: &Path,
+    enter: Option<&second::Enter>,
+) -> Result<ChildGuard> {
+    let args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--hostname-override={name}"),
+        "--proxy-mode=iptables".to_string(),
+        format!("--cluster-cidr={cidr}"),
+        // Replies from a pod to a pod behind a Service on the same
+        // bridge would skip the host's connection tracking without it
+        // (no br_netfilter here).
+        "--masquerade-all".to_string(),
+        // No CAP_SYS_RESOURCE: keep its score, leave conntrack sizing.
+        "--oom-score-adj=0".to_string(),
+        "--conntrack-max-per-core=0".to_string(),
+        format!("--healthz-bind-address=127.0.0.1:{}", free_port()?),
+        format!("--metrics-bind-address=127.0.0.1:{}", free_port()?),
+    ];
+    spawn_in(
+        enter,
+        "kube-proxy",
+        &node_binary("kube-proxy")?,
+        &args,
+        &[],
+        log,
+    )
+}
+
+/// Starts `program` in the host's namespaces or, with `enter`, in a
+/// node's own.
+fn spawn_in(
+    enter: Option<&second::Enter>,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Result<ChildGuard> {
+    match enter {
+        None => ChildGuard::spawn(name, program, args, env, log),
+        Some(enter) => {
+            let (program, args) = enter.wrap(program, args);
+            ChildGuard::spawn(name, &program, &args, env, log)
+        }
+    }
+}
+
+/// Waits, by watch, for Node `name` to be Ready; on a timeout the error
+/// has the kubelet's log.
+async fn wait_node_ready(client: Client, name: &str, kubelet: &mut ChildGuard) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client);
+    let ready = await_object(&nodes, name, "Ready", READY_TIMEOUT, |n| {
+        n.is_some_and(node_is_ready)
+    })
+    .await;
+    if let Err(e) = ready {
+        let _ = kubelet.check_running();
+        bail!("{e:#}\nkubelet log:\n{}", tail(&kubelet.log, 40));
+    }
+    Ok(())
+}
+
 /// Takes the host-wide lock, waiting (off the runtime's threads) while
 /// another local cluster holds it.
 async fn host_lock() -> Result<File> {
@@ -484,9 +598,9 @@ fn which(program: &str) -> Result<PathBuf> {
 }
 
 /// The CNI configuration: a bridge that is the pods' gateway, addresses
-/// from [`POD_CIDR`] recorded under `ipam_dir`, no masquerading (the
+/// from `cidr` recorded under `ipam_dir`, no masquerading (the
 /// host's firewall is not touched beyond kube-proxy's rules).
-fn cni_config(bridge: &str, ipam_dir: &Path) -> String {
+fn cni_config(bridge: &str, cidr: &str, ipam_dir: &Path) -> String {
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "carina-test",
@@ -499,7 +613,7 @@ fn cni_config(bridge: &str, ipam_dir: &Path) -> String {
             "ipam": {
                 "type": "host-local",
                 "dataDir": ipam_dir,
-                "ranges": [[{"subnet": POD_CIDR}]],
+                "ranges": [[{"subnet": cidr}]],
                 "routes": [{"dst": "0.0.0.0/0"}],
             },
         }],
@@ -579,7 +693,7 @@ mod tests {
     #[test]
     fn cni_config_names_the_bridge_and_range() {
         let v: serde_json::Value =
-            serde_json::from_str(&cni_config("cbr1", Path::new("/x"))).expect("json");
+            serde_json::from_str(&cni_config("cbr1", POD_CIDR, Path::new("/x"))).expect("json");
         assert_eq!(v["plugins"][0]["bridge"], "cbr1");
         assert_eq!(v["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], POD_CIDR);
     }
