@@ -8,10 +8,13 @@
 //!   node, external-provisioner calls CreateVolume, the controller writes
 //!   the LogicVolume, the bridge calls the node, `lvcreate`); floor: a bare
 //!   `lvcreate` of the same size;
-//! - stage + publish: Bound → the volume is mounted in the pod's folder
-//!   under the kubelet's root (kubelet's NodeStage and NodePublish: mkfs,
-//!   mount, bind mount); floor: a bare `mkfs.ext4` + `mount` of a device
-//!   of the same size;
+//! - pod binding: Bound → the Pod is bound to the node (kube-scheduler's
+//!   VolumeBinding PreBind checks the claims once a second before it
+//!   binds the pod); no floor of ours;
+//! - stage + publish: bound to the node → the volume is mounted in the
+//!   pod's folder under the kubelet's root (the kubelet sees the pod, then
+//!   NodeStage and NodePublish: mkfs, mount, bind mount); floor: a bare
+//!   `mkfs.ext4` + `mount` of a device of the same size;
 //! - container start: mounted → the Pod is Running (runc starts the
 //!   container); no floor of ours.
 //!
@@ -23,10 +26,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use carina_sys::command::Cmd;
+use carina_tests::cluster::await_object;
 use carina_tests::local::LocalCluster;
 use carina_tests::local::carina::{Carina, Layout, local_options};
 use carina_tests::local::host::mounts_under;
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::pool::LvmPool;
 use crate::report::{Entry, timed};
@@ -51,7 +56,8 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
     let floor_disk = carina_tests::LoopDisk::new(64 << 20)?;
     let mount_dir = tempfile::tempdir()?;
 
-    let (mut total, mut provision, mut publish, mut start) = (vec![], vec![], vec![], vec![]);
+    let (mut total, mut provision, mut binding, mut publish, mut start) =
+        (vec![], vec![], vec![], vec![], vec![]);
     let (mut bare_create, mut bare_mount) = (vec![], vec![]);
     for i in 0..PODS + WARMUP {
         let (name, claim_name) = (format!("bench-{i}"), format!("bench-data-{i}"));
@@ -68,6 +74,18 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
         .await?;
         work.bound(&claim_name).await?;
         let bound = t0.elapsed();
+        await_object(
+            &work.pods,
+            &name,
+            "bound to a node",
+            WAIT,
+            |p: Option<&Pod>| {
+                p.and_then(|p| p.spec.as_ref())
+                    .is_some_and(|s| s.node_name.is_some())
+            },
+        )
+        .await?;
+        let scheduled = t0.elapsed();
         let pv = work
             .volume_of(&claim_name)
             .await?
@@ -90,7 +108,8 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
         if i >= WARMUP {
             total.push(running);
             provision.push(bound);
-            publish.push(mounted - bound);
+            binding.push(scheduled - bound);
+            publish.push(mounted - scheduled);
             start.push(running - mounted);
             bare_create.push(c);
             bare_mount.push(m);
@@ -116,6 +135,7 @@ pub async fn pvc_to_running() -> Result<Vec<Entry>> {
             &provision,
             Some(&bare_create),
         ),
+        timed(GROUP, "pod.pod_binding", "-", &binding, None),
         timed(
             GROUP,
             "pod.stage_publish",
