@@ -167,29 +167,7 @@ impl LocalCluster {
         host::make_shared(&self.kubelet_root)?;
 
         // The pod network: one bridge, addresses from POD_CIDR.
-        let cni_conf = dir.join("cni/net.d");
-        std::fs::create_dir_all(&cni_conf)?;
-        std::fs::write(
-            cni_conf.join("10-carina-test.conflist"),
-            cni_config(&self.bridge, POD_CIDR, &dir.join("cni/ipam")),
-        )?;
-        let cni_bin = upstream_tool("CARINA_CNI_BIN", CNI_TOOL, "bridge")?
-            .parent()
-            .context("CNI plugin without a directory")?
-            .to_path_buf();
-
-        let mut containerd = Containerd::start_with(Some(&Cri {
-            sandbox_image: SANDBOX_IMAGE.to_string(),
-            runc: which("runc")?,
-            cni_bin_dir: cni_bin,
-            cni_conf_dir: cni_conf,
-        }))?;
-        for archive in &options.images {
-            let path = archive.to_str().context("UTF-8 archive path")?;
-            containerd
-                .ctr(CRI_NAMESPACE, &["images", "import", path])
-                .with_context(|| format!("import {}", archive.display()))?;
-        }
+        let containerd = start_containerd(&dir, &self.bridge, POD_CIDR, &options.images, None)?;
         let containerd_socket = containerd.socket().to_path_buf();
         self.containerd = Some(containerd);
 
@@ -425,6 +403,42 @@ impl Drop for LocalCluster {
         self.kube.take();
         self.dir.take();
     }
+}
+
+/// The node's containerd with its CRI plugins: the pods on bridge
+/// `bridge` with addresses from `cidr` (configuration and leases under
+/// `dir`), `images` imported; in the node's own namespaces with `enter`.
+fn start_containerd(
+    dir: &Path,
+    bridge: &str,
+    cidr: &str,
+    images: &[PathBuf],
+    enter: Option<&second::Enter>,
+) -> Result<Containerd> {
+    let cni_conf = dir.join("cni/net.d");
+    std::fs::create_dir_all(&cni_conf)?;
+    std::fs::write(
+        cni_conf.join("10-carina-test.conflist"),
+        cni_config(bridge, cidr, &dir.join("cni/ipam")),
+    )?;
+    let cni_bin = upstream_tool("CARINA_CNI_BIN", CNI_TOOL, "bridge")?
+        .parent()
+        .context("CNI plugin without a directory")?
+        .to_path_buf();
+    let cri = Cri {
+        sandbox_image: SANDBOX_IMAGE.to_string(),
+        runc: which("runc")?,
+        cni_bin_dir: cni_bin,
+        cni_conf_dir: cni_conf,
+    };
+    let mut containerd = Containerd::start_in(Some(&cri), enter)?;
+    for archive in images {
+        let path = archive.to_str().context("UTF-8 archive path")?;
+        containerd
+            .ctr(CRI_NAMESPACE, &["images", "import", path])
+            .with_context(|| format!("import {}", archive.display()))?;
+    }
+    Ok(containerd)
 }
 
 /// Where a node's kubelet keeps its files, and how its processes are

@@ -34,10 +34,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::{
-    CNI_TOOL, CRI_NAMESPACE, CRICTL_TOOL, NodeFiles, SANDBOX_IMAGE, cni_config, host,
-    spawn_kubelet, spawn_proxy, wait_node_ready, which,
+    CRICTL_TOOL, NodeFiles, host, spawn_kubelet, spawn_proxy, start_containerd, wait_node_ready,
+    which,
 };
-use crate::containerd::{Containerd, Cri};
+use crate::containerd::Containerd;
 use crate::kube::KubeCluster;
 use crate::process::{ChildGuard, upstream_tool};
 use crate::{run, unique};
@@ -253,31 +253,7 @@ impl SecondNode {
     ) -> Result<()> {
         let dir = self.dir().to_path_buf();
         let enter = self.enter.clone().context("no namespaces")?;
-        let cni_conf = dir.join("cni/net.d");
-        std::fs::create_dir_all(&cni_conf)?;
-        std::fs::write(
-            cni_conf.join("10-carina-test.conflist"),
-            cni_config(&self.bridge, POD_CIDR, &dir.join("cni/ipam")),
-        )?;
-        let cni_bin = upstream_tool("CARINA_CNI_BIN", CNI_TOOL, "bridge")?
-            .parent()
-            .context("CNI plugin without a directory")?
-            .to_path_buf();
-        let mut containerd = Containerd::start_in(
-            Some(&Cri {
-                sandbox_image: SANDBOX_IMAGE.to_string(),
-                runc: which("runc")?,
-                cni_bin_dir: cni_bin,
-                cni_conf_dir: cni_conf,
-            }),
-            Some(&enter),
-        )?;
-        for archive in images {
-            let path = archive.to_str().context("UTF-8 archive path")?;
-            containerd
-                .ctr(CRI_NAMESPACE, &["images", "import", path])
-                .with_context(|| format!("import {}", archive.display()))?;
-        }
+        let containerd = start_containerd(&dir, &self.bridge, POD_CIDR, images, Some(&enter))?;
         let socket = containerd.socket().to_path_buf();
         self.containerd = Some(containerd);
 
