@@ -340,26 +340,6 @@ impl LocalCluster {
         }
         Ok(())
     }
-
-    /// Removes every pod sandbox the runtime has (stopping its containers
-    /// and releasing its network) through the CRI, as the kubelet would.
-    fn remove_all_pods(&self) {
-        let Some(containerd) = self.containerd.as_ref() else {
-            return;
-        };
-        let Ok(crictl) = upstream_tool("CARINA_CRICTL", CRICTL_TOOL, "crictl") else {
-            return;
-        };
-        let endpoint = format!(
-            "--runtime-endpoint=unix://{}",
-            containerd.socket().display()
-        );
-        let crictl = crictl.to_string_lossy().into_owned();
-        let _ = run(
-            &crictl,
-            &[&endpoint, "--timeout=30s", "rmp", "--all", "--force"],
-        );
-    }
 }
 
 impl Drop for LocalCluster {
@@ -369,7 +349,9 @@ impl Drop for LocalCluster {
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop(Duration::from_secs(10));
         }
-        self.remove_all_pods();
+        if let Some(containerd) = self.containerd.as_ref() {
+            remove_all_pods(containerd);
+        }
         // Stops the daemon, kills its shims, unmounts its snapshots.
         self.containerd.take();
         if let Some(mut proxy) = self.proxy.take() {
@@ -403,6 +385,22 @@ impl Drop for LocalCluster {
         self.kube.take();
         self.dir.take();
     }
+}
+
+/// Removes every pod sandbox `containerd` has (stopping its containers
+/// and releasing its network) through the CRI, as the kubelet would.
+fn remove_all_pods(containerd: &Containerd) {
+    let Ok(crictl) = upstream_tool("CARINA_CRICTL", CRICTL_TOOL, "crictl") else {
+        return;
+    };
+    let endpoint = format!(
+        "--runtime-endpoint=unix://{}",
+        containerd.socket().display()
+    );
+    let _ = run(
+        &crictl.to_string_lossy(),
+        &[&endpoint, "--timeout=30s", "rmp", "--all", "--force"],
+    );
 }
 
 /// The node's containerd with its CRI plugins: the pods on bridge

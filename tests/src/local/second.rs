@@ -34,12 +34,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::{
-    CRICTL_TOOL, NodeFiles, host, spawn_kubelet, spawn_proxy, start_containerd, wait_node_ready,
-    which,
+    NodeFiles, host, remove_all_pods, spawn_kubelet, spawn_proxy, start_containerd,
+    wait_node_ready, which,
 };
 use crate::containerd::Containerd;
 use crate::kube::KubeCluster;
-use crate::process::{ChildGuard, upstream_tool};
+use crate::process::ChildGuard;
 use crate::{run, unique};
 
 /// The second node's address, on its side of the veth pair.
@@ -344,17 +344,8 @@ impl Drop for SecondNode {
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop(Duration::from_secs(10));
         }
-        if let Some(containerd) = self.containerd.as_ref()
-            && let Ok(crictl) = upstream_tool("CARINA_CRICTL", CRICTL_TOOL, "crictl")
-        {
-            let endpoint = format!(
-                "--runtime-endpoint=unix://{}",
-                containerd.socket().display()
-            );
-            let _ = run(
-                &crictl.to_string_lossy(),
-                &[&endpoint, "--timeout=30s", "rmp", "--all", "--force"],
-            );
+        if let Some(containerd) = self.containerd.as_ref() {
+            remove_all_pods(containerd);
         }
         self.containerd.take();
         if let Some(mut proxy) = self.proxy.take() {
