@@ -138,6 +138,11 @@ struct Args {
     /// The sysfs root the bcache driver is driven through.
     #[arg(long, env = "CARINA_SYSFS_ROOT", default_value = "/sys")]
     sysfs_root: PathBuf,
+
+    /// Where the cgroup hierarchies are mounted: pods' IO limits are
+    /// written into their cgroups there (cgroup v1 blkio or v2 io).
+    #[arg(long, env = "CARINA_CGROUP_ROOT", default_value = carina_node::engine::iolimits::DEFAULT_CGROUP_ROOT)]
+    cgroup_root: PathBuf,
 }
 
 #[tokio::main]
@@ -194,6 +199,7 @@ async fn run(args: Args) -> Result<()> {
                 state_dir: Some(args.state_dir.clone()),
                 ..BcacheOptions::default()
             },
+            cgroup_root: Some(args.cgroup_root.clone()),
         },
     )
     .await

@@ -109,6 +109,10 @@ pub enum Command {
     /// bcache devices made of two volumes.
     #[command(subcommand)]
     Bcache(BcacheCommand),
+    /// Pods' IO limits on the node's volumes (what the control plane sets
+    /// from pod annotations), as read back from their cgroups.
+    #[command(subcommand)]
+    Iolimits(IoLimitsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -268,6 +272,45 @@ pub enum BcacheCommand {
         name: String,
         #[arg(value_enum)]
         mode: CacheModeArg,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IoLimitsCommand {
+    /// The limits in force, per pod and volume.
+    List {
+        /// Only this pod (its metadata.uid).
+        #[arg(long)]
+        pod: Option<String>,
+    },
+    /// Set a pod's limits on one volume (replacing what it had; a limit
+    /// left out is none).
+    Set {
+        /// The pod's metadata.uid.
+        #[arg(long)]
+        pod: String,
+        /// The volume.
+        #[arg(long)]
+        volume: String,
+        /// Bytes per second read (`10Mi`, `500M`, bytes).
+        #[arg(long, value_parser = parse_size, default_value = "0")]
+        read_bps: u64,
+        /// Bytes per second written.
+        #[arg(long, value_parser = parse_size, default_value = "0")]
+        write_bps: u64,
+        /// Read operations per second.
+        #[arg(long, default_value_t = 0)]
+        read_iops: u64,
+        /// Write operations per second.
+        #[arg(long, default_value_t = 0)]
+        write_iops: u64,
+    },
+    /// Remove a pod's limits (on every volume, or on one).
+    Clear {
+        #[arg(long)]
+        pod: String,
+        #[arg(long)]
+        volume: Option<String>,
     },
 }
 

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use carina_proto::nodestorage::{
     BcacheDevice, CacheMode, CapacityResponse, ChangeReason, Disk, GroupCapacity, LogicVolume,
-    Policy, QuotaMode,
+    PodIoLimit, Policy, QuotaMode,
 };
 
 use super::size::format_size;
@@ -226,6 +226,41 @@ pub fn bcache_json(b: &BcacheDevice) -> BcacheView<'_> {
     }
 }
 
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodLimitView<'a> {
+    pod_uid: &'a str,
+    volume: &'a str,
+    read_bps: u64,
+    write_bps: u64,
+    read_iops: u64,
+    write_iops: u64,
+    major: u32,
+    minor: u32,
+    cgroup: &'a str,
+    cgroup_version: u32,
+    cgroups: u32,
+    cgroups_expected: u32,
+}
+
+pub fn pod_limit_json(p: &PodIoLimit) -> PodLimitView<'_> {
+    let l = p.limits.unwrap_or_default();
+    PodLimitView {
+        pod_uid: &p.pod_uid,
+        volume: &p.volume,
+        read_bps: l.read_bps,
+        write_bps: l.write_bps,
+        read_iops: l.read_iops,
+        write_iops: l.write_iops,
+        major: p.major,
+        minor: p.minor,
+        cgroup: &p.cgroup,
+        cgroup_version: p.cgroup_version,
+        cgroups: p.cgroups,
+        cgroups_expected: p.cgroups_expected,
+    }
+}
+
 // ---- tables ----------------------------------------------------------------
 
 pub fn volumes_table<'a>(volumes: impl IntoIterator<Item = &'a LogicVolume>) -> Table {
@@ -332,6 +367,45 @@ pub fn disks_table(disks: &[Disk]) -> Table {
             devnum(d.major, d.minor),
             d.device_group.clone(),
             d.reason.clone(),
+        ]);
+    }
+    t
+}
+
+/// A limit of 0 is none: shown as `-`.
+fn limit(n: u64, bytes: bool) -> String {
+    match n {
+        0 => "-".to_string(),
+        n if bytes => format!("{}/s", format_size(n)),
+        n => n.to_string(),
+    }
+}
+
+pub fn pod_limits_table(limits: &[PodIoLimit]) -> Table {
+    let mut t = Table::new(&[
+        left("POD UID"),
+        left("VOLUME"),
+        left("MAJ:MIN"),
+        right("READ BPS"),
+        right("WRITE BPS"),
+        right("READ IOPS"),
+        right("WRITE IOPS"),
+        left("CGROUPS"),
+    ]);
+    for p in limits {
+        let l = p.limits.unwrap_or_default();
+        t.row([
+            p.pod_uid.clone(),
+            p.volume.clone(),
+            devnum(p.major, p.minor),
+            limit(l.read_bps, true),
+            limit(l.write_bps, true),
+            limit(l.read_iops, false),
+            limit(l.write_iops, false),
+            format!(
+                "{}/{} (v{})",
+                p.cgroups, p.cgroups_expected, p.cgroup_version
+            ),
         ]);
     }
     t

@@ -9,15 +9,17 @@ use tracing::Instrument;
 
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::nodestorage::{
-    ApplyConfigRequest, CacheMode, CapacityRequest, CapacityResponse, CreateBcacheRequest,
-    CreateLvRequest, DeleteBcacheRequest, DeleteLvRequest, GetBcacheRequest, GetLvRequest,
-    ListDisksRequest, ListLVsRequest, LogicVolume, ResizeLvRequest, SetCacheModeRequest,
-    WatchCapacityRequest,
+    ApplyConfigRequest, CacheMode, CapacityRequest, CapacityResponse, ClearPodIoLimitsRequest,
+    CreateBcacheRequest, CreateLvRequest, DeleteBcacheRequest, DeleteLvRequest, GetBcacheRequest,
+    GetLvRequest, IoLimits, ListDisksRequest, ListLVsRequest, ListPodIoLimitsRequest, LogicVolume,
+    ResizeLvRequest, SetCacheModeRequest, SetPodIoLimitsRequest, WatchCapacityRequest,
 };
 use carina_proto::tls::{self, ClientTls, TlsError};
 use carina_proto::trace::{TracedChannel, traced};
 
-use super::args::{BcacheCommand, CacheModeArg, Command, ConfigCommand, Connection, LvCommand};
+use super::args::{
+    BcacheCommand, CacheModeArg, Command, ConfigCommand, Connection, IoLimitsCommand, LvCommand,
+};
 use super::render;
 use super::size::format_size;
 use super::{CliError, Printer, error_chain};
@@ -42,6 +44,11 @@ struct Volumes<'a> {
 #[derive(Debug, Serialize)]
 struct Disks<'a> {
     disks: Vec<render::DiskView<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct PodLimits<'a> {
+    limits: Vec<render::PodLimitView<'a>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -137,6 +144,7 @@ pub async fn run(c: &Connection, command: Command, out: &Printer) -> Result<(), 
                 apply_config(&mut node, &file, out).await
             }
             Command::Bcache(cmd) => bcache(&mut node, cmd, out).await,
+            Command::Iolimits(cmd) => iolimits(&mut node, cmd, out).await,
             Command::Certs(_) => Err(CliError::Usage("certs does not call a node".to_string())),
         }
     }
@@ -157,6 +165,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::Disks => "carinactl disks",
         Command::Config(_) => "carinactl config apply",
         Command::Bcache(_) => "carinactl bcache",
+        Command::Iolimits(_) => "carinactl iolimits",
     }
 }
 
@@ -440,6 +449,64 @@ async fn bcache(node: &mut Node, cmd: BcacheCommand, out: &Printer) -> Result<()
         || render::bcache_table(&device).render(),
         || Device {
             device: render::bcache_json(&device),
+        },
+    )
+}
+
+async fn iolimits(node: &mut Node, cmd: IoLimitsCommand, out: &Printer) -> Result<(), CliError> {
+    let limits = match cmd {
+        IoLimitsCommand::List { pod } => {
+            let request = node.request(ListPodIoLimitsRequest {
+                pod_uid: pod.unwrap_or_default(),
+            });
+            node.client
+                .list_pod_io_limits(request)
+                .await?
+                .into_inner()
+                .limits
+        }
+        IoLimitsCommand::Set {
+            pod,
+            volume,
+            read_bps,
+            write_bps,
+            read_iops,
+            write_iops,
+        } => {
+            let request = node.request(SetPodIoLimitsRequest {
+                pod_uid: pod,
+                volume,
+                limits: Some(IoLimits {
+                    read_bps,
+                    write_bps,
+                    read_iops,
+                    write_iops,
+                }),
+            });
+            let limit = node.client.set_pod_io_limits(request).await?.into_inner();
+            limit.limit.into_iter().collect()
+        }
+        IoLimitsCommand::Clear { pod, volume } => {
+            let request = node.request(ClearPodIoLimitsRequest {
+                pod_uid: pod.clone(),
+                volume: volume.unwrap_or_default(),
+            });
+            let cleared = node
+                .client
+                .clear_pod_io_limits(request)
+                .await?
+                .into_inner()
+                .cleared;
+            return out.print(
+                || format!("pod {pod}: limits removed on {cleared} volume(s)\n"),
+                || serde_json::json!({ "podUid": pod, "cleared": cleared }),
+            );
+        }
+    };
+    out.print(
+        || render::pod_limits_table(&limits).render(),
+        || PodLimits {
+            limits: limits.iter().map(render::pod_limit_json).collect(),
         },
     )
 }

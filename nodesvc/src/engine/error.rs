@@ -27,6 +27,10 @@ pub enum Error {
     #[error("volume {name:?} not found")]
     VolumeNotFound { name: String },
 
+    /// A pod has no cgroup on this node (not started yet, or gone).
+    #[error("pod {pod_uid:?}: {reason}")]
+    PodNotFound { pod_uid: String, reason: String },
+
     /// A volume of that name exists with other parameters.
     #[error(
         "volume {name:?} already exists in group {group:?} with size {existing_bytes} (requested {requested_bytes})"

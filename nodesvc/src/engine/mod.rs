@@ -15,6 +15,7 @@ pub mod disks;
 pub mod error;
 pub mod gpt;
 pub mod host;
+pub mod iolimits;
 pub mod locks;
 pub mod lvm;
 pub mod names;
@@ -49,6 +50,9 @@ pub struct EngineOptions {
     /// Where the bcache side finds the kernel, its records, and how long
     /// it waits.
     pub bcache: bcache::BcacheOptions,
+    /// Where the cgroup hierarchies are mounted (pods' IO limits);
+    /// `None` is [`iolimits::DEFAULT_CGROUP_ROOT`].
+    pub cgroup_root: Option<std::path::PathBuf>,
 }
 
 /// The span of one backend mutation, the same for every policy:
@@ -102,6 +106,8 @@ struct Inner {
     /// LVM and RAW groups that took no disk at the last scan, by name.
     empty: StdMutex<BTreeMap<String, disks::EmptyGroup>>,
     bcache: bcache::Bcache,
+    /// Where pods' cgroups are looked for.
+    cgroup_root: std::path::PathBuf,
 }
 
 #[derive(Debug)]
@@ -143,6 +149,9 @@ impl Engine {
                 disks: StdMutex::new(Vec::new()),
                 empty: StdMutex::new(BTreeMap::new()),
                 bcache,
+                cgroup_root: options
+                    .cgroup_root
+                    .unwrap_or_else(|| iolimits::DEFAULT_CGROUP_ROOT.into()),
             }),
         };
         engine.rescan_with(ChangeReason::Start).await?;

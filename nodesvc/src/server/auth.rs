@@ -8,7 +8,7 @@
 //!
 //! - `controller`: everything;
 //! - `reader`: `GetLV`, `ListLVs`, `Capacity`, `WatchCapacity`,
-//!   `ListDisks`, `GetBcache`;
+//!   `ListDisks`, `GetBcache`, `ListPodIOLimits`;
 //! - any authenticated client, whatever its role: gRPC health and
 //!   reflection;
 //! - anything else: `PERMISSION_DENIED`, naming the role and the method.
@@ -37,6 +37,7 @@ const READ_METHODS: &[&str] = &[
     "WatchCapacity",
     "ListDisks",
     "GetBcache",
+    "ListPodIOLimits",
 ];
 
 /// Services every authenticated client may call.

@@ -8,6 +8,7 @@ use carina_proto::nodestorage as pb;
 
 use crate::engine::bcache::record::OwnedVolumes;
 use crate::engine::bcache::{BcacheDevice, BcacheRequest, CacheMode};
+use crate::engine::iolimits::{Limits, PodLimit};
 use crate::engine::{
     CapacitySnapshot, ChangeReason, CreateRequest, DiskStatus, Error, GroupCapacity, Policy,
     QuotaMode, Volume, names,
@@ -265,10 +266,49 @@ pub fn bcache_request(r: pb::CreateBcacheRequest) -> Result<BcacheRequest, Error
 }
 
 /// An `InvalidArgument` about the name, said of `field`.
-fn rename(e: Error, field: &str) -> Error {
+pub fn rename(e: Error, field: &str) -> Error {
     match e {
         Error::InvalidArgument { reason, .. } => invalid(field, reason),
         other => other,
+    }
+}
+
+/// `limits` of a `SetPodIOLimits` request: absent is all zero (remove);
+/// IOPS beyond 32 bits are refused (the kernel's v1 limit).
+pub fn io_limits(l: Option<pb::IoLimits>) -> Result<Limits, Error> {
+    let l = l.unwrap_or_default();
+    for (field, v) in [
+        ("limits.read_iops", l.read_iops),
+        ("limits.write_iops", l.write_iops),
+    ] {
+        if v > u64::from(u32::MAX) {
+            return Err(invalid(field, format!("{v} is more than {}", u32::MAX)));
+        }
+    }
+    Ok(Limits {
+        read_bps: l.read_bps,
+        write_bps: l.write_bps,
+        read_iops: l.read_iops,
+        write_iops: l.write_iops,
+    })
+}
+
+pub fn pod_limit(p: &PodLimit) -> pb::PodIoLimit {
+    pb::PodIoLimit {
+        pod_uid: p.pod_uid.clone(),
+        volume: p.volume.clone(),
+        limits: Some(pb::IoLimits {
+            read_bps: p.limits.read_bps,
+            write_bps: p.limits.write_bps,
+            read_iops: p.limits.read_iops,
+            write_iops: p.limits.write_iops,
+        }),
+        major: p.major,
+        minor: p.minor,
+        cgroup: path_string(Some(&p.cgroup)),
+        cgroup_version: p.cgroup_version,
+        cgroups: p.cgroups,
+        cgroups_expected: p.cgroups_expected,
     }
 }
 

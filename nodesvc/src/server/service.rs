@@ -416,4 +416,78 @@ impl NodeStorage for NodeStorageService {
         .await;
         self.done("SetCacheMode", result)
     }
+
+    #[instrument(
+        name = "NodeStorage/SetPodIOLimits",
+        skip(self, request),
+        err(level = "info"),
+        fields(k8s.pod.uid = %request.get_ref().pod_uid, volume.name = %request.get_ref().volume)
+    )]
+    async fn set_pod_io_limits(
+        &self,
+        request: Request<pb::SetPodIoLimitsRequest>,
+    ) -> Result<Response<pb::SetPodIoLimitsResponse>, Status> {
+        let req = request.into_inner();
+        let result = async {
+            convert::volume_name(&req.volume).map_err(|e| convert::rename(e, "volume"))?;
+            let limits = convert::io_limits(req.limits)?;
+            let limit = self
+                .engine
+                .set_pod_io_limits(&req.pod_uid, &req.volume, limits)
+                .await?;
+            Ok(pb::SetPodIoLimitsResponse {
+                limit: limit.as_ref().map(convert::pod_limit),
+            })
+        }
+        .await;
+        self.done("SetPodIOLimits", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/ClearPodIOLimits",
+        skip(self, request),
+        err(level = "info"),
+        fields(k8s.pod.uid = %request.get_ref().pod_uid, volume.name = %request.get_ref().volume)
+    )]
+    async fn clear_pod_io_limits(
+        &self,
+        request: Request<pb::ClearPodIoLimitsRequest>,
+    ) -> Result<Response<pb::ClearPodIoLimitsResponse>, Status> {
+        let req = request.into_inner();
+        let result = async {
+            let volume = (!req.volume.is_empty()).then_some(req.volume.as_str());
+            if let Some(v) = volume {
+                convert::volume_name(v).map_err(|e| convert::rename(e, "volume"))?;
+            }
+            let cleared = self
+                .engine
+                .clear_pod_io_limits(&req.pod_uid, volume)
+                .await?;
+            Ok(pb::ClearPodIoLimitsResponse { cleared })
+        }
+        .await;
+        self.done("ClearPodIOLimits", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/ListPodIOLimits",
+        skip(self, request),
+        err(level = "info"),
+        fields(k8s.pod.uid = %request.get_ref().pod_uid)
+    )]
+    async fn list_pod_io_limits(
+        &self,
+        request: Request<pb::ListPodIoLimitsRequest>,
+    ) -> Result<Response<pb::ListPodIoLimitsResponse>, Status> {
+        let uid = request.into_inner().pod_uid;
+        let result = async {
+            let only = (!uid.is_empty()).then_some(uid.as_str());
+            let limits = self.engine.pod_io_limits(only).await?;
+            Ok(pb::ListPodIoLimitsResponse {
+                limits: limits.iter().map(convert::pod_limit).collect(),
+            })
+        }
+        .await;
+        self.done("ListPodIOLimits", result)
+    }
 }

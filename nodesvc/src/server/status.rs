@@ -3,7 +3,7 @@
 //! | engine error | code |
 //! | --- | --- |
 //! | `InvalidArgument`, `InvalidConfig`, `UnknownGroup` | `INVALID_ARGUMENT` |
-//! | `VolumeNotFound`, `BcacheNotFound` | `NOT_FOUND` |
+//! | `VolumeNotFound`, `BcacheNotFound`, `PodNotFound` | `NOT_FOUND` |
 //! | `AlreadyExists`, `BcacheConflict` | `ALREADY_EXISTS` |
 //! | `ResourceExhausted` | `RESOURCE_EXHAUSTED` |
 //! | `FailedPrecondition`, `Unsupported` | `FAILED_PRECONDITION` |
@@ -28,7 +28,9 @@ pub fn code(e: &Error) -> Code {
         Error::InvalidArgument { .. }
         | Error::InvalidConfig { .. }
         | Error::UnknownGroup { .. } => Code::InvalidArgument,
-        Error::VolumeNotFound { .. } | Error::BcacheNotFound { .. } => Code::NotFound,
+        Error::VolumeNotFound { .. } | Error::BcacheNotFound { .. } | Error::PodNotFound { .. } => {
+            Code::NotFound
+        }
         Error::AlreadyExists { .. } | Error::BcacheConflict { .. } => Code::AlreadyExists,
         Error::ResourceExhausted { .. } => Code::ResourceExhausted,
         Error::FailedPrecondition { .. } | Error::Unsupported { .. } => Code::FailedPrecondition,
@@ -131,6 +133,14 @@ mod tests {
                 Error::BcacheNotFound { name: "b".into() },
                 Code::NotFound,
                 "bcache device \"b\" not found",
+            ),
+            (
+                Error::PodNotFound {
+                    pod_uid: "u-1".into(),
+                    reason: "no cgroup".into(),
+                },
+                Code::NotFound,
+                "pod \"u-1\": no cgroup",
             ),
             (
                 Error::BcacheConflict {
