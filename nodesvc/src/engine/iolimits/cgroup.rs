@@ -357,8 +357,11 @@ fn parse_dev(s: &str) -> Result<(u32, u32), String> {
     Ok((n(major)?, n(minor)?))
 }
 
+/// A block device's (major, minor).
+pub type Dev = (u32, u32);
+
 /// Lines `MAJ:MIN VALUE` of a v1 throttle file.
-pub fn parse_v1(text: &str) -> Result<Vec<((u32, u32), u64)>, String> {
+pub fn parse_v1(text: &str) -> Result<Vec<(Dev, u64)>, String> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
@@ -462,10 +465,10 @@ mod tests {
     #[test]
     fn v1_lines_parse_and_refuse_garbage() {
         assert_eq!(
-            parse_v1("7:3 1048576\n259:12 10\n").unwrap(),
+            parse_v1("7:3 1048576\n259:12 10\n").expect("parses"),
             vec![((7, 3), 1048576), ((259, 12), 10)]
         );
-        assert_eq!(parse_v1("").unwrap(), vec![]);
+        assert_eq!(parse_v1("").expect("parses"), vec![]);
         for bad in ["7:3", "7 3", "7:x 1", "7:3 -1", "7:3 1 2"] {
             assert!(parse_v1(bad).is_err(), "{bad}");
         }
@@ -481,7 +484,7 @@ mod tests {
         };
         let line = format_v2((8, 16), &l);
         assert_eq!(line, "8:16 rbps=2097152 wbps=max riops=max wiops=120");
-        assert_eq!(parse_v2(&line).unwrap()[&(8, 16)], l);
+        assert_eq!(parse_v2(&line).expect("parses")[&(8, 16)], l);
         assert!(parse_v2("8:16 rbps=x").is_err());
         assert!(parse_v2("8 rbps=1").is_err());
     }
@@ -492,18 +495,18 @@ mod tests {
         let blkio = dir.join("blkio");
         for p in pods {
             let pod = blkio.join(p);
-            std::fs::create_dir_all(&pod).unwrap();
+            std::fs::create_dir_all(&pod).expect("the stand-in tree");
             for (_, file) in V1_FILES {
-                std::fs::write(pod.join(file), "").unwrap();
+                std::fs::write(pod.join(file), "").expect("the stand-in tree");
             }
         }
-        std::fs::write(blkio.join(V1_FILES[0].1), "").unwrap();
-        Hierarchy::detect(dir).unwrap()
+        std::fs::write(blkio.join(V1_FILES[0].1), "").expect("the stand-in tree");
+        Hierarchy::detect(dir).expect("a v1 tree")
     }
 
     #[test]
     fn finds_pods_under_any_cgroup_root() {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().expect("tempdir");
         let systemd = format!("kubepods-besteffort-pod{}.slice", UID.replace('-', "_"));
         let h = v1_tree(
             tmp.path(),
@@ -521,10 +524,10 @@ mod tests {
 
     #[test]
     fn v1_write_reads_back_and_zero_removes() {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().expect("tempdir");
         let pod_dir = format!("kubepods/pod{UID}");
         let h = v1_tree(tmp.path(), &[&pod_dir, &format!("{pod_dir}/container-a")]);
-        let pod = h.pod(UID).unwrap();
+        let pod = h.pod(UID).expect("parses");
         let container = pod.join("container-a");
         let l = Limits {
             read_bps: 1,
@@ -533,33 +536,37 @@ mod tests {
             write_iops: 4,
         };
         // v1 throttling is flat: the container's cgroup gets the rule too.
-        assert_eq!(h.write(&pod, (7, 3), l).unwrap(), 2);
+        assert_eq!(h.write(&pod, (7, 3), l).expect("parses"), 2);
         // The stand-in keeps only the last write per file, as if one
         // device had rules.
-        assert_eq!(h.read(&pod).unwrap()[&(7, 3)], l);
-        assert_eq!(h.read(&container).unwrap()[&(7, 3)], l);
-        assert_eq!(h.write(&pod, (7, 3), Limits::default()).unwrap(), 2);
-        assert!(h.read(&pod).unwrap().is_empty());
-        assert!(h.read(&container).unwrap().is_empty());
+        assert_eq!(h.read(&pod).expect("parses")[&(7, 3)], l);
+        assert_eq!(h.read(&container).expect("parses")[&(7, 3)], l);
+        assert_eq!(h.write(&pod, (7, 3), Limits::default()).expect("parses"), 2);
+        assert!(h.read(&pod).expect("parses").is_empty());
+        assert!(h.read(&container).expect("parses").is_empty());
     }
 
     #[test]
     fn a_vanished_cgroup_is_pod_not_found() {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().expect("tempdir");
         let h = v1_tree(tmp.path(), &[&format!("kubepods/pod{UID}")]);
-        let pod = h.pod(UID).unwrap();
-        std::fs::remove_dir_all(&pod).unwrap();
-        let err = h.write(&pod, (7, 3), Limits::default()).unwrap_err();
+        let pod = h.pod(UID).expect("parses");
+        std::fs::remove_dir_all(&pod).expect("the stand-in tree");
+        let err = h
+            .write(&pod, (7, 3), Limits::default())
+            .expect_err("refused");
         assert!(matches!(err, Error::PodNotFound { .. }), "{err}");
     }
 
     #[test]
     fn no_io_controller_is_a_precondition() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
-        let err = Hierarchy::detect(tmp.path()).unwrap_err();
+        let tmp = tempfile::tempdir().expect("tempdir");
+        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu memory pids\n")
+            .expect("the stand-in tree");
+        let err = Hierarchy::detect(tmp.path()).expect_err("refused");
         assert!(matches!(err, Error::FailedPrecondition { .. }), "{err}");
-        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu io memory\n").unwrap();
-        assert_eq!(Hierarchy::detect(tmp.path()).unwrap().version(), 2);
+        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu io memory\n")
+            .expect("the stand-in tree");
+        assert_eq!(Hierarchy::detect(tmp.path()).expect("parses").version(), 2);
     }
 }
