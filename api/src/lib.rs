@@ -53,6 +53,15 @@ pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
 /// `"true"`); the provisioner writes it, the bridge and the scheduler read it.
 pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";
 
+/// Pod annotations (Carina's) limiting the pod's block IO on its Carina
+/// volumes: bytes per second read and written, operations per second read
+/// and written. A value is a Kubernetes quantity (`10485760`, `10Mi`); `0`
+/// or no annotation is no limit.
+pub const READ_BPS_ANNOTATION: &str = "carina.storage.io/blkio.throttle.read_bps_device";
+pub const WRITE_BPS_ANNOTATION: &str = "carina.storage.io/blkio.throttle.write_bps_device";
+pub const READ_IOPS_ANNOTATION: &str = "carina.storage.io/blkio.throttle.read_iops_device";
+pub const WRITE_IOPS_ANNOTATION: &str = "carina.storage.io/blkio.throttle.write_iops_device";
+
 /// Prefix of the keys of `NodeStorageResource.status.capacity` and
 /// `.allocatable`.
 pub const CAPACITY_KEY_PREFIX: &str = "carina.storage.io/";

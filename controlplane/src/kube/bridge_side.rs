@@ -1,8 +1,9 @@
 //! The bridge side of the Kubernetes control plane, what the elected
 //! leader runs: [`run`] starts the `LogicVolume` bridge, the capacity
-//! publisher and the config push over one Node watch and one NodeStorage
-//! client pool, and stops them together; [`BridgeConfig`] configures all
-//! three. It sits above the three modules, which share helpers
+//! publisher, the config push and the Pods' IO limits
+//! ([`super::iolimits`]) over one Node watch and one NodeStorage
+//! client pool, and stops them together; [`BridgeConfig`] configures
+//! them. It sits above the four modules, which share helpers
 //! ([`super::retry`], `super::status`, [`super::endpoints`]) but not each
 //! other.
 
@@ -78,7 +79,8 @@ impl BridgeConfig {
     }
 }
 
-/// Runs the bridge, the capacity publisher and the config push until
+/// Runs the bridge, the capacity publisher, the config push and the IO
+/// limits until
 /// `shutdown` completes (the caller holds the leadership while this
 /// runs), then lets in-flight work finish.
 ///
@@ -134,15 +136,23 @@ pub async fn run(
         slow_retry: config.slow_retry,
         instance: config.instance.clone(),
     };
+    let iolimits = super::iolimits::run(
+        client.clone(),
+        nodes.clone(),
+        clients.clone(),
+        config.retry,
+        config.instance.clone(),
+        stop_rx.clone(),
+    );
     let bridge = run_controller(client, nodes, clients, &controller_config, stop_rx);
     tracing::info!(
         concurrency = config.concurrency,
         node.port = config.node_port,
         config_map = %format!("{}/{}", config.config_namespace, config.config_name),
-        "bridge, capacity publisher and config push running"
+        "bridge, capacity publisher, config push and IO limits running"
     );
     let mut all = pin!(async {
-        tokio::join!(watch_nodes, capacity, push, bridge);
+        tokio::join!(watch_nodes, capacity, push, bridge, iolimits);
     });
     let finished = tokio::select! {
         _ = shutdown => false,

@@ -7,8 +7,11 @@
 //! - [`capacity`]: `WatchCapacity` streams into `NodeStorageResource`s.
 //! - [`config_push`]: the `carina-csi-config` ConfigMap, evaluated per node,
 //!   pushed with `ApplyConfig`.
+//! - [`iolimits`]: Pods' IO-limit annotations sent to their nodes with
+//!   `SetPodIOLimits`.
 //! - [`bridge_side`]: what the elected leader runs: the bridge, the
-//!   capacity publisher and the config push, started and stopped together.
+//!   capacity publisher, the config push and the IO limits, started and
+//!   stopped together.
 //! - [`leader`]: Lease-based leader election for the bridge side.
 //! - [`endpoints`]: where each node's `NodeStorage` is (the shared Node
 //!   watch); [`retry`] and `status`: the helpers the bridge side shares.
@@ -27,6 +30,7 @@ pub mod bridge_side;
 pub mod capacity;
 pub mod config_push;
 pub mod endpoints;
+pub mod iolimits;
 pub mod leader;
 pub mod provisioner;
 pub mod retry;
