@@ -235,7 +235,7 @@ async fn refusals_name_the_field_and_change_nothing() {
             .engine
             .set_pod_io_limits(uid, &v.name, limits)
             .await
-            .unwrap_err();
+            .expect_err("refused");
         assert!(
             matches!(&e, Error::InvalidArgument { field, .. } if field == "pod_uid"),
             "{uid:?}: {e}"
@@ -245,14 +245,14 @@ async fn refusals_name_the_field_and_change_nothing() {
         .engine
         .set_pod_io_limits("11111111-2222-4333-8444-555555555555", &v.name, limits)
         .await
-        .unwrap_err();
+        .expect_err("refused");
     assert!(matches!(e, Error::PodNotFound { .. }), "{e}");
     let pod = PodCgroup::new();
     let e = f
         .engine
         .set_pod_io_limits(&pod.uid, "no-such-volume", limits)
         .await
-        .unwrap_err();
+        .expect_err("refused");
     assert!(matches!(e, Error::VolumeNotFound { .. }), "{e}");
     assert!(
         f.engine
@@ -312,20 +312,20 @@ async fn a_pod_deleted_while_its_limits_are_applied() {
         move || {
             // What the kubelet does: containers first, then the pod.
             let mut dirs: Vec<_> = std::fs::read_dir(&pod_dir)
-                .unwrap()
+                .expect("read the pod cgroup")
                 .flatten()
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                 .map(|e| e.path())
                 .collect();
             dirs.sort();
             for d in dirs {
-                std::fs::remove_dir(&d).unwrap();
+                std::fs::remove_dir(&d).expect("remove a container cgroup");
             }
-            std::fs::remove_dir(&pod_dir).unwrap();
+            std::fs::remove_dir(&pod_dir).expect("remove the pod cgroup");
         }
     })
     .await
-    .unwrap();
+    .expect("the removal ran");
     let (ok, gone) = setter.await.expect("the setter ran");
     println!("{ok} sets succeeded, {gone} found the pod gone");
     assert_eq!(gone, 5, "the sets saw the pod go");

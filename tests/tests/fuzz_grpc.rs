@@ -107,6 +107,18 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
             _ => text(rng, 40),
         }
     };
+    let uids = |rng: &mut Rng| -> String {
+        match rng.below(4) {
+            0 => format!(
+                "{:08x}-0000-4000-8000-{:012x}",
+                rng.next_u64() as u32,
+                rng.below(1 << 40)
+            ),
+            1 => String::new(),
+            2 => "../".repeat(rng.below(8)),
+            _ => text(rng, 40),
+        }
+    };
     let groups = |rng: &mut Rng| -> String {
         match rng.below(4) {
             0 | 1 => group.to_string(),
@@ -190,6 +202,34 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
             cache_mode: rng.below(7) as i32 - 1,
         }
         .encode_to_vec(),
+        "SetPodIOLimits" => pb::SetPodIoLimitsRequest {
+            pod_uid: uids(rng),
+            volume: names(rng),
+            limits: (rng.below(4) != 0).then(|| pb::IoLimits {
+                read_bps: rng.next_u64() >> rng.below(64),
+                write_bps: rng.next_u64() >> rng.below(64),
+                read_iops: rng.next_u64() >> rng.below(64),
+                write_iops: rng.next_u64() >> rng.below(64),
+            }),
+        }
+        .encode_to_vec(),
+        "ClearPodIOLimits" => pb::ClearPodIoLimitsRequest {
+            pod_uid: uids(rng),
+            volume: if rng.below(2) == 0 {
+                String::new()
+            } else {
+                names(rng)
+            },
+        }
+        .encode_to_vec(),
+        "ListPodIOLimits" => pb::ListPodIoLimitsRequest {
+            pod_uid: if rng.below(2) == 0 {
+                String::new()
+            } else {
+                uids(rng)
+            },
+        }
+        .encode_to_vec(),
         other => panic!("no generator for {other}"),
     }
 }
@@ -209,6 +249,9 @@ fn decodes(rpc: &str, bytes: &[u8]) -> bool {
         "DeleteBcache" => pb::DeleteBcacheRequest::decode(bytes).is_ok(),
         "GetBcache" => pb::GetBcacheRequest::decode(bytes).is_ok(),
         "SetCacheMode" => pb::SetCacheModeRequest::decode(bytes).is_ok(),
+        "SetPodIOLimits" => pb::SetPodIoLimitsRequest::decode(bytes).is_ok(),
+        "ClearPodIOLimits" => pb::ClearPodIoLimitsRequest::decode(bytes).is_ok(),
+        "ListPodIOLimits" => pb::ListPodIoLimitsRequest::decode(bytes).is_ok(),
         _ => false,
     }
 }
@@ -245,6 +288,8 @@ const MUTATING: &[&str] = &[
     "CreateBcache",
     "DeleteBcache",
     "SetCacheMode",
+    "SetPodIOLimits",
+    "ClearPodIOLimits",
 ];
 
 #[tokio::test]
@@ -283,6 +328,9 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
         "DeleteBcache",
         "GetBcache",
         "SetCacheMode",
+        "SetPodIOLimits",
+        "ClearPodIOLimits",
+        "ListPodIOLimits",
     ];
     let mut rng = Rng::new(seed);
     let mut counts = Vec::new();

@@ -213,6 +213,77 @@ async fn bad_requests_name_the_field() {
 }
 
 #[tokio::test]
+async fn pod_io_limits_refusals_name_the_field() {
+    let group = unique("g");
+    let (node, _dirs) = node(&group).await;
+    let mut c = node.client("controller").await.expect("client");
+    c.create_lv(create_lv("dir-vol", &group, MIB))
+        .await
+        .expect("CreateLV");
+    let uid = "0e5b2a57-6a3f-4c1e-9d3b-7f2a9c4d1e00";
+    let set = |pod_uid: &str, volume: &str, write_iops: u64| pb::SetPodIoLimitsRequest {
+        pod_uid: pod_uid.into(),
+        volume: volume.into(),
+        limits: Some(pb::IoLimits {
+            write_bps: MIB,
+            write_iops,
+            ..Default::default()
+        }),
+    };
+    for (req, code, start) in [
+        (set("", "dir-vol", 0), Code::InvalidArgument, "pod_uid:"),
+        (
+            set("../../x", "dir-vol", 0),
+            Code::InvalidArgument,
+            "pod_uid:",
+        ),
+        (set(uid, "", 0), Code::InvalidArgument, "volume:"),
+        (
+            set(uid, "dir-vol", 1 << 40),
+            Code::InvalidArgument,
+            "limits.write_iops:",
+        ),
+        (
+            set(uid, "no-such-vol", 0),
+            Code::NotFound,
+            "volume \"no-such-vol\"",
+        ),
+        // A HOST volume is a directory: nothing to throttle.
+        (
+            set(uid, "dir-vol", 0),
+            Code::FailedPrecondition,
+            "IO limits on \"dir-vol\"",
+        ),
+    ] {
+        let e = c.set_pod_io_limits(req).await.expect_err(start);
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().starts_with(start), "{}", e.message());
+    }
+    let listed = c
+        .list_pod_io_limits(pb::ListPodIoLimitsRequest::default())
+        .await
+        .expect("ListPodIOLimits")
+        .into_inner();
+    assert!(listed.limits.is_empty(), "{listed:?}");
+    let cleared = c
+        .clear_pod_io_limits(pb::ClearPodIoLimitsRequest {
+            pod_uid: uid.into(),
+            volume: String::new(),
+        })
+        .await
+        .expect("clearing a pod without a cgroup succeeds")
+        .into_inner();
+    assert_eq!(cleared.cleared, 0);
+    let e = c
+        .list_pod_io_limits(pb::ListPodIoLimitsRequest {
+            pod_uid: "a b".into(),
+        })
+        .await
+        .expect_err("bad uid");
+    assert!(e.message().starts_with("pod_uid:"), "{}", e.message());
+}
+
+#[tokio::test]
 async fn capacity_and_watch_follow_a_create() {
     let group = unique("g");
     let (node, _dirs) = node(&group).await;

@@ -145,6 +145,24 @@ async fn reader_may_read_but_not_create() {
         "nothing was created"
     );
     assert_eq!(node.metrics.count("CreateLV", Code::PermissionDenied), 1);
+    // Pods' IO limits: a reader sees them, only a controller sets them.
+    reader
+        .list_pod_io_limits(pb::ListPodIoLimitsRequest::default())
+        .await
+        .expect("reader may list IO limits");
+    for e in [
+        reader
+            .set_pod_io_limits(pb::SetPodIoLimitsRequest::default())
+            .await
+            .expect_err("reader may not set IO limits"),
+        reader
+            .clear_pod_io_limits(pb::ClearPodIoLimitsRequest::default())
+            .await
+            .expect_err("reader may not clear IO limits"),
+    ] {
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("PodIOLimits"), "{}", e.message());
+    }
 }
 
 #[tokio::test]

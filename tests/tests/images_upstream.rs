@@ -71,6 +71,19 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `ctr run` puts each container in the cgroup `/<namespace>/<id>` of
+/// every hierarchy; runc removes the container's own, the namespace's
+/// stays. Removed on drop, also when the test fails.
+struct NamespaceCgroup(String);
+
+impl Drop for NamespaceCgroup {
+    fn drop(&mut self) {
+        if let Err(e) = carina_tests::local::host::remove_cgroup(&self.0) {
+            eprintln!("removing the cgroup /{}: {e:#}", self.0);
+        }
+    }
+}
+
 /// The status column of `ctr task ls` for task `id` (RUNNING, STOPPED...).
 fn task_status(containerd: &mut Containerd, ns: &str, id: &str) -> Result<Option<String>> {
     let listing = containerd.ctr(ns, &["tasks", "ls"])?;
@@ -130,6 +143,7 @@ fn test_images_import_and_run() -> Result<()> {
 
     let mut containerd = Containerd::start()?;
     let ns = unique("test-images");
+    let _cgroup = NamespaceCgroup(ns.clone());
     for image in &images {
         let listed = import(&mut containerd, &ns, &dir.join(&image.file))?;
         assert!(
