@@ -348,6 +348,8 @@ fn values(
         },
         "node": {
             "port": crate::cluster::free_port()?,
+            // The node's records stay in the cluster's folder.
+            "stateDir": cluster.dir().join("carina-state"),
             "extraArgs": [format!("--metrics-listen=127.0.0.1:{}", crate::cluster::free_port()?)],
         },
         "config": {
