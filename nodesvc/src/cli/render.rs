@@ -530,6 +530,7 @@ whole    raw    RAW (whole disk)  1.5 GiB  /dev/sdc             8:32     /dev/sd
     fn capacity_rendering() {
         let c = CapacityResponse {
             node_name: "demo-node".into(),
+            incarnation: "i".into(),
             generation: 7,
             reason: ChangeReason::Create as i32,
             groups: vec![

@@ -99,6 +99,9 @@ struct Inner {
     state: RwLock<State>,
     locks: locks::VolumeLocks,
     capacity: watch::Sender<CapacitySnapshot>,
+    /// Held while a snapshot is taken and sent, so a later generation is
+    /// never an older reading.
+    notifying: Mutex<()>,
     /// Volume name → group, kept current by every mutation and rescan, so
     /// lookups do not ask every backend.
     index: StdMutex<HashMap<String, String>>,
@@ -133,7 +136,16 @@ impl Engine {
         let lvm = Arc::new(lvm::LvmRunner::new(options.lvm));
         let groups = build_groups(&config, device_mapper, &lvm)?;
         let bcache = bcache::Bcache::load(options.bcache)?;
+        // Random where the kernel gives randomness, else the start time:
+        // it only has to differ between starts.
+        let incarnation = bcache::tools::new_uuid().unwrap_or_else(|_| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{}-{}", now.as_nanos(), std::process::id())
+        });
         let (capacity, _) = watch::channel(CapacitySnapshot {
+            incarnation,
             generation: 0,
             reason: ChangeReason::Start,
             groups: Vec::new(),
@@ -145,6 +157,7 @@ impl Engine {
                 state: RwLock::new(State { config, groups }),
                 locks: locks::VolumeLocks::default(),
                 capacity,
+                notifying: Mutex::new(()),
                 index: StdMutex::new(HashMap::new()),
                 disks: StdMutex::new(Vec::new()),
                 empty: StdMutex::new(BTreeMap::new()),
@@ -157,6 +170,13 @@ impl Engine {
         engine.rescan_with(ChangeReason::Start).await?;
         engine.recover_bcache().await;
         Ok(engine)
+    }
+
+    /// Where the last finished change is in the capacity reports: its
+    /// incarnation and the newest generation (which reflects it).
+    pub fn capacity_version(&self) -> (String, u64) {
+        let snap = self.inner.capacity.borrow();
+        (snap.incarnation.clone(), snap.generation)
     }
 
     /// Whether LVM volumes use device-mapper (otherwise loop exposure).
@@ -474,6 +494,7 @@ impl Engine {
     }
 
     async fn notify(&self, reason: ChangeReason) {
+        let _one_at_a_time = self.inner.notifying.lock().await;
         let slots = self.all_slots().await;
         let mut groups = Vec::with_capacity(slots.len());
         for slot in slots {

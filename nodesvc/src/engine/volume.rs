@@ -92,9 +92,14 @@ pub enum ChangeReason {
     Config,
 }
 
-/// The node's capacity at one moment; `generation` grows with every update.
+/// The node's capacity at one moment; `generation` grows with every update
+/// and counts from `incarnation`, chosen at each start of the engine. A
+/// snapshot reflects every change that finished before it was taken, so a
+/// change that returned at generation `g` is in every snapshot of the same
+/// incarnation from `g` on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CapacitySnapshot {
+    pub incarnation: String,
     pub generation: u64,
     pub reason: ChangeReason,
     pub groups: Vec<GroupCapacity>,

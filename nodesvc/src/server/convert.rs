@@ -92,6 +92,7 @@ pub fn capacity(
         reason: reason_override
             .unwrap_or_else(|| reason(snapshot.reason))
             .into(),
+        incarnation: snapshot.incarnation.clone(),
     }
 }
 

@@ -250,6 +250,7 @@ mod tests {
         m.observe("CreateLV", Code::ResourceExhausted);
         assert_eq!(m.count("CreateLV", Code::Ok), 2);
         let snap = CapacitySnapshot {
+            incarnation: "i".into(),
             generation: 7,
             reason: ChangeReason::Create,
             groups: vec![GroupCapacity {

@@ -68,12 +68,23 @@ impl NodeStorageService {
         result.map(Response::new)
     }
 
+    /// The capacity report that reflects the change just made (the
+    /// engine has published it before the change returned).
+    fn capacity_version(&self) -> pb::CapacityVersion {
+        let (incarnation, generation) = self.engine.capacity_version();
+        pb::CapacityVersion {
+            incarnation,
+            generation,
+        }
+    }
+
     async fn create(&self, req: pb::CreateLvRequest) -> Result<pb::CreateLvResponse, Status> {
         let req = convert::create_request(req)?;
         let (volume, created) = self.engine.ensure_volume(req).await?;
         Ok(pb::CreateLvResponse {
             volume: Some(convert::volume(&volume)),
             created,
+            capacity: Some(self.capacity_version()),
         })
     }
 
@@ -107,13 +118,16 @@ impl NodeStorageService {
 
     async fn capacity_now(&self, group: &str) -> Result<pb::CapacityResponse, Status> {
         let group = (!group.is_empty()).then_some(group);
+        // Read first: the figures below then reflect at least every change
+        // this generation stands for.
+        let (incarnation, generation) = self.engine.capacity_version();
         let groups = self.engine.capacity(group).await?;
-        let generation = self.engine.subscribe().borrow().generation;
         Ok(pb::CapacityResponse {
             node_name: self.node_name.to_string(),
             groups: groups.iter().map(convert::group_capacity).collect(),
             generation,
             reason: pb::ChangeReason::Current.into(),
+            incarnation,
         })
     }
 
@@ -225,6 +239,7 @@ impl NodeStorage for NodeStorageService {
             let volume = self.engine.resize_volume(&req.name, req.size_bytes).await?;
             Ok(pb::ResizeLvResponse {
                 volume: Some(convert::volume(&volume)),
+                capacity: Some(self.capacity_version()),
             })
         }
         .await;
