@@ -100,6 +100,14 @@ pub struct LogicVolumeStatus {
     /// directory of a HOST volume (the PV's `carina.storage.io/path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// The node's capacity report that first counts this volume at its
+    /// current size: a `NodeStorageResource` whose `nodeIncarnation` is
+    /// this one and whose `nodeGeneration` is at least `capacityGeneration`
+    /// shows it (the scheduler stops counting it as in flight then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_incarnation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_generation: Option<u64>,
 }
 
 /// `status.status` after a successful node operation.

@@ -68,6 +68,10 @@ pub struct NodeStorageResourceStatus {
     /// every change on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_generation: Option<u64>,
+    /// The node's incarnation (chosen at each start of the node) that
+    /// `nodeGeneration` counts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_incarnation: Option<String>,
     /// LVM volume groups of the LVM device groups.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vg_groups: Vec<VgGroup>,

@@ -86,6 +86,7 @@ static EMPTY: NodeStorageResourceStatus = NodeStorageResourceStatus {
     allocatable: BTreeMap::new(),
     groups: Vec::new(),
     node_generation: None,
+    node_incarnation: None,
     vg_groups: Vec::new(),
     disks: Vec::new(),
     conditions: Vec::new(),

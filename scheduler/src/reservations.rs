@@ -8,12 +8,17 @@
 //!   being deleted or failed for good (a non-zero `status.code` other
 //!   than `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`, which the bridge
 //!   retries): its `spec.size`;
-//! - it was made at or after the node's `status.syncTime` (the record
-//!   predates it): its size. "Made" is the `Ready=True` condition's
-//!   transition time, else the object's creation. Both times have whole
-//!   seconds, so a volume made in the second of the sync counts as in
-//!   flight: counting it twice until the next report is safe, missing it
-//!   is not. A node reports after every change, so this is short;
+//! - the node's record does not count it yet: its size. The bridge writes
+//!   the node's capacity version of the change (`status.nodeIncarnation`,
+//!   `status.capacityGeneration`) and the record carries the version it
+//!   shows (`nodeIncarnation`, `nodeGeneration`): of one incarnation, a
+//!   record generation at least the volume's counts it. Without both (an
+//!   object written before the versions, or a record of another start of
+//!   the node) times decide: it was made at or after the record's
+//!   `status.syncTime`. "Made" is the `Ready=True` condition's transition
+//!   time, else the object's creation; both have whole seconds, so a
+//!   volume made in the second of the sync counts as in flight (twice is
+//!   safe, missing it is not) until the next report;
 //! - its `spec.size` exceeds `status.currentSize` (a resize under way):
 //!   the difference.
 //!
@@ -35,6 +40,7 @@
 use std::collections::{HashMap, HashSet};
 
 use carina_api::logicvolume::LogicVolumeStatus;
+use carina_api::nodestorageresource::NodeStorageResourceStatus;
 use carina_api::quantity::quantity_bytes;
 use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume};
 use carina_csi::CapacityRange;
@@ -101,10 +107,11 @@ impl Reservations {
                 claims_with_lv.insert(c.clone());
             }
             claims_with_lv.extend(claim_of_volume.get(&name).cloned());
-            let sync_time = objects
+            let record = objects
                 .node_storage(&lv.spec.node_name)
-                .and_then(|n| n.status.as_ref().and_then(|s| s.sync_time.clone()));
-            if let Some(bytes) = in_flight_bytes(&lv, sync_time.as_ref()) {
+                .and_then(|n| n.status.clone())
+                .unwrap_or_default();
+            if let Some(bytes) = in_flight_bytes(&lv, &record) {
                 out.add(
                     &lv.spec.node_name,
                     Volume {
@@ -182,7 +189,7 @@ impl Reservations {
 }
 
 /// The bytes of `lv` its node's record does not show yet, if any.
-fn in_flight_bytes(lv: &LogicVolume, sync_time: Option<&Time>) -> Option<u64> {
+fn in_flight_bytes(lv: &LogicVolume, record: &NodeStorageResourceStatus) -> Option<u64> {
     let spec_bytes = quantity_bytes(&lv.spec.size).ok()?;
     let status = lv.status.as_ref();
     let made = status.is_some_and(|s| s.volume_id.as_deref().is_some_and(|v| !v.is_empty()));
@@ -197,12 +204,17 @@ fn in_flight_bytes(lv: &LogicVolume, sync_time: Option<&Time>) -> Option<u64> {
         .and_then(|s| s.current_size.as_ref())
         .and_then(|q| quantity_bytes(q).ok())
         .unwrap_or(spec_bytes);
-    let made_at = status
-        .and_then(ready_since)
-        .or(lv.metadata.creation_timestamp.as_ref());
-    let unreflected = match (made_at, sync_time) {
-        (Some(made), Some(synced)) => made.0 >= synced.0,
-        _ => true,
+    let unreflected = match status.and_then(|s| reflected_by_generation(s, record)) {
+        Some(reflected) => !reflected,
+        None => {
+            let made_at = status
+                .and_then(ready_since)
+                .or(lv.metadata.creation_timestamp.as_ref());
+            match (made_at, record.sync_time.as_ref()) {
+                (Some(made), Some(synced)) => made.0 >= synced.0,
+                _ => true,
+            }
+        }
     };
     let bytes = if unreflected {
         current.max(spec_bytes)
@@ -210,6 +222,21 @@ fn in_flight_bytes(lv: &LogicVolume, sync_time: Option<&Time>) -> Option<u64> {
         spec_bytes.saturating_sub(current)
     };
     (bytes > 0).then_some(bytes)
+}
+
+/// Whether the record counts the volume at its current size, told by the
+/// node's capacity generations; `None` when they cannot tell (an object
+/// without them, or a record of another start of the node).
+fn reflected_by_generation(
+    status: &LogicVolumeStatus,
+    record: &NodeStorageResourceStatus,
+) -> Option<bool> {
+    let (lv_incarnation, lv_generation) = (
+        status.node_incarnation.as_ref()?,
+        status.capacity_generation?,
+    );
+    let (incarnation, generation) = (record.node_incarnation.as_ref()?, record.node_generation?);
+    (incarnation == lv_incarnation).then_some(generation >= lv_generation)
 }
 
 fn ready_since(status: &LogicVolumeStatus) -> Option<&Time> {
@@ -263,6 +290,38 @@ mod tests {
         let r = Reservations::build(&objects);
         assert_eq!(bytes(r.on("n1")), [5 * GIB, 3 * GIB, 2 * GIB, GIB]);
         assert!(r.on("n2").is_empty());
+    }
+
+    /// A volume made in the second of the record's sync: the times cannot
+    /// tell, the capacity versions can.
+    #[test]
+    fn capacity_versions_decide_where_times_cannot() {
+        let objects = objects();
+        let mut record = nsr_synced("n1", vec![lvm_group("ssd", 100 * GIB)], 1000);
+        if let Some(s) = record.status.as_mut() {
+            s.node_incarnation = Some("i-2".into());
+            s.node_generation = Some(7);
+        }
+        objects.insert_node_storage(record);
+        let versioned = |name: &str, size: &str, incarnation: &str, generation: u64| {
+            let mut v = made_lv(name, "n1", size, 1000);
+            if let Some(s) = v.status.as_mut() {
+                s.node_incarnation = Some(incarnation.into());
+                s.capacity_generation = Some(generation);
+            }
+            v
+        };
+        // Counted by the record: generation 7 shows changes up to 7.
+        objects.insert_logic_volume(versioned("a", "1Gi", "i-2", 6));
+        objects.insert_logic_volume(versioned("b", "2Gi", "i-2", 7));
+        // Not yet.
+        objects.insert_logic_volume(versioned("c", "4Gi", "i-2", 8));
+        // Of another start of the node, and without versions: the times
+        // (made in the second of the sync) count them.
+        objects.insert_logic_volume(versioned("d", "8Gi", "i-1", 3));
+        objects.insert_logic_volume(made_lv("e", "n1", "16Gi", 1000));
+        let r = Reservations::build(&objects);
+        assert_eq!(bytes(r.on("n1")), [16 * GIB, 8 * GIB, 4 * GIB]);
     }
 
     #[test]

@@ -315,9 +315,11 @@ async fn capacity_and_watch_follow_a_create() {
     assert_eq!(first.reason, pb::ChangeReason::Current as i32);
     assert_eq!(first.groups[0].volume_count, 0);
 
-    c.create_lv(create_lv("watched", &group, 4 * MIB))
+    let created = c
+        .create_lv(create_lv("watched", &group, 4 * MIB))
         .await
-        .expect("create");
+        .expect("create")
+        .into_inner();
     let update = tokio::time::timeout(HANG_GUARD, watch.message())
         .await
         .expect("update in time")
@@ -325,6 +327,28 @@ async fn capacity_and_watch_follow_a_create() {
         .expect("a message");
     assert_eq!(update.reason, pb::ChangeReason::Create as i32);
     assert!(update.generation > first.generation);
+    // The create names the report that first counts it: this one.
+    let version = created.capacity.expect("capacity version");
+    assert!(!first.incarnation.is_empty());
+    assert_eq!(version.incarnation, first.incarnation);
+    assert_eq!(update.incarnation, first.incarnation);
+    assert_eq!(version.generation, update.generation);
+    // Growing it names a later one that counts the new size.
+    let grown = c
+        .resize_lv(resize("watched", 8 * MIB))
+        .await
+        .expect("grow")
+        .into_inner()
+        .capacity
+        .expect("capacity version");
+    assert!(grown.generation > version.generation);
+    let after_grow = tokio::time::timeout(HANG_GUARD, watch.message())
+        .await
+        .expect("update in time")
+        .expect("stream ok")
+        .expect("a message");
+    assert_eq!(after_grow.generation, grown.generation);
+    assert_eq!(after_grow.reason, pb::ChangeReason::Resize as i32);
     assert_eq!(update.node_name, "node-a");
     assert_eq!(update.groups[0].volume_count, 1);
     let one = reader

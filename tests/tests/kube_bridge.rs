@@ -441,7 +441,9 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
         "{traced:?}"
     );
 
-    // node-b's record shows its new volume after the next update.
+    // node-b's record shows its new volume after the next update, and
+    // from the version the bridge recorded on the object: the scheduler
+    // tells from these two when the record counts the volume.
     let nsr_b = wait_for(&nsrs, B, "the new volume", |n| {
         volume_count(n, GROUP) == Some(1)
     })
@@ -449,6 +451,16 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
     assert!(
         nsr_b.status.as_ref().and_then(|s| s.node_generation) > Some(generation_b),
         "{nsr_b:?}"
+    );
+    let lv_b = lvs.get("vol-b").await?;
+    let lv_status = lv_b.status.as_ref().context("status")?;
+    let record = nsr_b.status.as_ref().context("record")?;
+    assert!(lv_status.node_incarnation.is_some(), "{lv_status:?}");
+    assert_eq!(lv_status.node_incarnation, record.node_incarnation);
+    assert!(
+        lv_status.capacity_generation > Some(generation_b)
+            && lv_status.capacity_generation <= record.node_generation,
+        "{lv_status:?} {record:?}"
     );
     wait_for(&nsrs, A, "the new volume", |n| {
         volume_count(n, GROUP) == Some(1)

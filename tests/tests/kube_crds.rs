@@ -136,6 +136,8 @@ async fn logic_volume_round_trip(client: &Client) -> Result<()> {
         conditions: vec![ready(1, "Created")],
         observed_generation: Some(1),
         path: Some("/dev/loop3".into()),
+        node_incarnation: Some("7c9e6679-7425-40de-944b-e07fc1f90ae7".into()),
+        capacity_generation: Some(u64::from(u32::MAX) + 7),
     };
     lvs.patch_status(
         "pvc-0001",
@@ -259,6 +261,7 @@ async fn node_storage_resource_round_trip(client: &Client) -> Result<()> {
             no_disks: None,
         }],
         node_generation: Some(42),
+        node_incarnation: Some("7c9e6679-7425-40de-944b-e07fc1f90ae7".into()),
         vg_groups: vec![VgGroup {
             vg_name: "ssd".into(),
             pv_count: 1,

@@ -479,6 +479,7 @@ fn report_status(
         allocatable,
         groups,
         node_generation: Some(update.generation),
+        node_incarnation: Some(update.incarnation.clone()).filter(|i| !i.is_empty()),
         vg_groups,
         disks,
         conditions: vec![
@@ -589,6 +590,7 @@ mod tests {
             ],
             generation: 42,
             reason: pb::ChangeReason::Create as i32,
+            incarnation: "i-1".into(),
         };
         let disks = [
             pb::Disk {
@@ -612,6 +614,7 @@ mod tests {
         assert_eq!(s.groups[0].allocatable_bytes, 90 * GIB + (GIB - 1));
         assert_eq!(s.groups[0].policy, "LVM");
         assert_eq!(s.node_generation, Some(42));
+        assert_eq!(s.node_incarnation.as_deref(), Some("i-1"));
         assert_eq!(s.vg_groups.len(), 1);
         assert_eq!(
             (s.vg_groups[0].vg_name.as_str(), s.vg_groups[0].lv_count),

@@ -134,10 +134,12 @@ pub(super) fn failed_status(lv: &LogicVolume, code: Code, message: &str) -> Logi
     }
 }
 
-/// The status after the node made or resized `volume`; `message` says so.
+/// The status after the node made or resized `volume`; `message` says so,
+/// `capacity` is the node's first report that counts it.
 pub(super) fn made_status(
     lv: &LogicVolume,
     volume: &pb::LogicVolume,
+    capacity: Option<&pb::CapacityVersion>,
     message: &str,
 ) -> LogicVolumeStatus {
     let previous = lv.status.clone().unwrap_or_default();
@@ -167,6 +169,10 @@ pub(super) fn made_status(
             volume.host_path.clone()
         })
         .filter(|p| !p.is_empty()),
+        node_incarnation: capacity
+            .map(|c| c.incarnation.clone())
+            .filter(|i| !i.is_empty()),
+        capacity_generation: capacity.map(|c| c.generation),
     }
 }
 
@@ -308,7 +314,13 @@ mod tests {
             minor: 7,
             ..Default::default()
         };
-        let made = made_status(&lv, &volume, "made");
+        let version = pb::CapacityVersion {
+            incarnation: "i-1".into(),
+            generation: 9,
+        };
+        let made = made_status(&lv, &volume, Some(&version), "made");
+        assert_eq!(made.node_incarnation.as_deref(), Some("i-1"));
+        assert_eq!(made.capacity_generation, Some(9));
         assert_eq!(made.volume_id.as_deref(), Some("v@n"));
         assert_eq!(made.code, Some(0));
         assert_eq!(made.status.as_deref(), Some(STATUS_SUCCESS));

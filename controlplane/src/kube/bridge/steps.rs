@@ -103,7 +103,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
                         |mut c| async move { c.create_lv(req).await },
                     )
                     .await
-                    .map(|r| r.volume)
+                    .map(|r| (r.volume, r.capacity))
             }
             _ => {
                 let req = pb::ResizeLvRequest {
@@ -118,15 +118,15 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
                         |mut c| async move { c.resize_lv(req).await },
                     )
                     .await
-                    .map(|r| r.volume)
+                    .map(|r| (r.volume, r.capacity))
             }
         }
     }
     .instrument(node_span(lv, op))
     .await;
-    let volume = match result {
-        Ok(Some(v)) => v,
-        Ok(None) => {
+    let (volume, capacity) = match result {
+        Ok((Some(v), capacity)) => (v, capacity),
+        Ok((None, _)) => {
             let e = CsiError::Internal(format!(
                 "node {}: {} {name} answered without a volume",
                 endpoint.node,
@@ -140,7 +140,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
         "{} bytes in device group {} on node {}",
         volume.size_bytes, volume.device_group, endpoint.node
     );
-    let status = made_status(lv, &volume, &message);
+    let status = made_status(lv, &volume, capacity.as_ref(), &message);
     ctx.write_status(&name, &status).await?;
     let (reason, what) = match op {
         Op::Create => ("Created", "created"),
