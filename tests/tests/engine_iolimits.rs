@@ -37,6 +37,16 @@ fn free(pod: &PodCgroup, ctr: &str, args: &[&str], limited: f64) -> f64 {
     took
 }
 
+/// `clear_pod_io_limits` of every volume: how many rules it removed.
+async fn cleared(engine: &Engine, uid: &str) -> u32 {
+    engine.clear_pod_io_limits(uid, None).await.expect("clear")
+}
+
+/// What `pod_io_limits` lists for `uid`.
+async fn in_force(engine: &Engine, uid: &str) -> Vec<carina_node::engine::iolimits::PodLimit> {
+    engine.pod_io_limits(Some(uid)).await.expect("list")
+}
+
 async fn set(engine: &Engine, pod: &PodCgroup, volume: &str, limits: Limits) {
     let got = engine
         .set_pod_io_limits(&pod.uid, volume, limits)
@@ -93,24 +103,12 @@ async fn bandwidth_limits_hold_dd_to_the_rate_until_removed() {
         "{file}"
     );
 
-    let listed = f.engine.pod_io_limits(Some(&pod.uid)).await.expect("list");
+    let listed = in_force(&f.engine, &pod.uid).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].limits, limits);
 
-    assert_eq!(
-        f.engine
-            .clear_pod_io_limits(&pod.uid, None)
-            .await
-            .expect("clear"),
-        1
-    );
-    assert!(
-        f.engine
-            .pod_io_limits(Some(&pod.uid))
-            .await
-            .expect("list")
-            .is_empty()
-    );
+    assert_eq!(cleared(&f.engine, &pod.uid).await, 1);
+    assert!(in_force(&f.engine, &pod.uid).await.is_empty());
     let w = free(&pod, "ctr-0", &write, 3.0);
     let r = free(&pod, "ctr-0", &read, 3.0);
     println!(
@@ -119,13 +117,7 @@ async fn bandwidth_limits_hold_dd_to_the_rate_until_removed() {
         12.0 / r
     );
     // Clearing again finds nothing.
-    assert_eq!(
-        f.engine
-            .clear_pod_io_limits(&pod.uid, None)
-            .await
-            .expect("clear"),
-        0
-    );
+    assert_eq!(cleared(&f.engine, &pod.uid).await, 0);
     f.engine.delete_volume(&v.name).await.expect("delete");
 }
 
@@ -204,7 +196,7 @@ async fn a_container_started_later_gets_the_rule_on_the_next_set() {
     };
     set(&f.engine, &pod, &v.name, limits).await;
     pod.add_container("ctr-1");
-    let listed = f.engine.pod_io_limits(Some(&pod.uid)).await.expect("list");
+    let listed = in_force(&f.engine, &pod.uid).await;
     assert_eq!((listed[0].cgroups, listed[0].cgroups_expected), (2, 3));
     let again = f
         .engine
@@ -254,19 +246,10 @@ async fn refusals_name_the_field_and_change_nothing() {
         .await
         .expect_err("refused");
     assert!(matches!(e, Error::VolumeNotFound { .. }), "{e}");
-    assert!(
-        f.engine
-            .pod_io_limits(Some(&pod.uid))
-            .await
-            .expect("list")
-            .is_empty()
-    );
+    assert!(in_force(&f.engine, &pod.uid).await.is_empty());
     // Clearing a pod without a cgroup succeeds: it has no limits.
     assert_eq!(
-        f.engine
-            .clear_pod_io_limits("11111111-2222-4333-8444-555555555555", None)
-            .await
-            .expect("clear"),
+        cleared(&f.engine, "11111111-2222-4333-8444-555555555555").await,
         0
     );
     f.engine.delete_volume(&v.name).await.expect("delete");
@@ -329,19 +312,7 @@ async fn a_pod_deleted_while_its_limits_are_applied() {
     let (ok, gone) = setter.await.expect("the setter ran");
     println!("{ok} sets succeeded, {gone} found the pod gone");
     assert_eq!(gone, 5, "the sets saw the pod go");
-    assert!(
-        f.engine
-            .pod_io_limits(Some(&pod.uid))
-            .await
-            .expect("list")
-            .is_empty()
-    );
-    assert_eq!(
-        f.engine
-            .clear_pod_io_limits(&pod.uid, None)
-            .await
-            .expect("clear"),
-        0
-    );
+    assert!(in_force(&f.engine, &pod.uid).await.is_empty());
+    assert_eq!(cleared(&f.engine, &pod.uid).await, 0);
     f.engine.delete_volume(&v.name).await.expect("delete");
 }
