@@ -17,13 +17,16 @@
 //! - A malformed value is refused with a Warning Event on the Pod naming
 //!   the annotation; nothing is changed until the annotation is.
 //! - A deleted or finished Pod gets `ClearPodIOLimits` (its cgroup goes
-//!   with it anyway; this keeps nothing behind when it does not).
+//!   with it anyway; this keeps nothing behind when it does not): seen
+//!   terminating, or found missing from the Pod store by a sweep every
+//!   minute (a forced deletion is never seen terminating).
 //!
 //! What was sent is kept in memory only: after a restart every annotated
 //! Pod is sent again, which the node answers idempotently.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use carina_api::quantity::quantity_bytes;
 use carina_api::{
@@ -37,7 +40,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -425,7 +428,9 @@ pub(crate) async fn run(
         failures: Mutex::new(HashMap::new()),
     });
     let gone = ctx.clone();
-    Controller::new(pods, watcher::Config::default())
+    let controller = Controller::new(pods, watcher::Config::default());
+    let sweep = sweep(ctx.clone(), controller.store(), stop.clone());
+    let controller = controller
         .graceful_shutdown_on(async move { stopped(&mut stop).await })
         .run(reconcile, error_policy, ctx)
         .for_each(move |result| {
@@ -438,8 +443,41 @@ pub(crate) async fn run(
                     Err(e) => tracing::warn!(error = %e, "Pod controller for IO limits"),
                 }
             }
-        })
-        .await;
+        });
+    tokio::join!(controller, sweep);
+}
+
+/// How often Pods deleted without being seen terminating (a forced
+/// deletion, a watch that missed it) are looked for.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Clears what was sent for Pods that are no longer in the store: the
+/// controller reconciles objects that exist, so a Pod deleted at once
+/// (`--grace-period=0 --force`) is only found missing.
+async fn sweep(ctx: Arc<Context>, store: Store<Pod>, mut stop: watch::Receiver<bool>) {
+    tokio::select! {
+        ready = store.wait_until_ready() => if ready.is_err() { return },
+        _ = stopped(&mut stop) => return,
+    }
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped(&mut stop) => return,
+        }
+        let missing: Vec<String> = lock(&ctx.sent)
+            .iter()
+            .filter(|(uid, s)| {
+                let at = ObjectRef::<Pod>::new(&s.name).within(&s.namespace);
+                store.get(&at).and_then(|p| p.uid()).as_deref() != Some(uid.as_str())
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in missing {
+            ctx.clear(&uid).await;
+        }
+    }
 }
 
 async fn pod_gone(ctx: &Context, r: &ObjectRef<DynamicObject>) {
