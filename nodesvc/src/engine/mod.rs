@@ -255,7 +255,27 @@ impl Engine {
             ..req
         };
         let volume = {
-            let lock = GroupLock::acquire(slot.mutate.clone()).await;
+            let mut slot = slot.clone();
+            let lock = loop {
+                let lock = GroupLock::acquire(slot.mutate.clone()).await;
+                // A configuration applied while this call waited replaced
+                // the group, and that apply's rescan ran before this
+                // volume existed: make it through the group now in
+                // place, or it would never see the volume.
+                let current = self.slot(&rounded_req.group).await?;
+                if Arc::ptr_eq(&current.mutate, &slot.mutate) {
+                    break lock;
+                }
+                drop(lock);
+                slot = current;
+            };
+            let backend = &slot.backend;
+            if backend.round_size(rounded_req.size_bytes) != Some(rounded_req.size_bytes) {
+                return Err(Error::invalid(
+                    "size_bytes",
+                    "the device group's allocation unit changed while the call waited; retry",
+                ));
+            }
             backend
                 .create_releasing(&rounded_req, &lock)
                 .instrument(backend_span(backend.as_ref(), "create"))
