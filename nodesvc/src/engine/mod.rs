@@ -25,9 +25,13 @@ mod scan;
 pub mod volume;
 pub mod wipe;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{Mutex, RwLock, watch};
 use tracing::{Instrument, instrument};
@@ -65,6 +69,15 @@ fn backend_span(backend: &dyn Backend, op: &'static str) -> tracing::Span {
         otel.name = %format_args!("{}.{op}", config.policy.as_str().to_ascii_lowercase()),
         device.group = %config.name,
         device.policy = %config.policy,
+    )
+}
+
+/// A call that waited while a new configuration changed its group's
+/// allocation unit: its rounded size no longer fits the group.
+fn changed_unit() -> Error {
+    Error::invalid(
+        "size_bytes",
+        "the device group's allocation unit changed while the call waited; retry",
     )
 }
 
@@ -124,6 +137,30 @@ struct GroupSlot {
     backend: Arc<dyn Backend>,
     /// Held by every mutation of the group (create, resize, delete, rescan).
     mutate: Arc<Mutex<()>>,
+    /// Set, under `mutate`, by the configuration apply that replaces this
+    /// slot: a mutation that gets the lock afterwards must not change the
+    /// group through it (the new slot's rescan would never see the change).
+    retired: Arc<AtomicBool>,
+}
+
+impl GroupSlot {
+    pub(super) fn new(backend: Arc<dyn Backend>) -> GroupSlot {
+        GroupSlot {
+            backend,
+            mutate: Arc::new(Mutex::new(())),
+            retired: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Whether a configuration apply replaced the slot.
+    pub(super) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Marks the slot replaced; the caller holds its lock.
+    pub(super) fn retire(&self, _locked: &tokio::sync::MutexGuard<'_, ()>) {
+        self.retired.store(true, Ordering::Release);
+    }
 }
 
 impl Engine {
@@ -255,26 +292,10 @@ impl Engine {
             ..req
         };
         let volume = {
-            let mut slot = slot.clone();
-            let lock = loop {
-                let lock = GroupLock::acquire(slot.mutate.clone()).await;
-                // A configuration applied while this call waited replaced
-                // the group, and that apply's rescan ran before this
-                // volume existed: make it through the group now in
-                // place, or it would never see the volume.
-                let current = self.slot(&rounded_req.group).await?;
-                if Arc::ptr_eq(&current.mutate, &slot.mutate) {
-                    break lock;
-                }
-                drop(lock);
-                slot = current;
-            };
+            let (slot, lock) = self.lock_current(slot).await?;
             let backend = &slot.backend;
             if backend.round_size(rounded_req.size_bytes) != Some(rounded_req.size_bytes) {
-                return Err(Error::invalid(
-                    "size_bytes",
-                    "the device group's allocation unit changed while the call waited; retry",
-                ));
+                return Err(changed_unit());
             }
             backend
                 .create_releasing(&rounded_req, &lock)
@@ -342,7 +363,10 @@ impl Engine {
             });
         }
         let volume = {
-            let _m = slot.mutate.lock().await;
+            let (slot, _lock) = self.lock_current(slot).await?;
+            if slot.backend.round_size(rounded) != Some(rounded) {
+                return Err(changed_unit());
+            }
             slot.backend
                 .resize(name, rounded)
                 .instrument(backend_span(slot.backend.as_ref(), "resize"))
@@ -387,7 +411,7 @@ impl Engine {
             return Err(not_found());
         };
         let deleted = {
-            let _m = slot.mutate.lock().await;
+            let (slot, _lock) = self.lock_current(slot).await?;
             slot.backend
                 .delete(name)
                 .instrument(backend_span(slot.backend.as_ref(), "delete"))
@@ -462,6 +486,26 @@ impl Engine {
             .ok_or_else(|| Error::UnknownGroup {
                 group: group.to_string(),
             })
+    }
+
+    /// The lock of `slot`'s group, taken through the slot in place when it
+    /// is taken: a configuration applied while the caller waited replaced
+    /// `slot`, and changing the group through the replaced one would change
+    /// it behind the back of the new one, whose rescan already ran. The
+    /// group may be gone from the new configuration (`UnknownGroup`).
+    ///
+    /// The check reads the slot's own flag, never the engine's state: an
+    /// apply holds the state while it waits for this lock.
+    async fn lock_current(&self, mut slot: GroupSlot) -> Result<(GroupSlot, GroupLock)> {
+        loop {
+            let lock = GroupLock::acquire(slot.mutate.clone()).await;
+            if !slot.is_retired() {
+                return Ok((slot, lock));
+            }
+            drop(lock);
+            // Waits for the apply to put the new slots in place.
+            slot = self.slot(slot.backend.config().name.as_str()).await?;
+        }
     }
 
     /// Finds a volume by name: the index names the group, the backend says

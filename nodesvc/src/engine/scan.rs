@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
 use tracing::{Instrument, instrument};
 
 use super::{
@@ -32,7 +31,8 @@ impl Engine {
             // Wait for in-flight mutations of the old groups to finish.
             let old: Vec<GroupSlot> = state.groups.values().cloned().collect();
             for slot in &old {
-                let _m = slot.mutate.lock().await;
+                let locked = slot.mutate.lock().await;
+                slot.retire(&locked);
             }
             state.config = config;
             state.groups = groups;
@@ -89,6 +89,12 @@ impl Engine {
         let mut first_error = None;
         for (name, slot) in &slots {
             let _m = slot.mutate.lock().await;
+            if slot.is_retired() {
+                // A configuration was applied meanwhile; its own rescan
+                // (of the new groups) stands for this one.
+                tracing::debug!("rescan superseded by a configuration apply");
+                return Ok(());
+            }
             let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
             if let Err(e) = slot
                 .backend
@@ -163,13 +169,7 @@ pub(super) fn build_groups(
             Policy::Raw => Arc::new(raw::RawGroup::new(group.clone())),
             Policy::Host => Arc::new(host::HostGroup::new(group.clone())?),
         };
-        groups.insert(
-            group.name.clone(),
-            GroupSlot {
-                backend,
-                mutate: Arc::new(Mutex::new(())),
-            },
-        );
+        groups.insert(group.name.clone(), GroupSlot::new(backend));
     }
     Ok(groups)
 }
