@@ -59,6 +59,41 @@ pub struct LogicVolumeSpec {
     /// Namespace of that claim (Carina's spelling `nameSpace`).
     #[serde(default)]
     pub name_space: String,
+    /// bcache tiering: the volume of `size` in `deviceGroup` is the backing
+    /// volume of a bcache device, cached by a volume in `cache.deviceGroup`.
+    /// Absent for a plain volume. Fixed once the volume is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<LogicVolumeCache>,
+}
+
+/// The cache of a tiered `LogicVolume` (Carina's StorageClass parameters
+/// `cache-disk-group-name`, `cache-disk-ratio`, `cache-policy`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::kubernetes_integers)]
+pub struct LogicVolumeCache {
+    /// The device group of the cache volume.
+    pub device_group: String,
+    /// The cache volume's size, in percent of `spec.size` (1 to 100).
+    #[schemars(range(min = 1, max = 100))]
+    pub ratio: u32,
+    /// The bcache cache mode: `writethrough` (the default), `writeback`,
+    /// `writearound` or `none`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub policy: String,
+}
+
+impl LogicVolumeSpec {
+    /// The name of the backing volume of a tiered volume `name` on its
+    /// node; `+` is in no volume name CSI derives, so no other volume has it.
+    pub fn backing_volume(name: &str) -> String {
+        format!("{name}+data")
+    }
+
+    /// The name of the cache volume of a tiered volume `name`.
+    pub fn cache_volume(name: &str) -> String {
+        format!("{name}+cache")
+    }
 }
 
 /// What the bridge observed. Every field is optional on the wire, as in
@@ -130,6 +165,7 @@ mod tests {
                 device_group: "carina-vg-ssd".into(),
                 pvc: "data".into(),
                 name_space: "default".into(),
+                cache: None,
             },
         );
         lv.status = Some(LogicVolumeStatus {

@@ -27,7 +27,7 @@ pub(crate) fn kubernetes_integers(schema: &mut Schema) {
                     && format.starts_with("uint")
                 {
                     map.insert("format".into(), "int64".into());
-                    map.insert("minimum".into(), 0.into());
+                    map.entry("minimum").or_insert_with(|| 0.into());
                 }
                 map.values_mut().for_each(walk);
             }

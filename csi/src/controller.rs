@@ -34,14 +34,11 @@ use crate::error::CsiError;
 use crate::names::local_name;
 use crate::params::Parameters;
 use crate::sizes;
-use crate::types::{Accessibility, ProvisionedVolume, Provisioner, Topology, VolumeRequest};
+use crate::types::{
+    Accessibility, CapacityInfo, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
+};
 use crate::volume_id::VolumeId;
 use crate::{TOPOLOGY_KEY, context};
-
-/// Why CreateVolume refuses the bcache StorageClass parameters: they are
-/// validated, and the node assembles bcache devices (NodeStorage
-/// `CreateBcache`, `carinactl bcache`), but no control plane asks it to yet.
-pub const BCACHE_NOT_PROVISIONED: &str = "bcache volumes are not provisioned through CSI yet (the node's CreateBcache RPC and `carinactl bcache create` make them)";
 
 /// What the controller advertises. `SINGLE_NODE_MULTI_WRITER` is the spec's
 /// switch for the `SINGLE_NODE_SINGLE_WRITER` and `SINGLE_NODE_MULTI_WRITER`
@@ -97,9 +94,6 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
             "mutable_parameters",
             "volume modification is not supported",
         ));
-    }
-    if parameters.bcache.is_some() {
-        return Err(CsiError::Unimplemented(BCACHE_NOT_PROVISIONED.into()));
     }
     if let Access::Mount {
         fs_type: Some(from_cap),
@@ -163,6 +157,33 @@ pub fn wire_volume(v: &ProvisionedVolume) -> csi::Volume {
         accessible_topology: vec![csi::Topology {
             segments: HashMap::from([(TOPOLOGY_KEY.to_string(), v.node.clone())]),
         }],
+    }
+}
+
+/// What tiered volumes can have of `backing` (the backend group's
+/// capacity) and `cache` (the cache group's), with a cache of
+/// `ratio_percent` of each backing volume: the smaller of the two
+/// figures, less the bcache data offset.
+pub fn tiered_capacity(
+    backing: CapacityInfo,
+    cache: CapacityInfo,
+    ratio_percent: u8,
+) -> CapacityInfo {
+    let ratio = u128::from(ratio_percent.max(1));
+    let backed_by_cache =
+        |bytes: u64| u64::try_from(u128::from(bytes) * 100 / ratio).unwrap_or(u64::MAX);
+    let usable = |bytes: u64| bytes.saturating_sub(crate::params::BCACHE_DATA_OFFSET);
+    CapacityInfo {
+        available_bytes: usable(
+            backing
+                .available_bytes
+                .min(backed_by_cache(cache.available_bytes)),
+        ),
+        maximum_volume_size: usable(
+            backing
+                .maximum_volume_size
+                .min(backed_by_cache(cache.maximum_volume_size)),
+        ),
     }
 }
 
@@ -393,8 +414,7 @@ impl<P: Provisioner> ControllerService<P> {
             .volume_capabilities
             .iter()
             .enumerate()
-            .all(|(i, c)| capability::check(&format!("volume_capabilities[{i}]"), c).is_ok())
-            && parameters.bcache.is_none();
+            .all(|(i, c)| capability::check(&format!("volume_capabilities[{i}]"), c).is_ok());
         if !possible {
             // No volume with these capabilities or parameters can be made.
             return Ok(csi::GetCapacityResponse {
@@ -408,10 +428,24 @@ impl<P: Provisioner> ControllerService<P> {
             .as_ref()
             .filter(|t| !t.segments.is_empty())
             .map(topology);
-        let info = self
-            .provisioner
-            .capacity(topology.as_ref(), parameters.group.as_deref())
-            .await?;
+        let info = match &parameters.bcache {
+            Some(b) => {
+                let backing = self
+                    .provisioner
+                    .capacity(topology.as_ref(), Some(&b.backend_group))
+                    .await?;
+                let cache = self
+                    .provisioner
+                    .capacity(topology.as_ref(), Some(&b.cache_group))
+                    .await?;
+                tiered_capacity(backing, cache, b.cache_ratio)
+            }
+            None => {
+                self.provisioner
+                    .capacity(topology.as_ref(), parameters.group.as_deref())
+                    .await?
+            }
+        };
         Ok(csi::GetCapacityResponse {
             available_capacity: wire_bytes(info.available_bytes),
             maximum_volume_size: Some(wire_bytes(info.maximum_volume_size)),
@@ -749,9 +783,9 @@ mod tests {
             ]
             .map(|(k, v)| (k.to_string(), v.to_string())),
         );
-        let e = volume_request(&r).expect_err("bcache");
-        assert_eq!(e.code(), Code::Unimplemented);
-        assert_eq!(e.to_string(), BCACHE_NOT_PROVISIONED);
+        let v = volume_request(&r).expect("a tiered volume");
+        let b = v.parameters.bcache.expect("bcache parameters");
+        assert_eq!((b.backend_group.as_str(), b.cache_ratio), ("hdd", 10));
 
         let mut r = create_req("pvc-1");
         r.accessibility_requirements = Some(csi::TopologyRequirement {
@@ -762,6 +796,22 @@ mod tests {
         });
         let v = volume_request(&r).expect("valid");
         assert_eq!(v.accessibility.requisite[0][TOPOLOGY_KEY], "n");
+    }
+
+    #[test]
+    fn tiered_capacity_is_the_smaller_of_backing_and_cache() {
+        let info = |available_bytes, maximum_volume_size| CapacityInfo {
+            available_bytes,
+            maximum_volume_size,
+        };
+        let offset = crate::params::BCACHE_DATA_OFFSET;
+        let mib = 1u64 << 20;
+        // 25%: 100 MiB of cache backs 400 MiB.
+        let t = tiered_capacity(info(1000 * mib, 600 * mib), info(100 * mib, 50 * mib), 25);
+        assert_eq!(t, info(400 * mib - offset, 200 * mib - offset));
+        let t = tiered_capacity(info(100 * mib, 100 * mib), info(1000 * mib, 1000 * mib), 25);
+        assert_eq!(t, info(100 * mib - offset, 100 * mib - offset));
+        assert_eq!(tiered_capacity(info(0, 0), info(mib, mib), 10), info(0, 0));
     }
 
     #[test]

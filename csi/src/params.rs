@@ -57,9 +57,7 @@ pub fn parse_fs_type(field: &str, value: &str) -> Result<FsType, CsiError> {
 
 /// bcache tiering parameters: the volume is made in `backend_group`, a
 /// cache of `cache_ratio` percent of its size in `cache_group`, and the
-/// node assembles them (NodeStorage `CreateBcache`). The node side is
-/// built; the CSI controller does not yet ask for it (CreateVolume answers
-/// UNIMPLEMENTED for these parameters).
+/// node assembles them (NodeStorage `CreateBcache`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BcacheParams {
     pub backend_group: String,
@@ -68,6 +66,32 @@ pub struct BcacheParams {
     pub cache_ratio: u8,
     /// One of [`CACHE_POLICIES`]; `writethrough` when not given.
     pub cache_policy: String,
+}
+
+/// Where a bcache device's data starts on its backing volume
+/// (`make-bcache`'s default data offset, 16 sectors): the device is this
+/// much smaller than the backing volume.
+pub const BCACHE_DATA_OFFSET: u64 = 8192;
+
+/// The smallest cache volume: `make-bcache` refuses a cache device of
+/// fewer than 128 buckets, 64 MiB at its default bucket size (512 KiB).
+pub const BCACHE_MIN_CACHE: u64 = 64 << 20;
+
+/// The size of the cache volume for a backing volume of `size` bytes:
+/// `ratio_percent` percent of it, rounded up, and at least
+/// [`BCACHE_MIN_CACHE`] (the node rounds it further to its group's unit).
+pub fn cache_bytes(size: u64, ratio_percent: u32) -> u64 {
+    let bytes = (u128::from(size) * u128::from(ratio_percent)).div_ceil(100);
+    u64::try_from(bytes)
+        .unwrap_or(u64::MAX)
+        .max(BCACHE_MIN_CACHE)
+}
+
+impl BcacheParams {
+    /// [`cache_bytes`] at this class's ratio.
+    pub fn cache_bytes(&self, backing_bytes: u64) -> u64 {
+        cache_bytes(backing_bytes, u32::from(self.cache_ratio))
+    }
 }
 
 /// Validated parameters of a CreateVolume request.

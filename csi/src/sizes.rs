@@ -62,6 +62,26 @@ pub fn allocation(range: &CapacityRange, unit: u64) -> Result<u64, CsiError> {
     }
 }
 
+/// The range of the backing volume of a bcache device whose usable size
+/// must lie in `range`: the device starts
+/// [`crate::params::BCACHE_DATA_OFFSET`] bytes into its backing volume.
+/// An unset required size is the default size, as in [`allocation`].
+pub fn bcache_backing(range: &CapacityRange) -> CapacityRange {
+    let offset = crate::params::BCACHE_DATA_OFFSET;
+    let usable = match (range.required_bytes, range.limit_bytes) {
+        (0, 0) => DEFAULT_SIZE,
+        (0, limit) => DEFAULT_SIZE.min(limit),
+        (required, _) => required,
+    };
+    CapacityRange {
+        required_bytes: usable.saturating_add(offset),
+        limit_bytes: match range.limit_bytes {
+            0 => 0,
+            limit => limit.saturating_add(offset),
+        },
+    }
+}
+
 /// True if an existing volume of `size` satisfies `range` (idempotent
 /// repeats of CreateVolume).
 pub fn satisfies(range: &CapacityRange, size: u64) -> bool {
@@ -87,6 +107,27 @@ pub fn unsatisfied(range: &CapacityRange, size: Option<u64>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bcache_backing_volumes_carry_the_data_offset() {
+        let offset = crate::params::BCACHE_DATA_OFFSET;
+        let r = |required_bytes, limit_bytes| CapacityRange {
+            required_bytes,
+            limit_bytes,
+        };
+        assert_eq!(bcache_backing(&r(0, 0)), r(DEFAULT_SIZE + offset, 0));
+        assert_eq!(
+            bcache_backing(&r(0, 1 << 20)),
+            r((1 << 20) + offset, (1 << 20) + offset)
+        );
+        assert_eq!(bcache_backing(&r(5 << 20, 0)), r((5 << 20) + offset, 0));
+        // With 4 MiB units a backing volume of 8 MiB holds 8 MiB - 8 KiB:
+        // a request for exactly 4 MiB gets the next unit.
+        let backing = allocation(&bcache_backing(&r(4 << 20, 8 << 20)), 4 << 20).expect("fits");
+        assert_eq!(backing, 8 << 20);
+        assert!(satisfies(&r(4 << 20, 8 << 20), backing - offset));
+        assert!(allocation(&bcache_backing(&r(4 << 20, 4 << 20)), 4 << 20).is_err());
+    }
 
     const MIB: u64 = 1 << 20;
 

@@ -1,5 +1,6 @@
 //! The node's CSI side: [`EngineVolumes`] tells the CSI Node service which
-//! local device or directory a volume id is, by asking the engine,
+//! local device or directory a volume id is (a bcache device of that name
+//! first, then a volume), by asking the engine,
 //! [`serve`] runs CSI Identity and Node on the kubelet plugin socket, and
 //! [`registration`] registers that socket with kubelet.
 
@@ -11,6 +12,9 @@ use carina_csi::volume_id::VolumeId;
 use carina_csi::{CsiError, LocalKind, LocalVolume, LocalVolumes};
 use tonic::Status;
 
+use carina_csi::params::BCACHE_DATA_OFFSET;
+
+use crate::engine::bcache::BcacheDevice;
 use crate::engine::{Engine, Error, Policy, Volume};
 
 /// [`LocalVolumes`] over the node's engine. A volume id names its node
@@ -39,6 +43,38 @@ impl EngineVolumes {
     }
 }
 
+impl EngineVolumes {
+    /// The block device of a bcache device: `UNAVAILABLE` while the kernel
+    /// runs none for it. Its size is the backing volume's less the data
+    /// offset.
+    async fn bcache_volume(
+        &self,
+        volume_id: &str,
+        device: BcacheDevice,
+    ) -> Result<LocalVolume, CsiError> {
+        let Some(path) = device.device_path.clone() else {
+            let why = device
+                .problem
+                .clone()
+                .unwrap_or_else(|| format!("its state is {}", device.state()));
+            return Err(CsiError::Unavailable(format!(
+                "volume {volume_id:?} is bcache device {:?}, which is not running: {why}",
+                device.name
+            )));
+        };
+        let backing = self
+            .engine
+            .get_volume(&device.backing_volume)
+            .await
+            .map_err(|e| CsiError::node(format!("volume {volume_id:?}"), Status::from(e)))?;
+        Ok(LocalVolume {
+            volume_id: volume_id.to_string(),
+            kind: LocalKind::Block { device: path },
+            size_bytes: backing.size_bytes.saturating_sub(BCACHE_DATA_OFFSET),
+        })
+    }
+}
+
 #[async_trait]
 impl LocalVolumes for EngineVolumes {
     fn node_id(&self) -> &str {
@@ -57,6 +93,18 @@ impl LocalVolumes for EngineVolumes {
         };
         if id.node != self.node {
             return Ok(None);
+        }
+        // A tiered volume is the bcache device of its name (its backing
+        // and cache volumes have names of their own).
+        match self.engine.get_bcache(&id.volume).await {
+            Ok(device) => return self.bcache_volume(volume_id, device).await.map(Some),
+            Err(Error::BcacheNotFound { .. } | Error::InvalidArgument { .. }) => {}
+            Err(e) => {
+                return Err(CsiError::node(
+                    format!("volume {volume_id:?}"),
+                    Status::from(e),
+                ));
+            }
         }
         match self.engine.get_volume(&id.volume).await {
             Ok(v) => local_volume(volume_id, v).map(Some),

@@ -346,15 +346,14 @@ pub fn claim_volumes(
     };
     Ok(match &params.bcache {
         Some(b) => {
-            let share =
-                |bytes: u64| (u128::from(bytes) * u128::from(b.cache_ratio)).div_ceil(100) as u64;
-            let nominal = sizes::allocation(&range, 1).unwrap_or(range.required_bytes);
+            let backing = sizes::bcache_backing(&range);
+            let nominal = sizes::allocation(&backing, 1).unwrap_or(backing.required_bytes);
             vec![
-                volume(Some(b.backend_group.clone()), range),
+                volume(Some(b.backend_group.clone()), backing),
                 volume(
                     Some(b.cache_group.clone()),
                     CapacityRange {
-                        required_bytes: share(nominal),
+                        required_bytes: b.cache_bytes(nominal),
                         limit_bytes: 0,
                     },
                 ),
@@ -532,6 +531,12 @@ mod tests {
             .iter()
             .map(|v| (v.group.as_deref(), v.range.required_bytes))
             .collect();
-        assert_eq!(groups, [(Some("hdd"), 10 << 30), (Some("ssd"), 5 << 30)]);
+        // The backing volume holds the bcache data offset too; the cache
+        // is its share of that.
+        let backing = (10 << 30) + carina_csi::params::BCACHE_DATA_OFFSET;
+        assert_eq!(
+            groups,
+            [(Some("hdd"), backing), (Some("ssd"), backing.div_ceil(2))]
+        );
     }
 }

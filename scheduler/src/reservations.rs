@@ -22,6 +22,9 @@
 //! - its `spec.size` exceeds `status.currentSize` (a resize under way):
 //!   the difference.
 //!
+//! A tiered `LogicVolume` (`spec.cache`) in flight has its cache volume in
+//! flight too, in `spec.cache.deviceGroup`: `ratio` percent of its size.
+//!
 //! A Carina **claim** (class provisioner `carina.storage.io`), unbound and
 //! not being deleted, with no `LogicVolume` yet (none names it in
 //! `spec.pvc`/`spec.nameSpace`, and none is named `pvc-<claim uid>`, the
@@ -112,6 +115,23 @@ impl Reservations {
                 .and_then(|n| n.status.clone())
                 .unwrap_or_default();
             if let Some(bytes) = in_flight_bytes(&lv, &record) {
+                // A tiered volume's cache volume is in flight with it (a
+                // tiered volume never grows, so `bytes` is its whole size).
+                if let Some(cache) = &lv.spec.cache {
+                    out.add(
+                        &lv.spec.node_name,
+                        Volume {
+                            claim: claim.clone(),
+                            group: Some(cache.device_group.clone()),
+                            range: CapacityRange {
+                                required_bytes: carina_csi::params::cache_bytes(bytes, cache.ratio),
+                                limit_bytes: 0,
+                            },
+                            exclusive: false,
+                            block: false,
+                        },
+                    );
+                }
                 out.add(
                     &lv.spec.node_name,
                     Volume {
@@ -290,6 +310,32 @@ mod tests {
         let r = Reservations::build(&objects);
         assert_eq!(bytes(r.on("n1")), [5 * GIB, 3 * GIB, 2 * GIB, GIB]);
         assert!(r.on("n2").is_empty());
+    }
+
+    #[test]
+    fn tiered_logic_volumes_reserve_their_cache_too() {
+        let objects = objects();
+        objects.insert_node_storage(nsr_synced(
+            "n1",
+            vec![lvm_group("hdd", 100 * GIB), lvm_group("ssd", 10 * GIB)],
+            1000,
+        ));
+        let mut tiered = lv("t", "n1", "hdd", "8Gi");
+        tiered.spec.cache = Some(carina_api::LogicVolumeCache {
+            device_group: "ssd".into(),
+            ratio: 25,
+            policy: "writeback".into(),
+        });
+        objects.insert_logic_volume(tiered);
+        let r = Reservations::build(&objects);
+        let groups: Vec<_> = r
+            .on("n1")
+            .iter()
+            .map(|v| (v.group.as_deref(), v.range.required_bytes))
+            .collect();
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        assert!(groups.contains(&(Some("hdd"), 8 * GIB)), "{groups:?}");
+        assert!(groups.contains(&(Some("ssd"), 2 * GIB)), "{groups:?}");
     }
 
     /// A volume made in the second of the record's sync: the times cannot

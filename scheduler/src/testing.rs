@@ -239,6 +239,7 @@ pub fn lv(name: &str, node: &str, group: &str, size: &str) -> LogicVolume {
             device_group: group.into(),
             pvc: String::new(),
             name_space: String::new(),
+            cache: None,
         },
     )
 }

@@ -473,22 +473,54 @@ async fn failures_undo_everything() {
     );
     no_leftovers(&f);
 
-    // make-bcache refuses a cache too small for its buckets.
+    // Volumes it makes get at least make-bcache's smallest cache.
+    let (small, _) = f
+        .engine
+        .ensure_bcache(f.request("small", 64 * MIB, 1, CacheMode::Writethrough))
+        .await
+        .expect("a cache of the smallest size");
+    assert_eq!(
+        f.engine
+            .get_volume("small-cache")
+            .await
+            .expect("cache")
+            .size_bytes,
+        64 * MIB
+    );
+    f.engine.delete_bcache(&small.name).await.expect("delete");
+
+    // make-bcache refuses a given cache volume too small for its buckets;
+    // the given volumes stay, and nothing else does.
+    for (name, group, size) in [
+        ("tiny-data", &f.hdd, 64 * MIB),
+        ("tiny-cache", &f.ssd, 8 * MIB),
+    ] {
+        f.engine
+            .create_volume(CreateRequest {
+                name: name.into(),
+                group: group.clone(),
+                size_bytes: size,
+                exclusive: false,
+            })
+            .await
+            .expect("volume");
+    }
     let err = f
         .engine
-        .ensure_bcache(f.request("tiny", 64 * MIB, 1, CacheMode::Writethrough))
+        .ensure_bcache(BcacheRequest {
+            name: "tiny".into(),
+            backing_volume: "tiny-data".into(),
+            cache_volume: "tiny-cache".into(),
+            cache_mode: CacheMode::Writethrough,
+            create: None,
+        })
         .await
         .expect_err("make-bcache refuses");
     assert!(matches!(err, Error::Command(_)), "{err}");
     assert!(err.to_string().contains("make-bcache"), "{err}");
     for v in ["tiny-data", "tiny-cache"] {
-        assert!(
-            matches!(
-                f.engine.get_volume(v).await,
-                Err(Error::VolumeNotFound { .. })
-            ),
-            "{v} rolled back"
-        );
+        f.engine.get_volume(v).await.expect("a given volume stays");
+        f.engine.delete_volume(v).await.expect("delete");
     }
     no_leftovers(&f);
 

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use carina_api::quantity::quantity_bytes;
 use carina_api::{
     LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NODE_ENDPOINT_ANNOTATION,
@@ -46,7 +46,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -144,6 +143,7 @@ fn logic_volume(name: &str, node: &str, group: &str, size: &str, finalizer: bool
             device_group: group.to_string(),
             pvc: format!("claim-{name}"),
             name_space: "default".to_string(),
+            cache: None,
         },
     );
     lv.metadata.annotations = Some(BTreeMap::from([(
@@ -156,44 +156,20 @@ fn logic_volume(name: &str, node: &str, group: &str, size: &str, finalizer: bool
     lv
 }
 
-/// Waits, by watch, until `name` satisfies `done`; the last object seen
-/// goes into the error.
+/// [`carina_tests::kube::wait_for`] within [`DEADLINE`].
 async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, done: impl Fn(&K) -> bool) -> Result<K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let cond = move |obj: Option<&K>| obj.is_some_and(&done);
-    match tokio::time::timeout(DEADLINE, await_condition(api.clone(), name, cond)).await {
-        Ok(found) => found
-            .with_context(|| format!("watch {name}"))?
-            .with_context(|| format!("{name} gone while waiting for {what}")),
-        Err(_) => {
-            let last = api.get_opt(name).await?;
-            bail!("{name}: no {what} within {DEADLINE:?}; last seen: {last:#?}")
-        }
-    }
+    carina_tests::kube::wait_for(api, name, what, DEADLINE, done).await
 }
 
+/// [`carina_tests::kube::gone`] within [`DEADLINE`].
 async fn gone<K>(api: &Api<K>, name: &str) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let Some(obj) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    let uid = obj.meta().uid.clone().unwrap_or_default();
-    tokio::time::timeout(
-        DEADLINE,
-        await_condition(api.clone(), name, conditions::is_deleted(&uid)),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "{name} still there after {DEADLINE:?} (finalizers: {:?})",
-            obj.finalizers()
-        )
-    })??;
-    Ok(())
+    carina_tests::kube::gone(api, name, DEADLINE).await
 }
 
 /// The status of a `LogicVolume` once the bridge answered (a volume id or

@@ -114,6 +114,7 @@ async fn logic_volume_round_trip(client: &Client) -> Result<()> {
         device_group: "carina-vg-ssd".into(),
         pvc: "data".into(),
         name_space: "default".into(),
+        cache: None,
     };
     let mut lv = LogicVolume::new("pvc-0001", spec.clone());
     lv.metadata.finalizers = Some(vec![LOGICVOLUME_FINALIZER.into()]);

@@ -414,6 +414,7 @@ async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
             device_group: group.into(),
             pvc: pvc.name_any(),
             name_space: ns.clone(),
+            cache: None,
         },
     );
     ignore_exists(

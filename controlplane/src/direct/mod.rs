@@ -308,10 +308,16 @@ fn provisioned(
     }
 }
 
+/// Why the direct control plane refuses the bcache StorageClass parameters.
+pub const BCACHE_NEEDS_KUBE: &str = "bcache volumes are provisioned by the Kubernetes control plane (--mode kube) only; in direct mode, the node's CreateBcache RPC (`carinactl bcache create`) makes them";
+
 #[async_trait]
 impl Provisioner for DirectProvisioner {
     #[tracing::instrument(name = "direct.create_volume", skip_all, err(level = "info"), fields(volume.name = %req.local_name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
+        if req.parameters.bcache.is_some() {
+            return Err(CsiError::Unimplemented(BCACHE_NEEDS_KUBE.into()));
+        }
         if let Some(found) = self.existing(req).await? {
             tracing::info!(volume.id = %found.volume_id, "volume exists already");
             return Ok(found);

@@ -13,11 +13,17 @@
 //!    topologies (all nodes when there are none). The `preferred`
 //!    topologies come first, in their order; within each, and for the
 //!    remaining nodes, the strategy orders.
-//! 4. **Strategy.** `binpack`: the fitting node with the least allocatable
+//! 4. **Tiering.** A bcache class (`backend-disk-group-name`) places its
+//!    backing volume like a named group (LVM or RAW only), sized for the
+//!    capacity range plus the bcache data offset
+//!    ([`carina_csi::sizes::bcache_backing`]), and a node fits only if its
+//!    `cache-disk-group-name` group (LVM or RAW) also has room for the
+//!    cache volume, `cache-disk-ratio` percent of the backing volume.
+//! 5. **Strategy.** `binpack`: the fitting node with the least allocatable
 //!    bytes in the chosen group first; `spreadout`: the most first. Ties
 //!    keep the node list's order.
 
-use carina_csi::params::{DISK_GROUP, EXCLUSIVE};
+use carina_csi::params::{BACKEND_GROUP, BcacheParams, CACHE_GROUP, DISK_GROUP, EXCLUSIVE};
 use carina_csi::strategy::Strategy;
 use carina_csi::{CsiError, VolumeRequest, sizes};
 use carina_proto::nodestorage::{GroupCapacity, Policy};
@@ -42,18 +48,30 @@ pub struct Placement {
     pub allocatable_bytes: u64,
 }
 
-/// Whether a group of `policy` can hold the volume `req` asks for.
+/// Whether a group of `policy` can hold the volume `req` asks for (for
+/// a tiered volume, its backing volume).
 pub fn policy_suits(req: &VolumeRequest, policy: Policy) -> bool {
     match policy {
         Policy::Raw => true,
         Policy::Lvm => !req.parameters.exclusive,
-        Policy::Host => !req.parameters.exclusive && !req.block,
+        Policy::Host => !req.parameters.exclusive && !req.block && req.parameters.bcache.is_none(),
         Policy::Unspecified => false,
     }
 }
 
+/// Whether a group of `policy` can hold a bcache cache volume: a block
+/// device of its own.
+fn cache_policy_suits(policy: Policy) -> bool {
+    matches!(policy, Policy::Lvm | Policy::Raw)
+}
+
 fn why_unsuitable(req: &VolumeRequest) -> (String, &'static str) {
-    if req.parameters.exclusive {
+    if req.parameters.bcache.is_some() {
+        (
+            format!("parameters[{BACKEND_GROUP:?}]"),
+            "a bcache backing volume needs an LVM or RAW group (a block device)",
+        )
+    } else if req.parameters.exclusive {
         (
             format!("parameters[{EXCLUSIVE:?}]"),
             "a whole-disk volume needs a RAW group",
@@ -76,7 +94,11 @@ pub fn rank(
     nodes: &[NodeCapacity<'_>],
     strategy: Strategy,
 ) -> Result<Vec<Placement>, CsiError> {
-    let wanted = req.parameters.group.as_deref();
+    let bcache = req.parameters.bcache.as_ref();
+    let (wanted, group_key) = match bcache {
+        Some(b) => (Some(b.backend_group.as_str()), BACKEND_GROUP),
+        None => (req.parameters.group.as_deref(), DISK_GROUP),
+    };
     let named = |g: &GroupCapacity| wanted.is_none_or(|w| g.device_group == w);
     let suits = |g: &GroupCapacity| named(g) && policy_suits(req, g.policy());
     let all_groups = || nodes.iter().flat_map(|n| n.groups.iter());
@@ -84,10 +106,17 @@ pub fn rank(
         && !all_groups().any(named)
     {
         return Err(CsiError::invalid(
-            format!("parameters[{DISK_GROUP:?}]"),
+            format!("parameters[{group_key:?}]"),
             format!("no node has a device group {w:?}"),
         ));
     }
+    if let Some(b) = bcache {
+        check_cache_group(b, all_groups())?;
+    }
+    let range = match bcache {
+        Some(_) => sizes::bcache_backing(&req.capacity),
+        None => req.capacity,
+    };
     if !all_groups().any(suits) {
         let (field, reason) = why_unsuitable(req);
         let which = match wanted {
@@ -106,7 +135,7 @@ pub fn rank(
     let mut fitting: Vec<(usize, Placement)> = Vec::new();
     for (i, n) in nodes.iter().enumerate().filter(|(_, n)| accessible(n.node)) {
         for g in n.groups.iter().filter(|g| suits(g)) {
-            let size = match sizes::allocation(&req.capacity, g.allocation_unit_bytes) {
+            let size = match sizes::allocation(&range, g.allocation_unit_bytes) {
                 Ok(s) => s,
                 Err(e) => {
                     out_of_range.get_or_insert(e);
@@ -114,7 +143,8 @@ pub fn rank(
                 }
             };
             any_size = true;
-            if g.largest_allocatable_bytes >= size {
+            let cache_fits = bcache.is_none_or(|b| cache_fits(b, g, size, &n.groups));
+            if g.largest_allocatable_bytes >= size && cache_fits {
                 fitting.push((
                     i,
                     Placement {
@@ -132,10 +162,16 @@ pub fn rank(
         if let (false, Some(e)) = (any_size, out_of_range) {
             return Err(e);
         }
-        let group = wanted.map_or_else(
-            || "any suitable group".to_string(),
-            |w| format!("group {w:?}"),
-        );
+        let group = match bcache {
+            Some(b) => format!(
+                "group {:?} with a {}% cache in group {:?}",
+                b.backend_group, b.cache_ratio, b.cache_group
+            ),
+            None => wanted.map_or_else(
+                || "any suitable group".to_string(),
+                |w| format!("group {w:?}"),
+            ),
+        };
         let scope = if req.accessibility.requisite.is_empty() {
             "no node"
         } else {
@@ -164,6 +200,60 @@ pub fn rank(
     order(&mut fitting);
     ranked.extend(fitting);
     Ok(ranked.into_iter().map(|(_, p)| p).collect())
+}
+
+/// `INVALID_ARGUMENT` naming the cache group parameter when no node has
+/// the class's cache group, or it cannot hold a cache volume.
+fn check_cache_group<'a>(
+    b: &BcacheParams,
+    mut groups: impl Iterator<Item = &'a GroupCapacity> + Clone,
+) -> Result<(), CsiError> {
+    let field = || format!("parameters[{CACHE_GROUP:?}]");
+    let named = |g: &&GroupCapacity| g.device_group == b.cache_group;
+    if !groups.clone().any(|g| named(&g)) {
+        return Err(CsiError::invalid(
+            field(),
+            format!("no node has a device group {:?}", b.cache_group),
+        ));
+    }
+    if !groups.any(|g| named(&g) && cache_policy_suits(g.policy())) {
+        return Err(CsiError::invalid(
+            field(),
+            format!(
+                "group {:?} does not suit: a bcache cache volume needs an LVM or RAW group (a block device)",
+                b.cache_group
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the node whose groups are `groups` has room for the cache
+/// volume of a backing volume of `size` bytes in `backing`. One group may
+/// hold both: then it needs room for the two together.
+fn cache_fits(
+    b: &BcacheParams,
+    backing: &GroupCapacity,
+    size: u64,
+    groups: &[GroupCapacity],
+) -> bool {
+    let Some(cache) = groups
+        .iter()
+        .find(|g| g.device_group == b.cache_group && cache_policy_suits(g.policy()))
+    else {
+        return false;
+    };
+    let wanted = carina_csi::CapacityRange {
+        required_bytes: b.cache_bytes(size),
+        limit_bytes: 0,
+    };
+    let Ok(cache_size) = sizes::allocation(&wanted, cache.allocation_unit_bytes) else {
+        return false;
+    };
+    if cache.device_group == backing.device_group {
+        return cache.allocatable_bytes >= size.saturating_add(cache_size);
+    }
+    cache.largest_allocatable_bytes >= cache_size
 }
 
 #[cfg(test)]
@@ -224,6 +314,101 @@ mod tests {
             node: &specs[i],
             groups: vec![group("g", Policy::Lvm, mib[i] * MIB)],
         })
+    }
+
+    fn tiered(required: u64, ratio: u8) -> VolumeRequest {
+        let mut r = request(required);
+        r.parameters.bcache = Some(BcacheParams {
+            backend_group: "hdd".into(),
+            cache_group: "ssd".into(),
+            cache_ratio: ratio,
+            cache_policy: "writethrough".into(),
+        });
+        r
+    }
+
+    #[test]
+    fn tiered_volumes_need_room_for_backing_and_cache() {
+        let specs = [node("a"), node("b"), node("c")];
+        let nodes = [
+            // Room for the backing volume, not for its cache (64 MiB, the
+            // smallest cache).
+            NodeCapacity {
+                node: &specs[0],
+                groups: vec![
+                    group("hdd", Policy::Lvm, 500 * MIB),
+                    group("ssd", Policy::Lvm, 60 * MIB),
+                ],
+            },
+            NodeCapacity {
+                node: &specs[1],
+                groups: vec![
+                    group("hdd", Policy::Lvm, 200 * MIB),
+                    group("ssd", Policy::Raw, 100 * MIB),
+                ],
+            },
+            // No cache group at all.
+            NodeCapacity {
+                node: &specs[2],
+                groups: vec![group("hdd", Policy::Lvm, 900 * MIB)],
+            },
+        ];
+        let ranked = rank(&tiered(100 * MIB, 50), &nodes, Strategy::Spreadout).expect("fits");
+        assert_eq!(names(&ranked), ["b"]);
+        // 100 MiB usable + the 8 KiB data offset, in 4 MiB units.
+        assert_eq!(ranked[0].size_bytes, 104 * MIB);
+        assert_eq!(ranked[0].group, "hdd");
+        let full = rank(&tiered(100 * MIB, 100), &nodes, Strategy::Spreadout).expect_err("full");
+        assert!(
+            matches!(full, CsiError::ResourceExhausted(ref m) if m.contains("cache")),
+            "{full}"
+        );
+    }
+
+    #[test]
+    fn tiered_volumes_name_the_group_parameter_that_cannot_serve() {
+        let specs = [node("a")];
+        let with = |groups: Vec<GroupCapacity>| {
+            [NodeCapacity {
+                node: &specs[0],
+                groups,
+            }]
+        };
+        let field_of = |e: CsiError| match e {
+            CsiError::InvalidArgument { field, reason } => format!("{field}: {reason}"),
+            other => panic!("{other:?}"),
+        };
+        let nodes = with(vec![group("hdd", Policy::Lvm, 500 * MIB)]);
+        let e = rank(&tiered(MIB, 10), &nodes, Strategy::Binpack).expect_err("no cache group");
+        assert!(field_of(e).starts_with(&format!("parameters[{CACHE_GROUP:?}]: no node")));
+        let nodes = with(vec![
+            group("hdd", Policy::Lvm, 500 * MIB),
+            group("ssd", Policy::Host, 500 * MIB),
+        ]);
+        let e = rank(&tiered(MIB, 10), &nodes, Strategy::Binpack).expect_err("HOST cache");
+        assert!(field_of(e).contains("needs an LVM or RAW group"));
+        let nodes = with(vec![
+            group("hdd", Policy::Host, 500 * MIB),
+            group("ssd", Policy::Lvm, 500 * MIB),
+        ]);
+        let e = rank(&tiered(MIB, 10), &nodes, Strategy::Binpack).expect_err("HOST backing");
+        assert!(field_of(e).starts_with(&format!("parameters[{BACKEND_GROUP:?}]")));
+        // One group may hold both volumes when it has room for the two:
+        // 204 MiB of backing and a cache of 102, in 4 MiB units 104.
+        let mut both = tiered(200 * MIB, 50);
+        if let Some(b) = both.parameters.bcache.as_mut() {
+            b.cache_group = "hdd".into();
+        }
+        let nodes = with(vec![group("hdd", Policy::Lvm, 300 * MIB)]);
+        assert!(
+            rank(&both, &nodes, Strategy::Binpack).is_err(),
+            "204 + 104 MiB > 300"
+        );
+        let nodes = with(vec![group("hdd", Policy::Lvm, 308 * MIB)]);
+        assert_eq!(
+            names(&rank(&both, &nodes, Strategy::Binpack).expect("fits")),
+            ["a"]
+        );
     }
 
     #[test]

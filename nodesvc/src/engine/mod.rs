@@ -334,13 +334,27 @@ impl Engine {
     }
 
     /// Grows a volume to at least `size_bytes` (rounded up to the group's
-    /// unit). Shrinking is refused; the current size is a no-op.
+    /// unit). Shrinking is refused, and growing a volume a bcache device
+    /// is made of; the current size is a no-op.
     #[instrument(skip(self), err(level = "info"), fields(volume.name = %name, volume.size = size_bytes))]
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         names::check_volume_name(name)?;
         names::check_size("size_bytes", size_bytes)?;
         let _guard = self.inner.locks.try_lock(name)?;
         let existing = self.existing(name).await?;
+        if let Some(device) = self.inner.bcache.user_of(name)
+            && size_bytes > existing.size_bytes
+        {
+            // The kernel sizes a bcache device when it registers the
+            // backing device, and a cache sized by ratio would not follow.
+            return Err(Error::FailedPrecondition {
+                operation: "resize",
+                name: name.to_string(),
+                reason: format!(
+                    "the volume is part of bcache device {device:?}, and bcache devices cannot grow"
+                ),
+            });
+        }
         let slot = self.slot(&existing.group).await?;
         let rounded = slot.backend.round_size(size_bytes).ok_or_else(|| {
             Error::invalid(

@@ -364,6 +364,7 @@ impl NodeStorage for NodeStorageService {
             Ok(pb::CreateBcacheResponse {
                 device: Some(convert::bcache(&device)),
                 created,
+                capacity: Some(self.capacity_version()),
             })
         }
         .await;

@@ -55,7 +55,7 @@ impl Context {
             type_,
             reason: reason.to_string(),
             note: Some(truncate(note, MAX_NOTE)),
-            action: action.rpc().to_string(),
+            action: action.rpc_for(lv).to_string(),
             secondary: None,
         };
         let published = self

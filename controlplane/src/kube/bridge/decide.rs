@@ -6,7 +6,7 @@
 
 use carina_api::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
 use carina_api::quantity::{bytes_quantity, quantity_bytes};
-use carina_api::{LogicVolume, LogicVolumeStatus};
+use carina_api::{LogicVolume, LogicVolumeCache, LogicVolumeStatus};
 use carina_csi::volume_id::VolumeId;
 use carina_proto::code_name;
 use carina_proto::nodestorage as pb;
@@ -28,11 +28,14 @@ pub(super) enum Op {
 }
 
 impl Op {
-    pub(super) fn rpc(self) -> &'static str {
-        match self {
-            Op::Create => "CreateLV",
-            Op::Resize => "ResizeLV",
-            Op::Delete => "DeleteLV",
+    /// The node RPC of `op` for `lv`: a tiered volume is one bcache device.
+    pub(super) fn rpc_for(self, lv: &LogicVolume) -> &'static str {
+        match (self, lv.spec.cache.is_some()) {
+            (Op::Create, false) => "CreateLV",
+            (Op::Create, true) => "CreateBcache",
+            (Op::Resize, _) => "ResizeLV",
+            (Op::Delete, false) => "DeleteLV",
+            (Op::Delete, true) => "DeleteBcache",
         }
     }
 
@@ -58,8 +61,9 @@ pub(super) enum Plan {
     Call { op: Op, wanted: u64 },
 }
 
-/// What `lv` asks of its node: `CreateLV` while `status.volumeID` is
-/// unset, else `ResizeLV` when `spec.size` exceeds `status.currentSize`.
+/// What `lv` asks of its node: `CreateLV` (`CreateBcache` for a tiered
+/// volume) while `status.volumeID` is unset, else `ResizeLV` when
+/// `spec.size` exceeds `status.currentSize`; a tiered volume cannot grow.
 pub(super) fn plan(lv: &LogicVolume) -> Plan {
     if failed_for_good(lv) {
         return Plan::Wait;
@@ -87,6 +91,9 @@ pub(super) fn plan(lv: &LogicVolume) -> Plan {
             return Plan::Invalid { op, error };
         }
     };
+    if let Some(error) = lv.spec.cache.as_ref().and_then(cache_error) {
+        return Plan::Invalid { op, error };
+    }
     if op == Op::Resize {
         let current = previous
             .current_size
@@ -95,8 +102,67 @@ pub(super) fn plan(lv: &LogicVolume) -> Plan {
         if current.is_some_and(|c| c >= wanted) {
             return Plan::Settled;
         }
+        if lv.spec.cache.is_some() {
+            let error = Error::Spec {
+                field: "spec.size",
+                reason: format!(
+                    "a bcache volume cannot grow (it is {} bytes, {wanted} asked); set the size back",
+                    current.map_or_else(|| "of unknown size".to_string(), |c| c.to_string())
+                ),
+            };
+            return Plan::Invalid { op, error };
+        }
     }
     Plan::Call { op, wanted }
+}
+
+/// Why the cache of a tiered volume is unusable, if it is.
+fn cache_error(cache: &LogicVolumeCache) -> Option<Error> {
+    let spec = |field, reason: String| Some(Error::Spec { field, reason });
+    if cache.device_group.is_empty() {
+        return spec("spec.cache.deviceGroup", "empty".into());
+    }
+    if !(1..=100).contains(&cache.ratio) {
+        return spec(
+            "spec.cache.ratio",
+            format!("{} is not a percentage from 1 to 100", cache.ratio),
+        );
+    }
+    if cache_mode(&cache.policy).is_none() {
+        return spec(
+            "spec.cache.policy",
+            format!(
+                "{:?} is not writethrough, writeback, writearound or none",
+                cache.policy
+            ),
+        );
+    }
+    None
+}
+
+/// The bcache mode of a cache policy (empty: writethrough).
+pub(super) fn cache_mode(policy: &str) -> Option<pb::CacheMode> {
+    Some(match policy {
+        "" | "writethrough" => pb::CacheMode::Writethrough,
+        "writeback" => pb::CacheMode::Writeback,
+        "writearound" => pb::CacheMode::Writearound,
+        "none" => pb::CacheMode::None,
+        _ => return None,
+    })
+}
+
+/// What the status records of a bcache device: the device (its path and
+/// numbers) with the size of its backing volume.
+pub(super) fn bcache_volume(lv: &LogicVolume, device: &pb::BcacheDevice) -> pb::LogicVolume {
+    pb::LogicVolume {
+        name: device.name.clone(),
+        device_group: lv.spec.device_group.clone(),
+        size_bytes: device.size_bytes,
+        device_path: device.device_path.clone(),
+        major: device.major,
+        minor: device.minor,
+        ..Default::default()
+    }
 }
 
 /// True when the last attempt at this generation ended with a terminal
@@ -224,6 +290,7 @@ mod tests {
                 device_group: "g".into(),
                 pvc: String::new(),
                 name_space: String::new(),
+                cache: None,
             },
         );
         lv.metadata.generation = Some(3);
@@ -240,6 +307,7 @@ mod tests {
                 device_group: "g".into(),
                 pvc: String::new(),
                 name_space: String::new(),
+                cache: None,
             },
         );
         lv.metadata.generation = Some(3);
@@ -301,6 +369,81 @@ mod tests {
             ..LogicVolumeStatus::default()
         });
         assert!(matches!(plan(&nowhere), Plan::Wait));
+    }
+
+    #[test]
+    fn tiered_volumes_are_made_once_and_never_grow() {
+        let mut lv = object("1Gi");
+        lv.spec.cache = Some(LogicVolumeCache {
+            device_group: "ssd".into(),
+            ratio: 10,
+            policy: String::new(),
+        });
+        assert_eq!(Op::Create.rpc_for(&lv), "CreateBcache");
+        assert_eq!(Op::Delete.rpc_for(&lv), "DeleteBcache");
+        assert!(matches!(plan(&lv), Plan::Call { op: Op::Create, .. }));
+        let device = pb::BcacheDevice {
+            name: "v".into(),
+            device_path: "/dev/bcache3".into(),
+            major: 252,
+            minor: 384,
+            size_bytes: 1 << 30,
+            ..Default::default()
+        };
+        let made = made_status(&lv, &bcache_volume(&lv, &device), None, "made");
+        assert_eq!(made.path.as_deref(), Some("/dev/bcache3"));
+        assert_eq!(
+            (made.device_major, made.device_minor),
+            (Some(252), Some(384))
+        );
+        let current = made
+            .current_size
+            .as_ref()
+            .map(|q| quantity_bytes(q).expect("bytes"));
+        assert_eq!(current, Some(1 << 30));
+        lv.status = Some(made);
+        assert!(matches!(plan(&lv), Plan::Settled));
+        lv.spec.size = Quantity("2Gi".into());
+        match plan(&lv) {
+            Plan::Invalid { op, error } => {
+                assert_eq!(op, Op::Resize);
+                assert!(error.to_string().contains("cannot grow"), "{error}");
+                assert_eq!(error.code(), Some(Code::InvalidArgument));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unusable_caches_name_their_field() {
+        let cases = [
+            ("", 10, "", "spec.cache.deviceGroup: "),
+            ("ssd", 0, "", "spec.cache.ratio: "),
+            ("ssd", 101, "", "spec.cache.ratio: "),
+            ("ssd", 10, "fast", "spec.cache.policy: "),
+        ];
+        for (group, ratio, policy, field) in cases {
+            let mut lv = object("1Gi");
+            lv.spec.cache = Some(LogicVolumeCache {
+                device_group: group.into(),
+                ratio,
+                policy: policy.into(),
+            });
+            match plan(&lv) {
+                Plan::Invalid { error, .. } => {
+                    assert!(error.to_string().starts_with(field), "{error}")
+                }
+                other => panic!("{group:?} {ratio} {policy:?}: {other:?}"),
+            }
+        }
+        for (policy, mode) in [
+            ("", pb::CacheMode::Writethrough),
+            ("writeback", pb::CacheMode::Writeback),
+            ("writearound", pb::CacheMode::Writearound),
+            ("none", pb::CacheMode::None),
+        ] {
+            assert_eq!(cache_mode(policy), Some(mode));
+        }
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! The reconcile steps carried out: [`apply`] (`CreateLV` or `ResizeLV` on
-//! the node, then the status and an Event), [`cleanup`] (`DeleteLV`), and
+//! The reconcile steps carried out: [`apply`] (`CreateLV`, `CreateBcache`
+//! for a tiered volume, or `ResizeLV` on the node, then the status and an
+//! Event), [`cleanup`] (`DeleteLV` or `DeleteBcache`), and
 //! [`fail`] (the failure into the status and a Warning Event). Each node
 //! call runs in a span that continues the object's trace. What to do and
 //! what to write comes from `decide`.
 
-use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, TRACEPARENT_ANNOTATION};
+use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, LogicVolumeSpec, TRACEPARENT_ANNOTATION};
 use carina_csi::CsiError;
 use carina_proto::code_name;
 use carina_proto::nodestorage as pb;
@@ -17,10 +18,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::context::Context;
 use super::decide::{
-    Op, Plan, failed_status, made_status, nothing_to_delete, plan, settled_status,
+    Op, Plan, bcache_volume, cache_mode, failed_status, made_status, nothing_to_delete, plan,
+    settled_status,
 };
 use super::error::Error;
-use crate::kube::endpoints::EndpointError;
+use crate::kube::endpoints::{EndpointError, NodeEndpoint};
 
 /// Makes `span` a child of the W3C `traceparent` (ignored when
 /// malformed, or when no OpenTelemetry layer is installed).
@@ -36,7 +38,7 @@ fn continue_trace(span: &tracing::Span, traceparent: &str) {
 fn node_span(lv: &LogicVolume, op: Op) -> tracing::Span {
     let span = tracing::info_span!(
         "bridge.node_call",
-        otel.name = %format!("bridge {}", op.rpc()),
+        otel.name = %format!("bridge {}", op.rpc_for(lv)),
         volume.name = %lv.name_any(),
         node.name = %lv.spec.node_name,
         volume.group = %lv.spec.device_group,
@@ -85,6 +87,9 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
     let clients = &ctx.clients;
     let result = async {
         match op {
+            Op::Create if lv.spec.cache.is_some() => {
+                create_bcache(lv, ctx, &endpoint, wanted).await
+            }
             Op::Create => {
                 let req = pb::CreateLvRequest {
                     name: name.clone(),
@@ -130,7 +135,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
             let e = CsiError::Internal(format!(
                 "node {}: {} {name} answered without a volume",
                 endpoint.node,
-                op.rpc()
+                op.rpc_for(lv)
             ));
             return fail(lv, ctx, op, Error::Node(e)).await;
         }
@@ -158,6 +163,42 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
     Ok(Action::await_change())
 }
 
+/// `CreateBcache` for the tiered volume `lv`: the node makes the backing
+/// volume of `wanted` bytes in `spec.deviceGroup`, the cache volume in
+/// `spec.cache.deviceGroup`, and assembles them; the answer as the volume
+/// the status records.
+async fn create_bcache(
+    lv: &LogicVolume,
+    ctx: &Context,
+    endpoint: &NodeEndpoint,
+    wanted: u64,
+) -> Result<(Option<pb::LogicVolume>, Option<pb::CapacityVersion>), CsiError> {
+    let name = lv.name_any();
+    let Some(cache) = lv.spec.cache.as_ref() else {
+        return Err(CsiError::Internal(format!("{name} has no cache")));
+    };
+    // `plan` checked the policy.
+    let mode = cache_mode(&cache.policy).unwrap_or(pb::CacheMode::Writethrough);
+    let req = pb::CreateBcacheRequest {
+        name: name.clone(),
+        backing_volume: LogicVolumeSpec::backing_volume(&name),
+        cache_volume: LogicVolumeSpec::cache_volume(&name),
+        cache_mode: mode.into(),
+        backing_device_group: lv.spec.device_group.clone(),
+        size_bytes: wanted,
+        cache_device_group: cache.device_group.clone(),
+        cache_ratio_percent: cache.ratio,
+    };
+    let what = format!("CreateBcache {name}");
+    let r = ctx
+        .clients
+        .call(endpoint, &what, |mut c| async move {
+            c.create_bcache(req).await
+        })
+        .await?;
+    Ok((r.device.as_ref().map(|d| bcache_volume(lv, d)), r.capacity))
+}
+
 /// Nothing to do on the node: record that this generation is done (after
 /// a failed resize whose size was taken back, or a change of other spec
 /// fields).
@@ -183,17 +224,29 @@ pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, E
         }
         Err(e) => return fail(lv, ctx, Op::Delete, e.into()).await,
     };
-    let req = pb::DeleteLvRequest { name: name.clone() };
-    let what = format!("DeleteLV {name}");
-    let result = ctx
-        .clients
-        .call(
-            &endpoint,
-            &what,
-            |mut c| async move { c.delete_lv(req).await },
-        )
-        .instrument(node_span(lv, Op::Delete))
-        .await;
+    let what = format!("{} {name}", Op::Delete.rpc_for(lv));
+    let result = if lv.spec.cache.is_some() {
+        // The node deletes the volumes CreateBcache made with the device.
+        let req = pb::DeleteBcacheRequest { name: name.clone() };
+        ctx.clients
+            .call(&endpoint, &what, |mut c| async move {
+                c.delete_bcache(req).await
+            })
+            .instrument(node_span(lv, Op::Delete))
+            .await
+            .map(drop)
+    } else {
+        let req = pb::DeleteLvRequest { name: name.clone() };
+        ctx.clients
+            .call(
+                &endpoint,
+                &what,
+                |mut c| async move { c.delete_lv(req).await },
+            )
+            .instrument(node_span(lv, Op::Delete))
+            .await
+            .map(drop)
+    };
     match result {
         Ok(_) => {
             tracing::info!(volume.name = %name, node.name = %endpoint.node, "volume deleted");

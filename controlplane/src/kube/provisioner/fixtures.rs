@@ -38,6 +38,7 @@ pub(super) fn lv(node: &str, group: &str, size: u64) -> LogicVolume {
             device_group: group.into(),
             pvc: String::new(),
             name_space: String::new(),
+            cache: None,
         },
     );
     lv.metadata.uid = Some("u1".into());

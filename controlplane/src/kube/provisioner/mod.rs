@@ -56,7 +56,8 @@
 //! **Delete** removes the object and waits until it is gone (the bridge
 //! removes [`carina_api::LOGICVOLUME_FINALIZER`] once the node deleted the volume).
 //! **Expand** patches `spec.size` and waits until `status.currentSize`
-//! covers the request. A failure code counts only when it is news: the
+//! covers the request; a tiered volume (`spec.cache`) cannot grow
+//! (`FAILED_PRECONDITION`). A failure code counts only when it is news: the
 //! status describes the new `metadata.generation` (`observedGeneration`),
 //! or, for a bridge that does not record it, the status changed since the
 //! patch.
@@ -403,6 +404,14 @@ impl Provisioner for KubeProvisioner {
             return Err(not_found());
         }
         let current = current_bytes(&lv).unwrap_or(0);
+        if let Some(cache) = &lv.spec.cache
+            && current < range.required_bytes
+        {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {volume_id:?} is a bcache device (cached by group {:?}) of {current} bytes; bcache volumes cannot grow",
+                cache.device_group
+            )));
+        }
         if current >= range.required_bytes {
             return Ok(current);
         }

@@ -1,13 +1,13 @@
 //! Building the `LogicVolume` object for a new volume from a request and
 //! its placement: spec (node, size, group, the claim's name and namespace
-//! from `--extra-create-metadata`), the finalizer, the exclusivity
+//! from `--extra-create-metadata`, the cache of a tiered volume), the finalizer, the exclusivity
 //! annotation, and the caller's W3C `traceparent` as an annotation. Pure
 //! apart from reading the current tracing span; no API calls here.
 
 use std::collections::BTreeMap;
 
 use carina_api::{
-    EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec,
+    EXCLUSIVE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeCache, LogicVolumeSpec,
     TRACEPARENT_ANNOTATION,
 };
 use carina_csi::VolumeRequest;
@@ -54,6 +54,11 @@ pub(super) fn new_object(name: &str, req: &VolumeRequest, target: &Target) -> Lo
                 .get(PVC_NAMESPACE_PARAMETER)
                 .cloned()
                 .unwrap_or_default(),
+            cache: req.parameters.bcache.as_ref().map(|b| LogicVolumeCache {
+                device_group: b.cache_group.clone(),
+                ratio: u32::from(b.cache_ratio),
+                policy: b.cache_policy.clone(),
+            }),
         },
     );
     lv.metadata = ObjectMeta {
@@ -95,7 +100,35 @@ mod tests {
         );
         assert_eq!(o.finalizers(), [LOGICVOLUME_FINALIZER.to_string()]);
         assert_eq!(o.annotations()[EXCLUSIVE_ANNOTATION], "true");
+        assert_eq!(o.spec.cache, None);
         // No OpenTelemetry layer here: no trace to carry.
         assert!(!o.annotations().contains_key(TRACEPARENT_ANNOTATION));
+    }
+
+    #[test]
+    fn tiered_volumes_carry_their_cache() {
+        let mut r = request(10 * MIB);
+        r.parameters.bcache = Some(carina_csi::params::BcacheParams {
+            backend_group: "hdd".into(),
+            cache_group: "ssd".into(),
+            cache_ratio: 20,
+            cache_policy: "writeback".into(),
+        });
+        let t = Target {
+            node: "a".into(),
+            group: "hdd".into(),
+            size_bytes: 12 * MIB,
+            policy: Some("LVM".into()),
+        };
+        let o = new_object("pvc-2", &r, &t);
+        assert_eq!(o.spec.device_group, "hdd");
+        assert_eq!(
+            o.spec.cache,
+            Some(LogicVolumeCache {
+                device_group: "ssd".into(),
+                ratio: 20,
+                policy: "writeback".into(),
+            })
+        );
     }
 }

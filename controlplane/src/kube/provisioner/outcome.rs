@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use carina_api::policy;
 use carina_api::quantity::quantity_bytes;
 use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, LogicVolumeStatus, PATH_ANNOTATION};
-use carina_csi::params::FsType;
+use carina_csi::params::{BCACHE_DATA_OFFSET, FsType};
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{CsiError, ProvisionedVolume, VolumeRequest, context, sizes};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -133,6 +133,9 @@ pub(super) fn incompatible(
     {
         return Some(format!("the request names group {g:?}"));
     }
+    if let Some(why) = other_cache(req, lv) {
+        return Some(why);
+    }
     if req.parameters.exclusive != is_exclusive(lv) {
         return Some(format!(
             "the request asks for exclusively-raw-disk {}",
@@ -151,19 +154,59 @@ pub(super) fn incompatible(
     None
 }
 
+/// Why the tiering of `lv` differs from what `req` asks, if it does.
+fn other_cache(req: &VolumeRequest, lv: &LogicVolume) -> Option<String> {
+    match (&req.parameters.bcache, &lv.spec.cache) {
+        (None, None) => None,
+        (None, Some(c)) => Some(format!(
+            "it is cached by group {:?} and the request asks for no cache",
+            c.device_group
+        )),
+        (Some(b), None) => Some(format!(
+            "it has no cache and the request asks for one in group {:?}",
+            b.cache_group
+        )),
+        (Some(b), Some(c)) => {
+            let same = b.backend_group == lv.spec.device_group
+                && b.cache_group == c.device_group
+                && u32::from(b.cache_ratio) == c.ratio
+                && b.cache_policy == c.policy;
+            (!same).then(|| {
+                format!(
+                    "it is cached by group {:?} ({}%, {}) and the request asks for group {:?} behind {:?} ({}%, {})",
+                    c.device_group,
+                    c.ratio,
+                    c.policy,
+                    b.cache_group,
+                    b.backend_group,
+                    b.cache_ratio,
+                    b.cache_policy
+                )
+            })
+        }
+    }
+}
+
 fn is_exclusive(lv: &LogicVolume) -> bool {
     lv.annotations()
         .get(EXCLUSIVE_ANNOTATION)
         .is_some_and(|v| v == "true")
 }
 
-/// The volume's size: as made (`status.currentSize`), else as asked.
+/// The volume's size: as made (`status.currentSize`), else as asked; of
+/// a tiered volume, its bcache device's (the backing volume less the data
+/// offset).
 pub(super) fn current_bytes(lv: &LogicVolume) -> Option<u64> {
-    lv.status
+    let backing = lv
+        .status
         .as_ref()
         .and_then(|s| s.current_size.as_ref())
         .and_then(bytes)
-        .or_else(|| bytes(&lv.spec.size))
+        .or_else(|| bytes(&lv.spec.size))?;
+    Some(match lv.spec.cache {
+        Some(_) => backing.saturating_sub(BCACHE_DATA_OFFSET),
+        None => backing,
+    })
 }
 
 /// Bytes in a quantity; `None` when it is not a byte count.
@@ -322,6 +365,48 @@ mod tests {
         assert!(incompatible(&elsewhere, &v, None).is_some());
         elsewhere.accessibility.requisite.push(on("a"));
         assert_eq!(incompatible(&elsewhere, &v, None), None);
+    }
+
+    #[test]
+    fn tiered_objects_fit_only_the_same_tiering() {
+        let bcache = carina_csi::params::BcacheParams {
+            backend_group: "hdd".into(),
+            cache_group: "ssd".into(),
+            cache_ratio: 10,
+            cache_policy: "writeback".into(),
+        };
+        let mut v = lv("a", "hdd", 12 * MIB + BCACHE_DATA_OFFSET);
+        let mut tiered = request(12 * MIB);
+        tiered.parameters.bcache = Some(bcache);
+        assert!(
+            incompatible(&tiered, &v, None)
+                .expect("plain")
+                .contains("has no cache")
+        );
+        v.spec.cache = Some(carina_api::LogicVolumeCache {
+            device_group: "ssd".into(),
+            ratio: 10,
+            policy: "writeback".into(),
+        });
+        assert_eq!(incompatible(&tiered, &v, None), None);
+        assert_eq!(
+            current_bytes(&v),
+            Some(12 * MIB),
+            "the bcache device's size, not the backing volume's"
+        );
+        assert!(
+            incompatible(&request(12 * MIB), &v, None)
+                .expect("cached")
+                .contains("asks for no cache")
+        );
+        if let Some(c) = v.spec.cache.as_mut() {
+            c.ratio = 20;
+        }
+        assert!(
+            incompatible(&tiered, &v, None)
+                .expect("ratio")
+                .contains("20%")
+        );
     }
 
     #[test]

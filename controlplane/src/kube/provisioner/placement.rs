@@ -172,8 +172,9 @@ pub(super) struct Target {
 }
 
 /// Takes the volumes asked for but not made yet (no `volumeID`, no
-/// failure, not being deleted) off their group's room: the published
-/// capacity cannot show them yet.
+/// failure, not being deleted) off their group's room, and the cache
+/// volume of a tiered one off its cache group's: the published capacity
+/// cannot show them yet.
 pub(super) fn subtract_pending<'a>(
     nodes: &mut [(NodeSpec, Vec<pb::GroupCapacity>)],
     lvs: impl IntoIterator<Item = &'a LogicVolume>,
@@ -189,15 +190,24 @@ pub(super) fn subtract_pending<'a>(
         let Some(size) = bytes(&lv.spec.size) else {
             continue;
         };
-        let group = nodes
-            .iter_mut()
-            .filter(|(n, _)| n.name == lv.spec.node_name)
-            .flat_map(|(_, groups)| groups.iter_mut())
-            .find(|g| g.device_group == lv.spec.device_group);
-        if let Some(g) = group {
-            g.allocatable_bytes = g.allocatable_bytes.saturating_sub(size);
-            g.largest_allocatable_bytes = g.largest_allocatable_bytes.min(g.allocatable_bytes);
+        take(nodes, &lv.spec.node_name, &lv.spec.device_group, size);
+        if let Some(cache) = &lv.spec.cache {
+            let cache_size = carina_csi::params::cache_bytes(size, cache.ratio);
+            take(nodes, &lv.spec.node_name, &cache.device_group, cache_size);
         }
+    }
+}
+
+/// Takes `size` bytes off `group` of `node` among `nodes`.
+fn take(nodes: &mut [(NodeSpec, Vec<pb::GroupCapacity>)], node: &str, group: &str, size: u64) {
+    let found = nodes
+        .iter_mut()
+        .filter(|(n, _)| n.name == node)
+        .flat_map(|(_, groups)| groups.iter_mut())
+        .find(|g| g.device_group == group);
+    if let Some(g) = found {
+        g.allocatable_bytes = g.allocatable_bytes.saturating_sub(size);
+        g.largest_allocatable_bytes = g.largest_allocatable_bytes.min(g.allocatable_bytes);
     }
 }
 
@@ -228,6 +238,14 @@ pub(super) fn ranking_request(req: &VolumeRequest) -> VolumeRequest {
 /// A pinned node that has not published its capacity: it takes the volume
 /// when the request names the group; the node checks the room.
 pub(super) fn unpublished_target(req: &VolumeRequest, node: String) -> Result<Target, CsiError> {
+    if let Some(b) = &req.parameters.bcache {
+        return Ok(Target {
+            node,
+            group: b.backend_group.clone(),
+            size_bytes: sizes::allocation(&sizes::bcache_backing(&req.capacity), FALLBACK_UNIT)?,
+            policy: None,
+        });
+    }
     let Some(group) = req.parameters.group.clone() else {
         return Err(CsiError::Unavailable(format!(
             "node {node} has not published its capacity (NodeStorageResource) yet, \
@@ -309,6 +327,20 @@ mod tests {
         assert_eq!(nodes[0].1[0].largest_allocatable_bytes, 20 * MIB);
         assert_eq!(nodes[0].1[1].allocatable_bytes, 100 * MIB);
         assert_eq!(nodes[1].1[0].allocatable_bytes, 100 * MIB);
+
+        // A tiered volume takes its backing volume off its group and its
+        // cache volume off the cache group.
+        let mut tiered = lv("a", "hdd", 40 * MIB);
+        tiered.spec.cache = Some(carina_api::LogicVolumeCache {
+            device_group: "ssd".into(),
+            ratio: 25,
+            policy: String::new(),
+        });
+        nodes[0].1[0].allocatable_bytes = 100 * MIB;
+        subtract_pending(&mut nodes, &[tiered]);
+        assert_eq!(nodes[0].1[1].allocatable_bytes, 60 * MIB);
+        // 25% of 40 MiB is less than the smallest cache, 64 MiB.
+        assert_eq!(nodes[0].1[0].allocatable_bytes, 36 * MIB);
     }
 
     #[test]

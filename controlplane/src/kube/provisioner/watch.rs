@@ -96,6 +96,7 @@ mod tests {
                 device_group: "ssd".into(),
                 pvc: String::new(),
                 name_space: String::new(),
+                cache: None,
             },
         );
         let never = Timeout {

@@ -264,10 +264,11 @@ fn check_field(field: &str, value: &str) -> Result<()> {
     })
 }
 
-/// The cache volume's size: `ratio` percent of `size`, rounded up.
+/// The cache volume's size: `ratio` percent of `size`, rounded up, at
+/// least `make-bcache`'s smallest cache (the rule the control planes
+/// place cache volumes by).
 pub fn cache_size(size: u64, ratio_percent: u32) -> u64 {
-    let bytes = (u128::from(size) * u128::from(ratio_percent)).div_ceil(100);
-    u64::try_from(bytes).unwrap_or(u64::MAX).max(1)
+    carina_csi::params::cache_bytes(size, ratio_percent)
 }
 
 fn devnum(v: &Volume) -> DevNum {
@@ -1004,9 +1005,12 @@ mod tests {
 
     #[test]
     fn cache_sizes_round_up() {
-        assert_eq!(cache_size(1000, 50), 500);
-        assert_eq!(cache_size(1001, 50), 501);
-        assert_eq!(cache_size(1, 1), 1);
+        const MIB: u64 = 1 << 20;
+        assert_eq!(cache_size(200 * MIB, 50), 100 * MIB);
+        assert_eq!(cache_size(200 * MIB + 1, 50), 100 * MIB + 1, "rounded up");
+        // make-bcache's smallest cache device.
+        assert_eq!(cache_size(100 * MIB, 50), 64 * MIB);
+        assert_eq!(cache_size(1, 1), 64 * MIB);
         assert_eq!(cache_size(u64::MAX, 100), u64::MAX);
     }
 
