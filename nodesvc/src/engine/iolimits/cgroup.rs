@@ -248,10 +248,20 @@ fn field_of(l: &Limits, f: Field) -> u64 {
     *field_mut(&mut l, f)
 }
 
-/// A vanished file means the cgroup went away (the pod is gone).
-/// (`ENODEV` is something else: the kernel refusing the device.)
+/// A vanished file means the cgroup went away (the pod is gone). So does
+/// `ENODEV` from a cgroup being removed: its files fail every operation
+/// from the moment the removal begins, while its directory may still be
+/// there for a moment. `ENODEV` from a live cgroup is something else (the
+/// kernel refusing the device), told apart by whether the cgroup still
+/// answers a read of its `cgroup.procs`.
 fn gone(path: &Path, e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::NotFound) || !path.parent().is_some_and(Path::exists)
+    let Some(dir) = path.parent() else {
+        return true;
+    };
+    matches!(e.kind(), ErrorKind::NotFound)
+        || !dir.exists()
+        || (e.raw_os_error() == Some(libc::ENODEV)
+            && std::fs::read(dir.join("cgroup.procs")).is_err())
 }
 
 fn read_file(path: &Path) -> Result<String> {
