@@ -17,6 +17,7 @@
 pub mod direct;
 pub mod identity;
 pub mod kube;
+pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod serve;

@@ -28,6 +28,7 @@ pub async fn serve_controller<P: Provisioner>(
 ) -> Result<(), tonic::transport::Error> {
     Server::builder()
         .layer(ServerTraceLayer)
+        .layer(crate::metrics::metrics().grpc().layer())
         .add_service(IdentityServer::new(IdentityService::always_ready()))
         .add_service(ControllerService::new(provisioner).into_server())
         .serve_with_incoming_shutdown(carina_proto::uds::incoming(listener), shutdown)

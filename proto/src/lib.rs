@@ -27,6 +27,7 @@ mod generated {
 }
 
 pub mod devcerts;
+pub mod metrics;
 pub mod telemetry;
 pub mod tls;
 pub mod trace;

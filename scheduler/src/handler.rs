@@ -27,6 +27,7 @@ use carina_csi::strategy::Strategy;
 
 use crate::extender::{ExtenderArgs, ExtenderFilterResult, NodeNames};
 use crate::filter::{Decision, decide};
+use crate::metrics::ExtenderMetrics;
 use crate::objects::Objects;
 use crate::request::{Collected, PodRequest, collect};
 use crate::reservations::Reservations;
@@ -58,6 +59,7 @@ pub struct Extender<O: ?Sized> {
     /// `/prioritize` for the same pod and nodes right after.
     last: Mutex<Option<Passed>>,
     objects: Arc<O>,
+    metrics: ExtenderMetrics,
 }
 
 /// The nodes a `/filter` passed, for the `/prioritize` that follows.
@@ -103,7 +105,13 @@ impl<O: Objects + ?Sized> Extender<O> {
             reservations: Mutex::new(None),
             last: Mutex::new(None),
             objects,
+            metrics: ExtenderMetrics::default(),
         }
+    }
+
+    /// What `/metrics` serves.
+    pub fn metrics(&self) -> &ExtenderMetrics {
+        &self.metrics
     }
 
     pub fn objects(&self) -> &O {
@@ -322,6 +330,7 @@ impl<O: Objects + ?Sized> Extender<O> {
             return r.clone();
         }
         let fresh = Arc::new(Reservations::build(&*self.objects));
+        self.metrics.set_in_flight(fresh.len());
         *cached = Some((generation, fresh.clone()));
         fresh
     }

@@ -19,6 +19,7 @@ pub mod cache;
 pub mod extender;
 pub mod filter;
 pub mod handler;
+pub mod metrics;
 pub mod objects;
 pub mod request;
 pub mod reservations;

@@ -7,6 +7,7 @@
 //! | `POST …/prioritize` | `HostPriorityList` |
 //! | `GET /healthz` | `ok` while the process serves |
 //! | `GET /readyz` | `ok` once every cache has listed, else 503 |
+//! | `GET /metrics` | the Prometheus metrics ([`crate::metrics`]) |
 //!
 //! The verbs match on the last path segment, so any `urlPrefix` path
 //! works (`http://host:8099` or `http://host:8099/carina`) with
@@ -81,17 +82,24 @@ async fn handle<O>(extender: &Extender<O>, req: Request<Incoming>) -> Response<F
 where
     O: Objects + ?Sized,
 {
+    let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the request body: {e}"),
-            );
-        }
+    let verb = parts.uri.path().rsplit('/').next().unwrap_or_default();
+    let answer = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(b) => respond(extender, &parts.method, parts.uri.path(), &b.to_bytes()).await,
+        Err(e) => text(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request body: {e}"),
+        ),
     };
-    respond(extender, &parts.method, parts.uri.path(), &body).await
+    if verb != "metrics" {
+        extender.metrics().observe(
+            verb,
+            answer.status().as_u16(),
+            started.elapsed().as_secs_f64(),
+        );
+    }
+    answer
 }
 
 /// The answer to one request, given its method, path and whole body.
@@ -109,12 +117,17 @@ where
         (&Method::POST, "filter") => json(extender.filter(body).await),
         (&Method::POST, "prioritize") => json(extender.prioritize(body).await),
         (&Method::GET, "healthz") => text(StatusCode::OK, "ok".into()),
+        (&Method::GET, "metrics") => response(
+            StatusCode::OK,
+            crate::metrics::CONTENT_TYPE,
+            extender.metrics().encode().into(),
+        ),
         (&Method::GET, "readyz") if extender.ready() => text(StatusCode::OK, "ok".into()),
         (&Method::GET, "readyz") => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "caches not synced yet".into(),
         ),
-        (_, "filter" | "prioritize" | "healthz" | "readyz") => text(
+        (_, "filter" | "prioritize" | "healthz" | "readyz" | "metrics") => text(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} not allowed"),
         ),
@@ -205,6 +218,35 @@ mod tests {
         )
         .await;
         assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        // Every answer above is in /metrics, by verb and code.
+        let metrics = request(
+            addr,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+        let body = metrics.split("\r\n\r\n").nth(1).expect("a body");
+        let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+            .expect("parses");
+        let count = |verb: &str, code: &str| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| {
+                    s.metric == "carina_extender_request_duration_seconds_count"
+                        && s.labels.get("verb") == Some(verb)
+                        && s.labels.get("code") == Some(code)
+                })
+                .map(|s| format!("{:?}", s.value))
+        };
+        for (verb, code) in [
+            ("filter", "200"),
+            ("prioritize", "400"),
+            ("other", "404"),
+            ("other", "200"),
+        ] {
+            assert!(count(verb, code).is_some(), "{verb} {code}: {body}");
+        }
         let _ = stop.send(());
         server.await.expect("joins");
     }

@@ -17,6 +17,7 @@ pub mod identity;
 pub mod kube;
 pub mod local;
 pub mod manifests;
+pub mod metrics;
 pub mod process;
 pub mod scale;
 pub mod spans;

@@ -37,6 +37,7 @@ use carina_tests::cluster::publish_node_storage;
 use carina_tests::csi::{Csi, ServedController, delete, make, mount_cap, node_of, on};
 use carina_tests::grpc::unix_channel;
 use carina_tests::kube::KubeCluster;
+use carina_tests::metrics::{scrape, value};
 use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
 use futures::TryStreamExt;
@@ -925,9 +926,12 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
     );
     let lease = unique("carina-controller");
     let lease_duration = Duration::from_secs(10);
-    let replica = |identity: &str| -> Result<(ChildGuard, std::path::PathBuf)> {
+    let replica = |identity: &str, metrics_port: u16| -> Result<(ChildGuard, std::path::PathBuf)> {
         let sock = dir.path().join(format!("{identity}.sock"));
+        let metrics_listen = format!("127.0.0.1:{metrics_port}");
         let args: Vec<String> = [
+            "--metrics-listen",
+            &metrics_listen,
             "--mode",
             "kube",
             "--kubeconfig",
@@ -963,9 +967,15 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
     };
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
 
-    let (mut a, a_sock) = replica("replica-a")?;
+    let free_port = || -> Result<u16> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port())
+    };
+    let (port_a, port_b) = (free_port()?, free_port()?);
+    let (mut a, a_sock) = replica("replica-a", port_a)?;
     await_holder(&leases, &lease, "replica-a", Duration::from_secs(15)).await?;
-    let (mut b, b_sock) = replica("replica-b")?;
+    let (mut b, b_sock) = replica("replica-b", port_b)?;
 
     // The standby serves CSI too, through KubeProvisioner: no node has
     // published capacity, so a create is UNAVAILABLE and writes nothing.
@@ -983,6 +993,24 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
         holder(&leases, &lease).await?,
         (Some("replica-a".into()), 0)
     );
+    // Each replica's /metrics: who leads, and the CSI calls b answered.
+    let leader = "carina_controller_leader";
+    let a_metrics = scrape(port_a).await?;
+    assert_eq!(value(&a_metrics, leader, &[]), Some(1.0));
+    let b_metrics = scrape(port_b).await?;
+    assert_eq!(value(&b_metrics, leader, &[]), Some(0.0));
+    let calls = "carina_controller_grpc_server_duration_seconds_count";
+    for (method, code) in [
+        ("csi.v1.Controller/ListVolumes", "OK"),
+        ("csi.v1.Controller/CreateVolume", "UNAVAILABLE"),
+    ] {
+        assert_eq!(
+            value(&b_metrics, calls, &[("method", method), ("code", code)]),
+            Some(1.0),
+            "{method} {code}: {:?}",
+            b_metrics.samples
+        );
+    }
 
     // SIGTERM: a stops its work, releases the lease and removes its socket;
     // b takes over at its next retry, not after the lease expires.

@@ -47,6 +47,7 @@ use carina_scheduler::request::SELECTED_NODE_ANNOTATION;
 use carina_scheduler::{Extender, server};
 use carina_tests::cluster::{publish_node_storage, ready_node_status};
 use carina_tests::kube::{Component, KubeCluster};
+use carina_tests::metrics::{scrape, value};
 use carina_tests::process::{ChildGuard, tail, workspace_binary};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
@@ -717,6 +718,15 @@ async fn the_binary_serves_once_its_caches_are_synced() -> Result<()> {
         answer.contains("claim default/missing is not in the extender's cache yet"),
         "{answer}"
     );
+    let metrics = scrape(port).await?;
+    let answers = "carina_extender_request_duration_seconds_count";
+    assert_eq!(
+        value(&metrics, answers, &[("verb", "filter"), ("code", "200")]),
+        Some(1.0),
+        "{:?}",
+        metrics.samples
+    );
+    assert!(value(&metrics, "carina_extender_reservations_in_flight", &[]).is_some());
     child.check_running()?;
     Ok(())
 }

@@ -39,6 +39,7 @@ use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
+use carina_controlplane::metrics::metrics;
 use carina_controlplane::nodes::spec::NodeList;
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_csi::Provisioner;
@@ -67,6 +68,11 @@ enum Command {
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
+
+    /// Serve Prometheus metrics at `http://<address>/metrics` (e.g.
+    /// `0.0.0.0:9090`); none when unset.
+    #[arg(long, env = "CARINA_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 
     /// The control plane that places and makes volumes.
     #[arg(
@@ -250,6 +256,20 @@ fn client_tls(args: &Args, mode: &str) -> Result<ClientTls> {
 
 async fn run(args: Args) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-listen {addr}"))?;
+        tracing::info!(metrics.address = %addr, "serving /metrics");
+        let mut stop = stop_rx.clone();
+        tokio::spawn(carina_proto::metrics::serve(
+            listener,
+            Arc::new(|| metrics().encode()),
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ));
+    }
     tokio::spawn(async move {
         let signal = wait_for_signal().await;
         tracing::info!(
@@ -427,6 +447,16 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
     let mut work_stop = stop.clone();
     let leadership = tokio::spawn(async move {
         let (leading_tx, leading_rx) = watch::channel(false);
+        let mut observed = leading_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                metrics().set_leader(*observed.borrow_and_update());
+                if observed.changed().await.is_err() {
+                    metrics().set_leader(false);
+                    return;
+                }
+            }
+        });
         let (work_done, work_stopped) = oneshot::channel::<()>();
         let elect = elector.run(leading_tx, async {
             let _ = work_stopped.await;

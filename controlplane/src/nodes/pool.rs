@@ -168,7 +168,15 @@ impl NodeClients {
             CsiError::Unavailable(m) => CsiError::Unavailable(format!("{what}: {m}")),
             other => other,
         })?;
-        match tokio::time::timeout(self.call_timeout, f(client)).await {
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(self.call_timeout, f(client)).await;
+        let code = match &answer {
+            Ok(Ok(_)) => tonic::Code::Ok,
+            Ok(Err(status)) => status.code(),
+            Err(_) => tonic::Code::DeadlineExceeded,
+        };
+        crate::metrics::metrics().node_call(what, code, started.elapsed());
+        match answer {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(CsiError::node(format!("node {name}: {what}"), status)),
             Err(_) => Err(CsiError::DeadlineExceeded(format!(

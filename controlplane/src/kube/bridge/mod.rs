@@ -79,6 +79,7 @@ pub const REPORTER: &str = "carina-bridge";
 
 async fn reconcile(lv: Arc<LogicVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lv.name_any();
+    let started = std::time::Instant::now();
     let span = tracing::info_span!("bridge.reconcile", volume.name = %name);
     let result = finalizer(&ctx.lvs, LOGICVOLUME_FINALIZER, lv, |event| async {
         match event {
@@ -92,6 +93,11 @@ async fn reconcile(lv: Arc<LogicVolume>, ctx: Arc<Context>) -> Result<Action, Er
     if result.is_ok() {
         ctx.failures().remove(&name);
     }
+    let outcome = match &result {
+        Ok(_) => "OK",
+        Err(e) => e.code().map_or("KUBE_API", carina_proto::code_name),
+    };
+    crate::metrics::metrics().reconciled(outcome, started.elapsed());
     result
 }
 

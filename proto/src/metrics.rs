@@ -1,0 +1,201 @@
+//! Prometheus metrics shared by the binaries: the latency of every gRPC
+//! call a server answers ([`GrpcMetricsLayer`], by method and status code)
+//! and a plain HTTP/1 server for `/metrics` ([`serve`]). Label values are
+//! bounded: a method the server does not offer counts as `other`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::net::TcpListener;
+use tower::{Layer, Service};
+
+/// The content type of the exposition [`encode`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Buckets for operation latencies: 1 ms to about 65 s.
+pub fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+/// A histogram family of latencies in [`latency_buckets`].
+pub fn latency_family<L>() -> Family<L, Histogram>
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    Family::new_with_constructor(|| Histogram::new(latency_buckets()))
+}
+
+/// The exposition text of `registry`.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// The labels of one answered gRPC call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcCall {
+    /// `csi.v1.Controller/CreateVolume`; `other` for a method the server
+    /// does not offer.
+    pub method: String,
+    /// The gRPC status code name (`OK`, `NOT_FOUND`, ...).
+    pub code: &'static str,
+}
+
+/// Latencies of the gRPC calls a server answered.
+#[derive(Clone, Debug)]
+pub struct GrpcMetrics {
+    calls: Family<GrpcCall, Histogram>,
+}
+
+impl GrpcMetrics {
+    /// Registers `<prefix>_grpc_server_duration_seconds` in `registry`.
+    pub fn register(registry: &mut Registry) -> GrpcMetrics {
+        let calls = latency_family();
+        registry.register_with_unit(
+            "grpc_server_duration",
+            "Time to answer one gRPC call, by method and status code",
+            Unit::Seconds,
+            calls.clone(),
+        );
+        GrpcMetrics { calls }
+    }
+
+    fn observe(&self, path: &str, code: tonic::Code, seconds: f64) {
+        // Unknown methods are UNIMPLEMENTED: their paths are the caller's.
+        let method = if code == tonic::Code::Unimplemented {
+            "other".to_string()
+        } else {
+            path.trim_start_matches('/').to_string()
+        };
+        self.calls
+            .get_or_create(&GrpcCall {
+                method,
+                code: crate::code_name(code),
+            })
+            .observe(seconds);
+    }
+
+    /// The layer that times every call of a server.
+    pub fn layer(&self) -> GrpcMetricsLayer {
+        GrpcMetricsLayer {
+            metrics: self.clone(),
+        }
+    }
+}
+
+/// Times every call of the services below it (see [`GrpcMetrics`]). The
+/// code is the `grpc-status` of the response headers: a failed unary
+/// call answers trailers-only, so a response without one is `OK`.
+#[derive(Clone, Debug)]
+pub struct GrpcMetricsLayer {
+    metrics: GrpcMetrics,
+}
+
+impl<S> Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcTimed<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcTimed {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// See [`GrpcMetricsLayer`].
+#[derive(Clone, Debug)]
+pub struct GrpcTimed<S> {
+    inner: S,
+    metrics: GrpcMetrics,
+}
+
+impl<S, B, RB> Service<http::Request<B>> for GrpcTimed<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let path = req.uri().path().to_string();
+        let started = Instant::now();
+        let metrics = self.metrics.clone();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let result = answer.await;
+            let code = match &result {
+                Ok(response) => response
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map_or(tonic::Code::Ok, tonic::Code::from_i32),
+                Err(_) => tonic::Code::Unknown,
+            };
+            metrics.observe(&path, code, started.elapsed().as_secs_f64());
+            result
+        })
+    }
+}
+
+/// Serves `GET /metrics` with what `render` gives, on `listener`, until
+/// `shutdown` completes; other paths are 404.
+pub async fn serve(
+    listener: TcpListener,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let response = if req.uri().path() == "/metrics" {
+                    hyper::Response::builder()
+                        .header("content-type", CONTENT_TYPE)
+                        .body(render())
+                } else {
+                    hyper::Response::builder()
+                        .status(404)
+                        .body("not found: try /metrics\n".to_string())
+                };
+                std::future::ready(Ok::<_, Infallible>(response.unwrap_or_default()))
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics: connection ended with an error");
+            }
+        });
+    }
+}
