@@ -19,7 +19,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
-/// The content type of the exposition [`encode`] writes.
+/// The content type of the exposition [`encode`] writes (OpenMetrics).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Buckets for operation latencies: 1 ms to about 65 s.
@@ -156,10 +156,11 @@ where
     }
 }
 
-/// Serves `GET /metrics` with what `render` gives, on `listener`, until
-/// `shutdown` completes; other paths are 404.
+/// Serves `GET /metrics` with what `render` gives, as `content_type`, on
+/// `listener`, until `shutdown` completes; other paths are 404.
 pub async fn serve(
     listener: TcpListener,
+    content_type: &'static str,
     render: Arc<dyn Fn() -> String + Send + Sync>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -181,7 +182,7 @@ pub async fn serve(
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let response = if req.uri().path() == "/metrics" {
                     hyper::Response::builder()
-                        .header("content-type", CONTENT_TYPE)
+                        .header("content-type", content_type)
                         .body(render())
                 } else {
                     hyper::Response::builder()

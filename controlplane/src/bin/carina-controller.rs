@@ -264,6 +264,7 @@ async fn run(args: Args) -> Result<()> {
         let mut stop = stop_rx.clone();
         tokio::spawn(carina_proto::metrics::serve(
             listener,
+            carina_proto::metrics::CONTENT_TYPE,
             Arc::new(|| metrics().encode()),
             async move {
                 let _ = stop.wait_for(|s| *s).await;

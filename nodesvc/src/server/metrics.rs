@@ -7,14 +7,11 @@
 //! volume names.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tonic::Code;
 
@@ -196,45 +193,14 @@ pub async fn serve(
     node_name: String,
     shutdown: impl Future<Output = ()>,
 ) {
-    let node_name: Arc<str> = node_name.into();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let engine = engine.clone();
-        let node_name = node_name.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let response = if req.uri().path() == "/metrics" {
-                    let text = metrics.render(&node_name, &engine.subscribe().borrow());
-                    hyper::Response::builder()
-                        .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-                        .body(text)
-                } else {
-                    hyper::Response::builder()
-                        .status(404)
-                        .body("not found: try /metrics\n".to_string())
-                };
-                std::future::ready(Ok::<_, Infallible>(response.unwrap_or_default()))
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                tracing::debug!(error = %e, "metrics connection ended");
-            }
-        });
-    }
+    let render = move || metrics.render(&node_name, &engine.subscribe().borrow());
+    carina_proto::metrics::serve(
+        listener,
+        "text/plain; version=0.0.4; charset=utf-8",
+        Arc::new(render),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]
