@@ -39,11 +39,7 @@ pub fn range(required: i64, limit: i64) -> Result<CapacityRange, CsiError> {
 /// as it still covers the required size. Otherwise `OUT_OF_RANGE`.
 pub fn allocation(range: &CapacityRange, unit: u64) -> Result<u64, CsiError> {
     let unit = unit.max(1);
-    let want = match (range.required_bytes, range.limit_bytes) {
-        (0, 0) => DEFAULT_SIZE,
-        (0, limit) => DEFAULT_SIZE.min(limit),
-        (required, _) => required,
-    };
+    let want = wanted(range);
     let up = want
         .div_ceil(unit)
         .checked_mul(unit)
@@ -68,17 +64,23 @@ pub fn allocation(range: &CapacityRange, unit: u64) -> Result<u64, CsiError> {
 /// An unset required size is the default size, as in [`allocation`].
 pub fn bcache_backing(range: &CapacityRange) -> CapacityRange {
     let offset = crate::params::BCACHE_DATA_OFFSET;
-    let usable = match (range.required_bytes, range.limit_bytes) {
-        (0, 0) => DEFAULT_SIZE,
-        (0, limit) => DEFAULT_SIZE.min(limit),
-        (required, _) => required,
-    };
+    let usable = wanted(range);
     CapacityRange {
         required_bytes: usable.saturating_add(offset),
         limit_bytes: match range.limit_bytes {
             0 => 0,
             limit => limit.saturating_add(offset),
         },
+    }
+}
+
+/// The size `range` asks for before rounding: the required size, or
+/// [`DEFAULT_SIZE`] capped by the limit when none is required.
+fn wanted(range: &CapacityRange) -> u64 {
+    match (range.required_bytes, range.limit_bytes) {
+        (0, 0) => DEFAULT_SIZE,
+        (0, limit) => DEFAULT_SIZE.min(limit),
+        (required, _) => required,
     }
 }
 
