@@ -139,12 +139,7 @@ impl Pki {
     }
 }
 
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
-}
+pub use crate::ports::free_port;
 
 /// Arguments of one `carina-node` process: its name, certificate,
 /// `config.json`, NodeStorage and metrics ports, CSI socket and state

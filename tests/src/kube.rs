@@ -29,7 +29,7 @@
 //! logs go to `$CARINA_TEST_LOG_DIR/kube-<pid>-<n>/` when that variable is
 //! set (so they survive the test), otherwise into the temporary directory.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::ports::free_ports;
 use crate::process::{ChildGuard, tail, upstream_tool};
 use crate::unique;
 
@@ -652,19 +653,6 @@ async fn wait_ready(
     }
 }
 
-/// Ports that were free a moment ago (the kernel hands out distinct ones
-/// while all listeners are open).
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut ports = [0; N];
-    for (port, l) in ports.iter_mut().zip(&listeners) {
-        *port = l.local_addr()?.port();
-    }
-    Ok(ports)
-}
-
 /// The cluster's certificate and key files.
 struct Pki {
     ca: DevCa,
@@ -804,12 +792,6 @@ fn kubeconfig_yaml(server: &str, ca: &Path, cert: &Path, key: &Path) -> String {
 mod tests {
     use super::*;
     use kube::config::Kubeconfig;
-
-    #[test]
-    fn free_ports_are_distinct() {
-        let [a, b, c] = free_ports().expect("ports");
-        assert!(a != b && b != c && a != c);
-    }
 
     #[test]
     fn kubeconfig_parses_and_points_at_the_files() {

@@ -18,6 +18,7 @@ pub mod kube;
 pub mod local;
 pub mod manifests;
 pub mod metrics;
+pub mod ports;
 pub mod process;
 pub mod scale;
 pub mod spans;

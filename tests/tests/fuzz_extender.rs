@@ -79,9 +79,7 @@ async fn the_extender_answers_every_request_with_a_sensible_status() -> Result<(
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
     let binary = workspace_binary("carina-scheduler")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = carina_tests::ports::free_port()?;
     let log = cluster.log_dir().join("carina-scheduler.log");
     let kubeconfig = cluster.kubeconfig_path().to_string_lossy().into_owned();
     let mut child = ChildGuard::spawn(

@@ -967,12 +967,7 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
     };
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
 
-    let free_port = || -> Result<u16> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port())
-    };
-    let (port_a, port_b) = (free_port()?, free_port()?);
+    let [port_a, port_b] = carina_tests::ports::free_ports::<2>()?;
     let (mut a, a_sock) = replica("replica-a", port_a)?;
     await_holder(&leases, &lease, "replica-a", Duration::from_secs(15)).await?;
     let (mut b, b_sock) = replica("replica-b", port_b)?;

@@ -667,9 +667,7 @@ async fn the_binary_serves_once_its_caches_are_synced() -> Result<()> {
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
     let binary = workspace_binary("carina-scheduler")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = carina_tests::ports::free_port()?;
     let log = cluster.log_dir().join("carina-scheduler.log");
     let args = [
         format!("--listen=127.0.0.1:{port}"),

@@ -16,6 +16,7 @@ use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
 use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
 use carina_tests::grpc::{Client, TestNode, create_lv, host_engine};
+use carina_tests::ports::free_port;
 use carina_tests::unique;
 
 use crate::pool::LvmPool;
@@ -297,12 +298,6 @@ fn rss_mib(pid: u32) -> Result<f64> {
         .and_then(|v| v.parse().ok())
         .context("VmRSS")?;
     Ok(kb / 1024.0)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A binary built next to this one (same cargo profile and target dir).
