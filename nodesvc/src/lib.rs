@@ -11,6 +11,7 @@ pub mod cli;
 pub mod csi_local;
 pub mod engine;
 pub mod identity;
+pub mod latency;
 #[cfg(test)]
 mod proptests;
 pub mod server;

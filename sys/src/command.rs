@@ -11,6 +11,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::future::Future;
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
@@ -21,6 +22,57 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Programs whose first argument names the operation.
 const SUBCOMMAND_TOOLS: &[&str] = &["lvm"];
+
+/// How a command run ended, for [`observe_commands`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Exit status 0.
+    Ok,
+    /// A non-zero exit or a signal.
+    Failed,
+    /// Killed at its timeout.
+    TimedOut,
+    /// The program could not be started.
+    Spawn,
+    /// Its interpreter died or garbled the answer.
+    Interrupted,
+}
+
+impl Outcome {
+    /// A lower-case name (`ok`, `failed`, `timed_out`, `spawn`, `interrupted`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Spawn => "spawn",
+            Outcome::Interrupted => "interrupted",
+        }
+    }
+
+    fn of<T>(result: &Result<T, CommandError>) -> Outcome {
+        match result {
+            Ok(_) => Outcome::Ok,
+            Err(CommandError::Failed { .. }) => Outcome::Failed,
+            Err(CommandError::TimedOut { .. }) => Outcome::TimedOut,
+            Err(CommandError::Spawn { .. }) => Outcome::Spawn,
+            Err(CommandError::Interrupted { .. }) => Outcome::Interrupted,
+        }
+    }
+}
+
+/// Told of every finished command: its [`Cmd::span_name`] (the program,
+/// and for `lvm` the subcommand: a bounded set), how it ended and how long
+/// it took.
+pub type Observer = fn(command: &str, outcome: Outcome, took: Duration);
+
+static OBSERVER: OnceLock<Observer> = OnceLock::new();
+
+/// Installs the process's command observer (metrics). The first call
+/// wins; later ones return `false` and change nothing.
+pub fn observe_commands(observer: Observer) -> bool {
+    OBSERVER.set(observer).is_ok()
+}
 
 /// Errors from running an external command.
 #[derive(Debug, thiserror::Error)]
@@ -188,7 +240,7 @@ impl Cmd {
     /// process of its own, such as an interpreter the caller keeps — under
     /// the span [`Cmd::run`] gives a command: named by
     /// [`Cmd::span_name`], with the command line, the exit code, the
-    /// duration and the error.
+    /// duration and the error; and tells the [`observe_commands`] observer.
     pub async fn traced<F>(&self, run: F) -> Result<Output, CommandError>
     where
         F: Future<Output = Result<Output, CommandError>>,
@@ -206,7 +258,11 @@ impl Cmd {
         );
         let started = Instant::now();
         let result = run.instrument(span.clone()).await;
-        span.record("command.duration_ms", started.elapsed().as_millis() as u64);
+        let took = started.elapsed();
+        span.record("command.duration_ms", took.as_millis() as u64);
+        if let Some(observe) = OBSERVER.get() {
+            observe(&self.span_name(), Outcome::of(&result), took);
+        }
         if let Err(e) = &result {
             span.record("otel.status_code", "ERROR");
             span.record("error.message", e.to_string());
@@ -311,6 +367,42 @@ mod tests {
         assert_eq!(cmd.span_name(), "lvm.lvcreate");
         assert_eq!(Cmd::new("lvm").arg("--version").span_name(), "lvm");
         assert_eq!(Cmd::new("sgdisk").arg("-n").span_name(), "sgdisk");
+    }
+
+    #[tokio::test]
+    async fn the_observer_hears_every_outcome() {
+        static SEEN: std::sync::Mutex<Vec<(String, Outcome)>> = std::sync::Mutex::new(Vec::new());
+        fn record(command: &str, outcome: Outcome, _took: Duration) {
+            SEEN.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((command.to_string(), outcome));
+        }
+        assert!(observe_commands(record), "first install wins");
+        assert!(!observe_commands(record), "second install changes nothing");
+        Cmd::new("true").run().await.expect("true runs");
+        Cmd::new("false").run().await.expect_err("false fails");
+        Cmd::new("/nonexistent/carina-tool")
+            .run()
+            .await
+            .expect_err("cannot spawn");
+        Cmd::new("sleep")
+            .arg("5")
+            .timeout(Duration::from_millis(50))
+            .run()
+            .await
+            .expect_err("times out");
+        let seen = SEEN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (command, outcome) in [
+            ("true", Outcome::Ok),
+            ("false", Outcome::Failed),
+            ("carina-tool", Outcome::Spawn),
+            ("sleep", Outcome::TimedOut),
+        ] {
+            assert!(
+                seen.contains(&(command.to_string(), outcome)),
+                "{command} {outcome:?} in {seen:?}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -97,6 +97,18 @@ async fn lifecycle_create_get_list_grow_delete() {
     let cap2 = f.capacity().await;
     assert_eq!(cap2.free_bytes, cap0.free_bytes);
     assert_eq!(cap2.volume_count, 0);
+
+    // Each command and each operation was timed (the process's
+    // histograms, which other tests of this file add to).
+    let text = carina_node::latency::latency().encode();
+    for family in [
+        r#"carina_node_command_duration_seconds_count{command="lvm.lvcreate",result="ok"}"#,
+        r#"carina_node_command_duration_seconds_count{command="lvm.lvremove",result="ok"}"#,
+        r#"carina_node_engine_operation_duration_seconds_count{operation="resize",policy="LVM",result="ok"}"#,
+        r#"carina_node_engine_operation_duration_seconds_count{operation="resize",policy="LVM",result="error"}"#,
+    ] {
+        assert!(text.contains(family), "{family} in {text}");
+    }
 }
 
 #[tokio::test]

@@ -547,6 +547,15 @@ async fn metrics_endpoint_counts_calls() {
         )),
         "{text}"
     );
+    // The latency histograms: of the gRPC call and of the engine's
+    // operation on the HOST group (counts are the process's, other tests
+    // add to them).
+    for family in [
+        r#"carina_node_grpc_server_duration_seconds_count{method="carina.nodestorage.v1.NodeStorage/CreateLV",code="OK"}"#,
+        r#"carina_node_engine_operation_duration_seconds_count{operation="create",policy="HOST",result="ok"}"#,
+    ] {
+        assert!(text.contains(family), "{family} in {text}");
+    }
     let _ = stop.send(());
     server.await.expect("metrics server stops");
 }

@@ -89,6 +89,7 @@ impl CsiNodeServer {
         };
         let router = Server::builder()
             .layer(ServerTraceLayer)
+            .layer(crate::latency::latency().grpc().layer())
             .add_service(IdentityServer::new(IdentityService::always_ready()))
             .add_service(CsiNodeService::new(NodeService::new(self.volumes)));
         tracing::info!(csi.socket = ?socket, node.name = %node_name, "CSI Identity and Node serving");

@@ -72,6 +72,25 @@ fn backend_span(backend: &dyn Backend, op: &'static str) -> tracing::Span {
     )
 }
 
+/// Runs one backend mutation under its [`backend_span`] and times it in
+/// `carina_node_engine_operation_duration_seconds` (by operation, policy
+/// and result).
+async fn backend_call<T>(
+    backend: &dyn Backend,
+    op: &'static str,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let started = std::time::Instant::now();
+    let result = call.instrument(backend_span(backend, op)).await;
+    crate::latency::latency().operation(
+        op,
+        backend.config().policy.as_str(),
+        result.is_ok(),
+        started.elapsed(),
+    );
+    result
+}
+
 /// A call that waited while a new configuration changed its group's
 /// allocation unit: its rounded size no longer fits the group.
 fn changed_unit() -> Error {
@@ -169,6 +188,7 @@ impl Engine {
     #[instrument(skip_all, err)]
     pub async fn start(config: Config, options: EngineOptions) -> Result<Engine> {
         log_config_warnings(&config);
+        crate::latency::observe_commands();
         let device_mapper = options.device_mapper.unwrap_or_else(detect_device_mapper);
         let lvm = Arc::new(lvm::LvmRunner::new(options.lvm));
         let groups = build_groups(&config, device_mapper, &lvm)?;
@@ -297,10 +317,12 @@ impl Engine {
             if backend.round_size(rounded_req.size_bytes) != Some(rounded_req.size_bytes) {
                 return Err(changed_unit());
             }
-            backend
-                .create_releasing(&rounded_req, &lock)
-                .instrument(backend_span(backend.as_ref(), "create"))
-                .await?
+            backend_call(
+                backend.as_ref(),
+                "create",
+                backend.create_releasing(&rounded_req, &lock),
+            )
+            .await?
         };
         self.index_insert(&volume.name, &volume.group);
         self.notify(ChangeReason::Create).await;
@@ -381,10 +403,12 @@ impl Engine {
             if slot.backend.round_size(rounded) != Some(rounded) {
                 return Err(changed_unit());
             }
-            slot.backend
-                .resize(name, rounded)
-                .instrument(backend_span(slot.backend.as_ref(), "resize"))
-                .await?
+            backend_call(
+                slot.backend.as_ref(),
+                "resize",
+                slot.backend.resize(name, rounded),
+            )
+            .await?
         };
         self.notify(ChangeReason::Resize).await;
         Ok(volume)
@@ -426,10 +450,7 @@ impl Engine {
         };
         let deleted = {
             let (slot, _lock) = self.lock_current(slot).await?;
-            slot.backend
-                .delete(name)
-                .instrument(backend_span(slot.backend.as_ref(), "delete"))
-                .await
+            backend_call(slot.backend.as_ref(), "delete", slot.backend.delete(name)).await
         };
         match deleted {
             Ok(()) => {}

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{Instrument, instrument};
+use tracing::instrument;
 
 use super::{
     Backend, ChangeReason, Config, Disk, DiskStatus, Engine, GroupSlot, Policy, Result,
-    backend_span, disks, host, log_config_warnings, lvm, raw,
+    backend_call, disks, host, log_config_warnings, lvm, raw,
 };
 
 impl Engine {
@@ -96,12 +96,8 @@ impl Engine {
                 return Ok(());
             }
             let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            if let Err(e) = slot
-                .backend
-                .rescan(group_disks)
-                .instrument(backend_span(slot.backend.as_ref(), "rescan"))
-                .await
-            {
+            let rescan = slot.backend.rescan(group_disks);
+            if let Err(e) = backend_call(slot.backend.as_ref(), "rescan", rescan).await {
                 tracing::error!(device.group = %name, error = %e, "group rescan failed");
                 first_error.get_or_insert(e);
                 continue;

@@ -170,6 +170,10 @@ impl Metrics {
                 );
             }
         }
+        // The histograms, in the OpenMetrics text of prometheus-client:
+        // its `# UNIT` and closing `# EOF` lines are comments to a 0.0.4
+        // text parser.
+        out.push_str(&crate::latency::latency().encode());
         out
     }
 }
@@ -257,6 +261,21 @@ mod tests {
             r#"carina_node_capacity_allocatable_bytes{node="node-a",device_group="g",policy="HOST"} 50"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        // The whole page, histograms included, is one valid exposition.
+        crate::latency::latency().operation("create", "HOST", true, std::time::Duration::ZERO);
+        let text = m.render("node-a", &snap);
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("the page parses");
+        for family in [
+            "carina_node_grpc_requests_total",
+            "carina_node_capacity_free_bytes",
+            "carina_node_engine_operation_duration_seconds_count",
+        ] {
+            assert!(
+                scrape.samples.iter().any(|s| s.metric == family),
+                "{family} in\n{text}"
+            );
         }
     }
 }

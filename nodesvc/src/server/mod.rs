@@ -121,6 +121,7 @@ impl NodeServer {
         let incoming = tls_incoming(listener, tls, HANDSHAKE_TIMEOUT);
         let router = Server::builder()
             .layer(ServerTraceLayer)
+            .layer(crate::latency::latency().grpc().layer())
             .layer(AuthLayer::new(&self.trust_domain, self.metrics.clone()))
             .add_service(NodeStorageServer::new(service))
             .add_service(health_service)
