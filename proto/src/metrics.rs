@@ -156,12 +156,23 @@ where
     }
 }
 
+/// What a `/metrics` page is made by: each scrape awaits one call.
+pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
+
+/// A [`Render`] of a synchronous function.
+pub fn render_with(f: impl Fn() -> String + Send + Sync + 'static) -> Render {
+    Arc::new(move || {
+        let page = f();
+        Box::pin(std::future::ready(page))
+    })
+}
+
 /// Serves `GET /metrics` with what `render` gives, as `content_type`, on
 /// `listener`, until `shutdown` completes; other paths are 404.
 pub async fn serve(
     listener: TcpListener,
     content_type: &'static str,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
+    render: Render,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -180,16 +191,18 @@ pub async fn serve(
         let render = render.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let response = if req.uri().path() == "/metrics" {
-                    hyper::Response::builder()
-                        .header("content-type", content_type)
-                        .body(render())
-                } else {
-                    hyper::Response::builder()
-                        .status(404)
-                        .body("not found: try /metrics\n".to_string())
-                };
-                std::future::ready(Ok::<_, Infallible>(response.unwrap_or_default()))
+                let page = (req.uri().path() == "/metrics").then(|| render());
+                async move {
+                    let response = match page {
+                        Some(page) => hyper::Response::builder()
+                            .header("content-type", content_type)
+                            .body(page.await),
+                        None => hyper::Response::builder()
+                            .status(404)
+                            .body("not found: try /metrics\n".to_string()),
+                    };
+                    Ok::<_, Infallible>(response.unwrap_or_default())
+                }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)

@@ -155,6 +155,11 @@ async fn iops_limits_on_a_partition_go_on_its_disk() {
         "{got:?}"
     );
     assert_ne!((got.major, got.minor), (v.major, v.minor));
+    let metrics = carina_node::server::metrics::Metrics::default();
+    let page = || carina_node::server::metrics::page(&metrics, &f.engine, "node-a");
+    let gauge = |n: u32| format!(r#"carina_node_io_limits_in_force{{node="node-a"}} {n}"#);
+    let text = page().await;
+    assert!(text.lines().any(|l| l == gauge(1)), "{}: {text}", gauge(1));
     // 600 writes at 200/s, 900 reads at 300/s: 3 s each.
     let write = ["if=/dev/zero", &of, "bs=4k", "count=600", "oflag=direct"];
     let read = [&input, "of=/dev/null", "bs=4k", "count=900", "iflag=direct"];
@@ -173,6 +178,8 @@ async fn iops_limits_on_a_partition_go_on_its_disk() {
         .await
         .expect("limits removed");
     assert_eq!(removed, None);
+    let text = page().await;
+    assert!(text.lines().any(|l| l == gauge(0)), "{}: {text}", gauge(0));
     let w = free(&pod, "ctr-0", &write, 3.0);
     let r = free(&pod, "ctr-0", &read, 3.0);
     println!(

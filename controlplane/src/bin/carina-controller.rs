@@ -265,7 +265,7 @@ async fn run(args: Args) -> Result<()> {
         tokio::spawn(carina_proto::metrics::serve(
             listener,
             carina_proto::metrics::CONTENT_TYPE,
-            Arc::new(|| metrics().encode()),
+            carina_proto::metrics::render_with(|| metrics().encode()),
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },

@@ -81,8 +81,15 @@ impl Metrics {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text for `node` given the latest capacity snapshot.
-    pub fn render(&self, node: &str, snapshot: &CapacitySnapshot) -> String {
+    /// The exposition text for `node` given the latest capacity snapshot
+    /// and the number of IO limits in force (pod and volume pairs; `None`
+    /// where they cannot be read).
+    pub fn render(
+        &self,
+        node: &str,
+        snapshot: &CapacitySnapshot,
+        io_limits: Option<usize>,
+    ) -> String {
         let mut out = String::new();
         let node = escape(node);
         out.push_str(
@@ -132,6 +139,14 @@ impl Metrics {
                  carina_node_certificate_requests_failed_total{{node=\"{node}\"}} {}",
                 self.certificates_issued.load(Ordering::Relaxed),
                 self.certificate_requests_failed.load(Ordering::Relaxed),
+            );
+        }
+        if let Some(n) = io_limits {
+            let _ = writeln!(
+                out,
+                "# HELP carina_node_io_limits_in_force Pod and volume pairs with an IO limit (throttle) in force.\n\
+                 # TYPE carina_node_io_limits_in_force gauge\n\
+                 carina_node_io_limits_in_force{{node=\"{node}\"}} {n}"
             );
         }
         let gauges: [(&str, &str, Gauge); 5] = [
@@ -189,6 +204,16 @@ fn escape(s: &str) -> String {
 
 pub use carina_proto::code_name;
 
+/// The `/metrics` page of node `node_name` now: [`Metrics::render`] of
+/// the engine's latest capacity snapshot and the IO limits in force.
+pub async fn page(metrics: &Metrics, engine: &Engine, node_name: &str) -> String {
+    // Without a block IO controller no limit can be in force: the gauge
+    // is left out rather than reported as 0.
+    let limits = engine.pod_io_limits(None).await.ok().map(|l| l.len());
+    let snapshot = engine.subscribe().borrow().clone();
+    metrics.render(node_name, &snapshot, limits)
+}
+
 /// Serves `GET /metrics` on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
@@ -197,11 +222,14 @@ pub async fn serve(
     node_name: String,
     shutdown: impl Future<Output = ()>,
 ) {
-    let render = move || metrics.render(&node_name, &engine.subscribe().borrow());
+    let render: carina_proto::metrics::Render = Arc::new(move || {
+        let (metrics, engine, node_name) = (metrics.clone(), engine.clone(), node_name.clone());
+        Box::pin(async move { page(&metrics, &engine, &node_name).await })
+    });
     carina_proto::metrics::serve(
         listener,
         "text/plain; version=0.0.4; charset=utf-8",
-        Arc::new(render),
+        render,
         shutdown,
     )
     .await
@@ -238,17 +266,17 @@ mod tests {
                 no_disks: None,
             }],
         };
-        let text = m.render("node-a", &snap);
+        let text = m.render("node-a", &snap, None);
         assert!(
             !text.contains("carina_node_plugin_registered"),
             "not registering, no gauge:\n{text}"
         );
         m.set_plugin_registered(true);
-        let text = m.render("node-a", &snap);
+        let text = m.render("node-a", &snap, None);
         assert!(!text.contains("certificate"), "no issued certificate yet");
         m.certificate_request_failed();
         m.certificate_issued(1_900_000_000);
-        let text = m.render("node-a", &snap);
+        let text = m.render("node-a", &snap, Some(2));
         for line in [
             r#"carina_node_plugin_registered{node="node-a"} 1"#,
             r#"carina_node_certificate_not_after_seconds{node="node-a"} 1900000000"#,
@@ -257,6 +285,7 @@ mod tests {
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="OK"} 2"#,
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="RESOURCE_EXHAUSTED"} 1"#,
             r#"carina_node_capacity_generation{node="node-a"} 7"#,
+            r#"carina_node_io_limits_in_force{node="node-a"} 2"#,
             r#"carina_node_volumes{node="node-a",device_group="g",policy="HOST"} 3"#,
             r#"carina_node_capacity_allocatable_bytes{node="node-a",device_group="g",policy="HOST"} 50"#,
         ] {
@@ -264,7 +293,7 @@ mod tests {
         }
         // The whole page, histograms included, is one valid exposition.
         crate::latency::latency().operation("create", "HOST", true, std::time::Duration::ZERO);
-        let text = m.render("node-a", &snap);
+        let text = m.render("node-a", &snap, None);
         let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
             .expect("the page parses");
         for family in [
