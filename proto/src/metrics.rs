@@ -72,7 +72,8 @@ impl GrpcMetrics {
         GrpcMetrics { calls }
     }
 
-    fn observe(&self, path: &str, code: tonic::Code, seconds: f64) {
+    /// One answered call of `path` (`/csi.v1.Controller/CreateVolume`).
+    pub fn observe(&self, path: &str, code: tonic::Code, seconds: f64) {
         // Unknown methods are UNIMPLEMENTED: their paths are the caller's.
         let method = if code == tonic::Code::Unimplemented {
             "other".to_string()

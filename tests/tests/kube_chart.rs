@@ -379,7 +379,11 @@ fn manual_identity_mounts_the_secrets_and_serves_no_issuer() -> Result<()> {
     assert!(find(&objs, "Service", "carina-controller").is_err());
     assert!(find(&objs, "Role", "carina-controller-identity").is_err());
     let controller_policy = find(&objs, "NetworkPolicy", "carina-controller")?;
-    assert_eq!(controller_policy["spec"]["ingress"], serde_json::json!([]));
+    // No issuer: only /metrics is reachable.
+    assert_eq!(
+        controller_policy["spec"]["ingress"],
+        serde_json::json!([{"ports": [{"port": 9766, "protocol": "TCP"}]}])
+    );
 
     let node = find(&objs, "DaemonSet", "carina-node")?;
     let n = container(node, "carina-node")?;

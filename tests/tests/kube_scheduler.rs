@@ -667,11 +667,12 @@ async fn the_binary_serves_once_its_caches_are_synced() -> Result<()> {
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
     let binary = workspace_binary("carina-scheduler")?;
-    let port = carina_tests::ports::free_port()?;
+    let [port, metrics_port] = carina_tests::ports::free_ports::<2>()?;
     let log = cluster.log_dir().join("carina-scheduler.log");
     let args = [
         format!("--listen=127.0.0.1:{port}"),
         "--strategy=binpack".to_string(),
+        format!("--metrics-listen=127.0.0.1:{metrics_port}"),
     ];
     let kubeconfig = cluster.kubeconfig_path().to_string_lossy().into_owned();
     let mut child = ChildGuard::spawn(
@@ -725,6 +726,14 @@ async fn the_binary_serves_once_its_caches_are_synced() -> Result<()> {
         metrics.samples
     );
     assert!(value(&metrics, "carina_extender_reservations_in_flight", &[]).is_some());
+    // The same metrics on the separate metrics address.
+    let apart = scrape(metrics_port).await?;
+    assert_eq!(
+        value(&apart, answers, &[("verb", "filter"), ("code", "200")]),
+        Some(1.0),
+        "{:?}",
+        apart.samples
+    );
     child.check_running()?;
     Ok(())
 }

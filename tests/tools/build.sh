@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the upstream programs carina's tests run against (csi-sanity, etcd,
-# the Kubernetes control plane and node, the CSI sidecars, jaeger, containerd,
-# helm, the e2e suite) from source, and the container images a test node runs,
+# the Kubernetes control plane and node, the CSI sidecars, jaeger, promtool,
+# containerd, helm, the e2e suite) from source, and the container images a test node runs,
 # into a versioned cache outside the clone.  See tests/tools/README.md.
 #
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
@@ -9,7 +9,7 @@
 #                                              tools: the archives' dir), no build
 #
 # TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | csi-resizer |
-#       jaeger | containerd | crictl | cni | helm | e2e | test-images |
+#       jaeger | promtool | containerd | crictl | cni | helm | e2e | test-images |
 #       e2e-images | all
 set -euo pipefail
 
@@ -19,6 +19,7 @@ ETCD_VERSION=v3.6.16            # go.etcd.io/etcd/server/v3
 KUBE_VERSION=v1.36.3            # k8s.io/kubernetes (staging modules v0.36.3)
 CSI_PROVISIONER_VERSION=v6.3.0  # github.com/kubernetes-csi/external-provisioner/v6
 JAEGER_VERSION=v1.76.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
+PROMTOOL_VERSION=v0.316.0       # github.com/prometheus/prometheus (cmd/promtool; Prometheus 3.16)
 CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
 CRICTL_VERSION=v1.37.0          # sigs.k8s.io/cri-tools
 CNI_PLUGINS_VERSION=v1.10.0     # github.com/containernetworking/plugins
@@ -30,7 +31,7 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 # directories also change with every input version and library they use.
 IMAGES_REVISION=r3
 
-TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer jaeger containerd crictl cni helm
+TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer jaeger promtool containerd crictl cni helm
     e2e test-images e2e-images)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 # Source archives of programs the Go module proxy does not serve.
@@ -50,6 +51,7 @@ tool_version() {
     csi-resizer) echo "$CSI_RESIZER_VERSION" ;;
     test-images | e2e-images) images_version "$1" ;;
     jaeger) echo "$JAEGER_VERSION" ;;
+    promtool) echo "$PROMTOOL_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
     crictl) echo "$CRICTL_VERSION" ;;
     cni) echo "$CNI_PLUGINS_VERSION" ;;
@@ -341,6 +343,17 @@ build_jaeger() {
     new_wrapper "$1" github.com/jaegertracing/jaeger "$v"
     wrapper_build "$1" -ldflags "-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion=$v" \
         -o "$2/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
+}
+
+build_promtool() {
+    # Prometheus' module versions are v0.<300 + minor>.<patch> for release
+    # v3.<minor>.<patch>; promtool reports the release version.
+    local v=$PROMTOOL_VERSION m=github.com/prometheus/prometheus release
+    release=${v#v0.}
+    release=v3.$((10#${release%%.*} - 300)).${release#*.}
+    new_wrapper "$1" "$m" "$v"
+    wrapper_build "$1" -ldflags "-s -w -X github.com/prometheus/common/version.Version=${release#v}" \
+        -o "$2/promtool" "$m/cmd/promtool"
 }
 
 build_containerd() {

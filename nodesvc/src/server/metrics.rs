@@ -110,8 +110,8 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP carina_node_capacity_generation Grows with every capacity change.\n\
-             # TYPE carina_node_capacity_generation counter\n\
+            "# HELP carina_node_capacity_generation Generation of the latest capacity snapshot (status.nodeGeneration of the node's record): one more with every capacity change, from 0 at each start.\n\
+             # TYPE carina_node_capacity_generation gauge\n\
              carina_node_capacity_generation{{node=\"{node}\"}} {}",
             snapshot.generation
         );

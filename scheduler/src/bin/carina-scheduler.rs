@@ -50,6 +50,11 @@ struct Args {
         default_value_t = 2000
     )]
     settle_timeout_ms: u64,
+
+    /// Also serve `/metrics` on this address (the extender's own address
+    /// serves it too, but is usually loopback, for kube-scheduler only).
+    #[arg(long, env = "CARINA_SCHEDULER_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -79,6 +84,22 @@ async fn run(args: Args) -> Result<()> {
         strategy = %args.strategy,
         "carina-scheduler serving /filter and /prioritize"
     );
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(addr) = args.metrics_listen {
+        let metrics_listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-listen {addr}"))?;
+        tracing::info!(metrics.address = %addr, "serving /metrics");
+        let extender = extender.clone();
+        tokio::spawn(carina_proto::metrics::serve(
+            metrics_listener,
+            carina_scheduler::metrics::CONTENT_TYPE,
+            carina_proto::metrics::render_with(move || extender.metrics().encode()),
+            async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            },
+        ));
+    }
     tokio::spawn({
         let cache = cache.clone();
         async move {
@@ -91,6 +112,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::info!(signal, "received signal: stopping");
     })
     .await;
+    let _ = stop_tx.send(true);
     tracing::info!("carina-scheduler exits");
     Ok(())
 }

@@ -88,3 +88,18 @@ one per line, without duplicates: the node mounts each at the same path.
 {{ . }}
 {{- end -}}
 {{- end }}
+
+{{/* The NetworkPolicy ingress rule of a /metrics port (nothing without
+metrics): from metrics.from, or from anywhere when that is empty. */}}
+{{- define "carina.metricsIngress" -}}
+{{- if .root.Values.metrics.enabled -}}
+# /metrics, for Prometheus.
+- ports:
+    - port: {{ .port }}
+      protocol: TCP
+  {{- with .root.Values.metrics.from }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end }}
