@@ -350,8 +350,10 @@ fn values(
             "port": crate::cluster::free_port()?,
             // The node's records stay in the cluster's folder.
             "stateDir": cluster.dir().join("carina-state"),
-            "extraArgs": [format!("--metrics-listen=127.0.0.1:{}", crate::cluster::free_port()?)],
         },
+        // The node's /metrics is on the host's address: a port no other
+        // program of the machine uses.
+        "metrics": {"nodePort": crate::cluster::free_port()?},
         "config": {
             "diskSelector": selectors,
             "diskScanInterval": if layout.carina_keys_only { "300" } else { "0" },
