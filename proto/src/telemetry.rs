@@ -3,7 +3,8 @@
 //! variables ask for it.
 //!
 //! - Logs always go to stderr; `RUST_LOG` filters them (default `info`),
-//!   `CARINA_LOG_FORMAT=json` switches to JSON lines.
+//!   `CARINA_LOG_FORMAT=json` switches to JSON lines, which carry the
+//!   `trace_id` and `span_id` of their span's trace ([`JsonWithTrace`]).
 //! - Exported spans have a filter of their own, `CARINA_TRACE_FILTER`
 //!   (default `info`), so the spans of every external command reach the
 //!   trace backend whatever the log shows.
@@ -26,6 +27,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+mod json;
+
+pub use json::JsonWithTrace;
+
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
@@ -156,6 +161,18 @@ pub fn subscriber(
     config: &TelemetryConfig,
     provider: Option<&SdkTracerProvider>,
 ) -> Result<impl tracing::Subscriber + Send + Sync + 'static, TelemetryError> {
+    subscriber_to(config, provider, std::io::stderr)
+}
+
+/// [`subscriber`] with the log lines going to `writer`.
+pub fn subscriber_to<W>(
+    config: &TelemetryConfig,
+    provider: Option<&SdkTracerProvider>,
+    writer: W,
+) -> Result<impl tracing::Subscriber + Send + Sync + 'static, TelemetryError>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = |directives: &str| {
         EnvFilter::try_new(directives).map_err(|source| TelemetryError::Filter {
             filter: directives.to_string(),
@@ -171,14 +188,15 @@ pub fn subscriber(
     });
     let logs = if config.json_logs {
         tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(JsonWithTrace)
+            .with_writer(writer)
             .boxed()
     } else {
         // Colours only for a person at a terminal, not for log collectors.
         tracing_subscriber::fmt::layer()
             .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
+            .with_writer(writer)
             .boxed()
     };
     Ok(tracing_subscriber::registry()
@@ -223,6 +241,72 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         TelemetryConfig::from_lookup("carina-node", |k| vars.get(k).cloned())
+    }
+
+    /// Log lines written into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Buffer {
+        fn lines(&self) -> Vec<serde_json::Value> {
+            let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            String::from_utf8(bytes)
+                .expect("UTF-8")
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn json_lines_carry_the_trace_and_span_ids() {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let c = config(&[("CARINA_LOG_FORMAT", "json")]);
+        let provider = SdkTracerProvider::builder().build();
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber =
+            subscriber_to(&c, Some(&provider), move || writer.clone()).expect("subscriber");
+        let (trace, inner_span) = tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("outside any span");
+            let outer = tracing::info_span!("reconcile", volume.name = "pvc-1");
+            let _o = outer.enter();
+            let inner = tracing::info_span!("command", command.line = "lvm lvs");
+            let _i = inner.enter();
+            tracing::info!(exit_code = 0, ok = true, "command finished");
+            let cx = inner.context();
+            let span = opentelemetry::trace::TraceContextExt::span(&cx);
+            let sc = span.span_context();
+            (sc.trace_id().to_string(), sc.span_id().to_string())
+        });
+        let lines = buffer.lines();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].get("trace_id").is_none(), "no span: {}", lines[0]);
+        let line = &lines[1];
+        assert_eq!(line["trace_id"], trace.as_str(), "{line}");
+        assert_eq!(line["span_id"], inner_span.as_str(), "{line}");
+        assert_eq!(trace.len(), 32);
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["fields"]["message"], "command finished");
+        assert_eq!(line["fields"]["exit_code"], 0);
+        assert_eq!(line["fields"]["ok"], true);
+        assert_eq!(line["span"]["name"], "command");
+        assert_eq!(line["span"]["command.line"], "lvm lvs");
+        assert_eq!(line["spans"][0]["volume.name"], "pvc-1");
+        assert!(line["timestamp"].as_str().is_some_and(|t| t.contains('T')));
     }
 
     #[test]

@@ -149,3 +149,83 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         "{chain:?}"
     );
 }
+
+/// JSON log lines a node writes while serving a call name the caller's
+/// trace: a refused CreateLV logs its error inside the RPC's span, and
+/// that line's `trace_id` is the caller's.
+#[tokio::test(flavor = "current_thread")]
+async fn json_log_lines_name_the_callers_trace() {
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let spans = SpanCollector::default();
+    let provider = spans.provider();
+    let config = TelemetryConfig::from_lookup("carina-node", |k| {
+        (k == "CARINA_LOG_FORMAT").then(|| "json".to_string())
+    });
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = telemetry::subscriber_to(&config, Some(&provider), move || writer.clone())
+        .expect("subscriber");
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let group = unique("g");
+    let (engine, _dirs) = host_engine(&group, None).await.expect("engine");
+    let node = TestNode::start(engine, "node-a").await.expect("server");
+    let channel = connect(
+        &node.endpoint(),
+        &node.client_tls("controller").expect("tls"),
+    )
+    .await
+    .expect("connect");
+    let mut client = NodeStorageClient::new(traced(channel));
+    let caller = tracing::info_span!("caller");
+    let trace_id = caller.context().span().span_context().trace_id();
+    let refused = client
+        .create_lv(create_lv("json-log", "no-such-group", 1 << 20))
+        .instrument(caller)
+        .await
+        .expect_err("unknown group");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    node.stop().await.expect("stop");
+
+    let text = String::from_utf8(buffer.0.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        .expect("UTF-8");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    let in_trace: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["trace_id"] == trace_id.to_string().as_str())
+        .collect();
+    assert!(
+        in_trace
+            .iter()
+            .any(|l| l.to_string().contains("no-such-group")),
+        "a line of the refusal in trace {trace_id}; lines:\n{text}"
+    );
+    // Each such line's span is one the exporter got, in the same trace.
+    let exported = spans.flush(&provider);
+    for line in in_trace {
+        let span_id = line["span_id"].as_str().expect("span_id");
+        assert!(
+            exported
+                .iter()
+                .any(|s| s.span_context.span_id().to_string() == span_id
+                    && s.span_context.trace_id() == trace_id),
+            "span {span_id} of {line} was exported"
+        );
+    }
+}
