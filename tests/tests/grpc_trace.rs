@@ -6,7 +6,7 @@ use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::telemetry::{self, TelemetryConfig};
 use carina_proto::tls::connect;
-use carina_proto::trace::traced;
+use carina_proto::trace::{TracedChannel, traced};
 use carina_tests::grpc::{TestNode, create_lv, host_engine, start_engine};
 use carina_tests::spans::{SpanCollector, names as span_names};
 use carina_tests::{LoopDisk, VgGuard, have_root, unique};
@@ -15,6 +15,14 @@ use opentelemetry_sdk::trace::SpanData;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
+
+/// A NodeStorage client of `role` whose calls carry the current trace.
+async fn traced_client(node: &TestNode, role: &str) -> NodeStorageClient<TracedChannel> {
+    let channel = connect(&node.endpoint(), &node.client_tls(role).expect("tls"))
+        .await
+        .expect("connect");
+    NodeStorageClient::new(traced(channel))
+}
 
 // One thread: the server's tasks run where the thread-local subscriber is.
 #[tokio::test(flavor = "current_thread")]
@@ -28,10 +36,7 @@ async fn server_spans_continue_the_callers_trace() {
     let group = unique("g");
     let (engine, _dirs) = host_engine(&group, None).await.expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");
-    let channel = connect(&node.endpoint(), &node.client_tls("reader").expect("tls"))
-        .await
-        .expect("connect");
-    let mut client = NodeStorageClient::new(traced(channel));
+    let mut client = traced_client(&node, "reader").await;
 
     let caller = tracing::info_span!("caller");
     let trace_id = caller.context().span().span_context().trace_id();
@@ -82,13 +87,7 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
     let config_json = carina_tests::disk_group_config(&group, "LVM", &[&disk], 0);
     let engine = start_engine(&config_json).await.expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");
-    let channel = connect(
-        &node.endpoint(),
-        &node.client_tls("controller").expect("tls"),
-    )
-    .await
-    .expect("connect");
-    let mut client = NodeStorageClient::new(traced(channel));
+    let mut client = traced_client(&node, "controller").await;
     let caller = tracing::info_span!("caller");
     let trace_id = caller.context().span().span_context().trace_id();
     let name = unique("lv");
@@ -183,13 +182,7 @@ async fn json_log_lines_name_the_callers_trace() {
     let group = unique("g");
     let (engine, _dirs) = host_engine(&group, None).await.expect("engine");
     let node = TestNode::start(engine, "node-a").await.expect("server");
-    let channel = connect(
-        &node.endpoint(),
-        &node.client_tls("controller").expect("tls"),
-    )
-    .await
-    .expect("connect");
-    let mut client = NodeStorageClient::new(traced(channel));
+    let mut client = traced_client(&node, "controller").await;
     let caller = tracing::info_span!("caller");
     let trace_id = caller.context().span().span_context().trace_id();
     let refused = client
