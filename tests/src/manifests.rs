@@ -40,7 +40,7 @@ pub fn repo_root() -> PathBuf {
 
 /// `helm`, from `tests/tools/build.sh helm` (or `CARINA_HELM`).
 pub fn helm_binary() -> Result<PathBuf> {
-    upstream_tool("CARINA_HELM", "helm-v3.22.0", "helm")
+    upstream_tool("CARINA_HELM", "helm-v3.21.4", "helm")
 }
 
 /// The chart `deploy/helm/carina` and a `helm` whose configuration, cache

@@ -18,12 +18,12 @@ CSI_SANITY_VERSION=v5.6.0       # github.com/kubernetes-csi/csi-test/v5
 ETCD_VERSION=v3.6.16            # go.etcd.io/etcd/server/v3
 KUBE_VERSION=v1.36.3            # k8s.io/kubernetes (staging modules v0.36.3)
 CSI_PROVISIONER_VERSION=v6.3.0  # github.com/kubernetes-csi/external-provisioner/v6
-JAEGER_VERSION=v1.76.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
+JAEGER_VERSION=v1.75.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
 PROMTOOL_VERSION=v0.316.0       # github.com/prometheus/prometheus (cmd/promtool; Prometheus 3.16)
 CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
 CRICTL_VERSION=v1.37.0          # sigs.k8s.io/cri-tools
 CNI_PLUGINS_VERSION=v1.10.0     # github.com/containernetworking/plugins
-HELM_VERSION=v3.22.0            # helm.sh/helm/v3 (cmd/helm)
+HELM_VERSION=v3.21.4            # helm.sh/helm/v3 (cmd/helm)
 CSI_RESIZER_VERSION=v2.2.1      # github.com/kubernetes-csi/external-resizer (source archive)
 # containerd v2.4's default sandbox image, which test-images provides.
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
