@@ -35,11 +35,16 @@ where
     Family::new_with_constructor(|| Histogram::new(latency_buckets()))
 }
 
-/// The exposition text of `registry`.
+/// The exposition text of `registry`, followed by the process's trace
+/// export counters ([`crate::telemetry::export_metrics`]), which every
+/// binary reports.
 pub fn encode(registry: &Registry) -> String {
+    use prometheus_client::encoding::text::{encode_eof, encode_registry};
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    let _ = encode_registry(&mut out, registry);
+    let _ = encode_registry(&mut out, crate::telemetry::export_metrics().registry());
+    let _ = encode_eof(&mut out);
     out
 }
 

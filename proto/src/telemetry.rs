@@ -13,6 +13,14 @@
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set. `OTEL_TRACES_EXPORTER=none`
 //!   turns them off. The endpoint defaults to `http://localhost:4317`;
 //!   `OTEL_SERVICE_NAME` overrides the service name.
+//! - Root spans are sampled as `OTEL_TRACES_SAMPLER` (and
+//!   `OTEL_TRACES_SAMPLER_ARG`) say: `always_on`, `always_off`,
+//!   `traceidratio`, `parentbased_always_on` (the default),
+//!   `parentbased_always_off`, `parentbased_traceidratio`. An unknown
+//!   sampler or a ratio outside 0..=1 is refused at start.
+//! - Finished spans wait for export in a queue of `OTEL_BSP_MAX_QUEUE_SIZE`
+//!   (default 2048) spans; when it is full, or an export fails, spans are
+//!   dropped and counted ([`export_metrics`]), never waited for.
 //! - The W3C trace-context propagator is installed globally.
 //!
 //! [`TelemetryConfig::from_lookup`] reads the variables through a function,
@@ -27,8 +35,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+mod export;
 mod json;
 
+pub use export::{CountedExporter, ExportMetrics, Places, SpanQueue, export_metrics};
 pub use json::JsonWithTrace;
 
 use tracing_subscriber::EnvFilter;
@@ -41,6 +51,71 @@ pub const DEFAULT_OTLP_ENDPOINT: &str = "http://localhost:4317";
 
 /// How long dropping a [`TelemetryGuard`] waits for the last spans to go.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Spans waiting for export when `OTEL_BSP_MAX_QUEUE_SIZE` is unset.
+pub const DEFAULT_QUEUE_SIZE: usize = 2048;
+
+/// How root spans are chosen for export (`OTEL_TRACES_SAMPLER`); the
+/// `ParentBased` ones follow a sampled caller's decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampling {
+    AlwaysOn,
+    AlwaysOff,
+    /// This fraction of traces, chosen by trace id.
+    Ratio(f64),
+    ParentBasedAlwaysOn,
+    ParentBasedAlwaysOff,
+    ParentBasedRatio(f64),
+}
+
+impl Sampling {
+    /// The sampler `name` (`OTEL_TRACES_SAMPLER`) with `arg`
+    /// (`OTEL_TRACES_SAMPLER_ARG`, the ratio of the ratio samplers,
+    /// default 1.0).
+    pub fn parse(name: &str, arg: Option<&str>) -> Result<Sampling, TelemetryError> {
+        let ratio = || -> Result<f64, TelemetryError> {
+            let Some(arg) = arg else { return Ok(1.0) };
+            match arg.trim().parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+                _ => Err(TelemetryError::Variable {
+                    name: "OTEL_TRACES_SAMPLER_ARG",
+                    value: arg.to_string(),
+                    expected: "a ratio from 0 to 1",
+                }),
+            }
+        };
+        Ok(match name.trim() {
+            "always_on" => Sampling::AlwaysOn,
+            "always_off" => Sampling::AlwaysOff,
+            "traceidratio" => Sampling::Ratio(ratio()?),
+            "parentbased_always_on" => Sampling::ParentBasedAlwaysOn,
+            "parentbased_always_off" => Sampling::ParentBasedAlwaysOff,
+            "parentbased_traceidratio" => Sampling::ParentBasedRatio(ratio()?),
+            _ => {
+                return Err(TelemetryError::Variable {
+                    name: "OTEL_TRACES_SAMPLER",
+                    value: name.to_string(),
+                    expected: "always_on, always_off, traceidratio, parentbased_always_on, \
+                               parentbased_always_off or parentbased_traceidratio",
+                });
+            }
+        })
+    }
+
+    /// The SDK sampler.
+    pub fn sampler(self) -> opentelemetry_sdk::trace::Sampler {
+        use opentelemetry_sdk::trace::Sampler;
+        let parent = |root: Sampler| Sampler::ParentBased(Box::new(root));
+        match self {
+            Sampling::AlwaysOn => Sampler::AlwaysOn,
+            Sampling::AlwaysOff => Sampler::AlwaysOff,
+            Sampling::Ratio(r) => Sampler::TraceIdRatioBased(r),
+            Sampling::ParentBasedAlwaysOn => parent(Sampler::AlwaysOn),
+            Sampling::ParentBasedAlwaysOff => parent(Sampler::AlwaysOff),
+            Sampling::ParentBasedRatio(r) => parent(Sampler::TraceIdRatioBased(r)),
+        }
+    }
+}
 
 /// Errors from setting telemetry up.
 #[derive(Debug, thiserror::Error)]
@@ -57,12 +132,18 @@ pub enum TelemetryError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
+    #[error("{name}={value:?}: expected {expected}")]
+    Variable {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     #[error("a global tracing subscriber is already set: {0}")]
     AlreadySet(#[from] tracing_subscriber::util::TryInitError),
 }
 
 /// What [`init_with`] sets up.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TelemetryConfig {
     pub service_name: String,
     /// An `EnvFilter` directive string for the log lines (`RUST_LOG`,
@@ -75,11 +156,20 @@ pub struct TelemetryConfig {
     pub json_logs: bool,
     /// Where to export traces; `None` exports nothing.
     pub otlp_endpoint: Option<String>,
+    /// Which root spans are exported.
+    pub sampling: Sampling,
+    /// At most this many finished spans wait for export; more are dropped.
+    pub queue_size: usize,
 }
 
 impl TelemetryConfig {
-    /// The configuration the variables given by `lookup` describe.
-    pub fn from_lookup(service_name: &str, lookup: impl Fn(&str) -> Option<String>) -> Self {
+    /// The configuration the variables given by `lookup` describe; a
+    /// sampler or queue size that does not parse is refused, naming the
+    /// variable.
+    pub fn from_lookup(
+        service_name: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, TelemetryError> {
         let var = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
         let endpoint = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"));
@@ -90,17 +180,33 @@ impl TelemetryConfig {
             Some(_) => None,
             None => endpoint,
         };
-        TelemetryConfig {
+        let sampling = match var("OTEL_TRACES_SAMPLER") {
+            Some(name) => Sampling::parse(&name, var("OTEL_TRACES_SAMPLER_ARG").as_deref())?,
+            None => Sampling::ParentBasedAlwaysOn,
+        };
+        let queue_size = match var("OTEL_BSP_MAX_QUEUE_SIZE") {
+            Some(v) => v.trim().parse::<usize>().ok().filter(|n| *n > 0).ok_or(
+                TelemetryError::Variable {
+                    name: "OTEL_BSP_MAX_QUEUE_SIZE",
+                    value: v,
+                    expected: "a positive number of spans",
+                },
+            )?,
+            None => DEFAULT_QUEUE_SIZE,
+        };
+        Ok(TelemetryConfig {
             service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| service_name.to_string()),
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".to_string()),
             trace_filter: var("CARINA_TRACE_FILTER").unwrap_or_else(|| "info".to_string()),
             json_logs: var("CARINA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json")),
             otlp_endpoint,
-        }
+            sampling,
+            queue_size,
+        })
     }
 
     /// [`from_lookup`](Self::from_lookup) over the process environment.
-    pub fn from_env(service_name: &str) -> Self {
+    pub fn from_env(service_name: &str) -> Result<Self, TelemetryError> {
         Self::from_lookup(service_name, |k| std::env::var(k).ok())
     }
 }
@@ -134,7 +240,7 @@ impl Drop for TelemetryGuard {
 
 /// [`init_with`] the configuration of the process environment.
 pub fn init(service_name: &str) -> Result<TelemetryGuard, TelemetryError> {
-    init_with(TelemetryConfig::from_env(service_name))
+    init_with(TelemetryConfig::from_env(service_name)?)
 }
 
 /// Installs the global subscriber and propagator. Must run inside a tokio
@@ -142,13 +248,19 @@ pub fn init(service_name: &str) -> Result<TelemetryGuard, TelemetryError> {
 pub fn init_with(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let provider = match &config.otlp_endpoint {
-        Some(endpoint) => Some(tracer_provider(&config.service_name, endpoint)?),
+        Some(endpoint) => Some(tracer_provider(&config, endpoint)?),
         None => None,
     };
     subscriber(&config, provider.as_ref())?.try_init()?;
     if let (Some(p), Some(endpoint)) = (&provider, &config.otlp_endpoint) {
         opentelemetry::global::set_tracer_provider(p.clone());
-        tracing::info!(otlp.endpoint = %endpoint, service.name = %config.service_name, "exporting traces");
+        tracing::info!(
+            otlp.endpoint = %endpoint,
+            service.name = %config.service_name,
+            sampling = ?config.sampling,
+            queue_size = config.queue_size,
+            "exporting traces"
+        );
     }
     Ok(TelemetryGuard { provider })
 }
@@ -205,7 +317,7 @@ where
 }
 
 fn tracer_provider(
-    service_name: &str,
+    config: &TelemetryConfig,
     endpoint: &str,
 ) -> Result<SdkTracerProvider, TelemetryError> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -216,18 +328,40 @@ fn tracer_provider(
             endpoint: endpoint.to_string(),
             source,
         })?;
+    Ok(provider_with(config, exporter))
+}
+
+/// A tracer provider for `config` exporting through `exporter`: sampled
+/// as `config.sampling`, batched on tokio behind a [`SpanQueue`] of
+/// `config.queue_size` places.
+pub fn provider_with<E>(config: &TelemetryConfig, exporter: E) -> SdkTracerProvider
+where
+    E: opentelemetry_sdk::trace::SpanExporter + 'static,
+{
+    let places = Places::new(config.queue_size);
+    // The batch processor's own queue (which also carries its flush and
+    // shutdown messages) is larger than the SpanQueue's, so it never drops
+    // a span the queue let in: every drop is counted there.
+    let batch = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+        .with_max_queue_size(config.queue_size.saturating_add(64))
+        .build();
     // The async-runtime batch processor exports on tokio, which the tonic
     // exporter needs (the default processor's own thread has no reactor).
-    let processor =
-        BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
-    Ok(SdkTracerProvider::builder()
-        .with_span_processor(processor)
+    let processor = BatchSpanProcessor::builder(
+        CountedExporter::new(exporter, places.clone()),
+        opentelemetry_sdk::runtime::Tokio,
+    )
+    .with_batch_config(batch)
+    .build();
+    SdkTracerProvider::builder()
+        .with_sampler(config.sampling.sampler())
+        .with_span_processor(SpanQueue::new(processor, places))
         .with_resource(
             Resource::builder()
-                .with_service_name(service_name.to_string())
+                .with_service_name(config.service_name.clone())
                 .build(),
         )
-        .build())
+        .build()
 }
 
 #[cfg(test)]
@@ -240,7 +374,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        TelemetryConfig::from_lookup("carina-node", |k| vars.get(k).cloned())
+        TelemetryConfig::from_lookup("carina-node", |k| vars.get(k).cloned()).expect("config")
     }
 
     /// Log lines written into a shared buffer.
@@ -352,5 +486,60 @@ mod tests {
         assert_eq!(c.service_name, "node-7");
         assert_eq!(c.log_filter, "carina_node=debug");
         assert!(c.json_logs);
+    }
+
+    #[test]
+    fn sampler_variables() {
+        assert_eq!(config(&[]).sampling, Sampling::ParentBasedAlwaysOn);
+        assert_eq!(config(&[]).queue_size, DEFAULT_QUEUE_SIZE);
+        let c = config(&[
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+        ]);
+        assert_eq!(c.sampling, Sampling::Ratio(0.25));
+        assert_eq!(c.queue_size, 100);
+        assert_eq!(
+            config(&[("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")]).sampling,
+            Sampling::ParentBasedRatio(1.0),
+            "the ratio defaults to 1"
+        );
+        assert_eq!(
+            config(&[("OTEL_TRACES_SAMPLER", "always_off")]).sampling,
+            Sampling::AlwaysOff
+        );
+        assert_eq!(
+            config(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]).sampling,
+            Sampling::ParentBasedAlwaysOff
+        );
+    }
+
+    #[test]
+    fn bad_sampler_variables_are_refused_by_name() {
+        let refuse = |vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            TelemetryConfig::from_lookup("carina-node", |k| vars.get(k).cloned())
+                .expect_err("refused")
+                .to_string()
+        };
+        let e = refuse(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")]);
+        assert!(
+            e.starts_with("OTEL_TRACES_SAMPLER=\"jaeger_remote\""),
+            "{e}"
+        );
+        for arg in ["1.5", "-0.1", "half", "NaN"] {
+            let e = refuse(&[
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", arg),
+            ]);
+            assert!(e.starts_with("OTEL_TRACES_SAMPLER_ARG="), "{arg}: {e}");
+        }
+        for size in ["0", "-1", "many"] {
+            let e = refuse(&[("OTEL_BSP_MAX_QUEUE_SIZE", size)]);
+            assert!(e.starts_with("OTEL_BSP_MAX_QUEUE_SIZE="), "{size}: {e}");
+        }
     }
 }

@@ -75,15 +75,12 @@ impl ExtenderMetrics {
 
     /// The exposition text (OpenMetrics, which Prometheus reads).
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        carina_proto::metrics::encode(&self.registry)
     }
 }
 
 /// The content type of [`ExtenderMetrics::encode`].
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub use carina_proto::metrics::CONTENT_TYPE;
 
 #[cfg(test)]
 mod tests {

@@ -76,7 +76,7 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
     let spans = SpanCollector::default();
     let provider = spans.provider();
     // What carina-node runs with when nothing is set but the exporter.
-    let config = TelemetryConfig::from_lookup("carina-node", |_| None);
+    let config = TelemetryConfig::from_lookup("carina-node", |_| None).expect("config");
     assert_eq!(config.trace_filter, "info", "the default");
     let subscriber = telemetry::subscriber(&config, Some(&provider)).expect("subscriber");
     let _default = tracing::subscriber::set_default(subscriber);
@@ -172,7 +172,8 @@ async fn json_log_lines_name_the_callers_trace() {
     let provider = spans.provider();
     let config = TelemetryConfig::from_lookup("carina-node", |k| {
         (k == "CARINA_LOG_FORMAT").then(|| "json".to_string())
-    });
+    })
+    .expect("config");
     let buffer = Buffer::default();
     let writer = buffer.clone();
     let subscriber = telemetry::subscriber_to(&config, Some(&provider), move || writer.clone())

@@ -20,7 +20,7 @@ async fn main() -> ExitCode {
             .ok()
             .or_else(|| (k == "RUST_LOG").then(|| "warn".to_string()))
     });
-    let _telemetry = match telemetry::init_with(config) {
+    let _telemetry = match config.and_then(telemetry::init_with) {
         Ok(guard) => Some(guard),
         Err(e) => {
             eprintln!("warning: telemetry: {e}");
