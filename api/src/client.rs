@@ -104,8 +104,8 @@ pub fn client(config: Config) -> Result<Client, ClientError> {
         let verb = req.extensions().get::<&'static str>().copied();
         tracing::debug_span!(
             "HTTP",
-            http.method = %req.method(),
-            http.url = %req.uri(),
+            http.request.method = %req.method(),
+            url.full = %req.uri(),
             otel.name = verb.unwrap_or("HTTP"),
             otel.kind = "client",
         )

@@ -72,7 +72,7 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
             .find(|(o, _)| o == old)
             .map_or("", |(_, n)| n);
         tracing::warn!(
-            volume.name = %req.name,
+            carina.volume.name = %req.name,
             parameter = %old,
             replacement = %new,
             "deprecated StorageClass parameter; use {new}"
@@ -253,7 +253,7 @@ impl<P: Provisioner> ControllerService<P> {
             .ok_or_else(|| CsiError::Aborted(busy_message(volume)))
     }
 
-    #[tracing::instrument(name = "Controller/CreateVolume", skip_all, err(level = "info"), fields(volume.name = %req.name))]
+    #[tracing::instrument(name = "Controller/CreateVolume", skip_all, err(level = "info"), fields(carina.volume.name = %req.name))]
     async fn create(
         &self,
         req: csi::CreateVolumeRequest,
@@ -261,13 +261,13 @@ impl<P: Provisioner> ControllerService<P> {
         let request = volume_request(&req)?;
         let _claim = self.claim(&request.local_name)?;
         let volume = self.provisioner.create_volume(&request).await?;
-        tracing::info!(volume.id = %volume.volume_id, volume.size = volume.capacity_bytes, "volume ready");
+        tracing::info!(carina.volume.id = %volume.volume_id, carina.volume.size_bytes = volume.capacity_bytes, "volume ready");
         Ok(csi::CreateVolumeResponse {
             volume: Some(wire_volume(&volume)),
         })
     }
 
-    #[tracing::instrument(name = "Controller/DeleteVolume", skip_all, err(level = "info"), fields(volume.id = %req.volume_id))]
+    #[tracing::instrument(name = "Controller/DeleteVolume", skip_all, err(level = "info"), fields(carina.volume.id = %req.volume_id))]
     async fn delete(
         &self,
         req: csi::DeleteVolumeRequest,
@@ -286,7 +286,7 @@ impl<P: Provisioner> ControllerService<P> {
         }
     }
 
-    #[tracing::instrument(name = "Controller/ControllerExpandVolume", skip_all, err(level = "info"), fields(volume.id = %req.volume_id))]
+    #[tracing::instrument(name = "Controller/ControllerExpandVolume", skip_all, err(level = "info"), fields(carina.volume.id = %req.volume_id))]
     async fn expand(
         &self,
         req: csi::ControllerExpandVolumeRequest,
@@ -324,7 +324,7 @@ impl<P: Provisioner> ControllerService<P> {
         })
     }
 
-    #[tracing::instrument(name = "Controller/ValidateVolumeCapabilities", skip_all, err(level = "info"), fields(volume.id = %req.volume_id))]
+    #[tracing::instrument(name = "Controller/ValidateVolumeCapabilities", skip_all, err(level = "info"), fields(carina.volume.id = %req.volume_id))]
     async fn validate(
         &self,
         req: csi::ValidateVolumeCapabilitiesRequest,

@@ -147,18 +147,25 @@ where
         let answer = self.inner.call(req);
         Box::pin(async move {
             let result = answer.await;
-            let code = match &result {
-                Ok(response) => response
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<i32>().ok())
-                    .map_or(tonic::Code::Ok, tonic::Code::from_i32),
-                Err(_) => tonic::Code::Unknown,
-            };
+            let code = response_code(&result);
             metrics.observe(&path, code, started.elapsed().as_secs_f64());
             result
         })
+    }
+}
+
+/// The gRPC status of an answer: the `grpc-status` of its headers (a
+/// failed unary call answers trailers-only), `OK` without one, `UNKNOWN`
+/// when the service failed outright.
+pub fn response_code<RB, E>(result: &Result<http::Response<RB>, E>) -> tonic::Code {
+    match result {
+        Ok(response) => response
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+            .map_or(tonic::Code::Ok, tonic::Code::from_i32),
+        Err(_) => tonic::Code::Unknown,
     }
 }
 

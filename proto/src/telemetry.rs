@@ -416,9 +416,9 @@ mod tests {
             subscriber_to(&c, Some(&provider), move || writer.clone()).expect("subscriber");
         let (trace, inner_span) = tracing::subscriber::with_default(subscriber, || {
             tracing::info!("outside any span");
-            let outer = tracing::info_span!("reconcile", volume.name = "pvc-1");
+            let outer = tracing::info_span!("reconcile", carina.volume.name = "pvc-1");
             let _o = outer.enter();
-            let inner = tracing::info_span!("command", command.line = "lvm lvs");
+            let inner = tracing::info_span!("command", carina.command.line = "lvm lvs");
             let _i = inner.enter();
             tracing::info!(exit_code = 0, ok = true, "command finished");
             let cx = inner.context();
@@ -438,8 +438,8 @@ mod tests {
         assert_eq!(line["fields"]["exit_code"], 0);
         assert_eq!(line["fields"]["ok"], true);
         assert_eq!(line["span"]["name"], "command");
-        assert_eq!(line["span"]["command.line"], "lvm lvs");
-        assert_eq!(line["spans"][0]["volume.name"], "pvc-1");
+        assert_eq!(line["span"]["carina.command.line"], "lvm lvs");
+        assert_eq!(line["spans"][0]["carina.volume.name"], "pvc-1");
         assert!(line["timestamp"].as_str().is_some_and(|t| t.contains('T')));
     }
 

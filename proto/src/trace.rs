@@ -13,6 +13,8 @@
 //! Without an OpenTelemetry subscriber layer the current span has no valid
 //! context and nothing is injected.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -20,7 +22,6 @@ use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tower::{Layer, Service};
 use tracing::Instrument;
-use tracing::instrument::Instrumented;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 struct HeaderExtractor<'a>(&'a HeaderMap);
@@ -77,13 +78,14 @@ pub struct ServerTrace<S> {
     inner: S,
 }
 
-impl<S, B> Service<http::Request<B>> for ServerTrace<S>
+impl<S, B, RB> Service<http::Request<B>> for ServerTrace<S>
 where
-    S: Service<http::Request<B>>,
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Instrumented<S::Future>;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -97,16 +99,41 @@ where
             "grpc.server",
             otel.name = %method,
             otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
             rpc.system = "grpc",
             rpc.service = %service,
             rpc.method = %rpc,
+            rpc.grpc.status_code = tracing::field::Empty,
         );
         // Fails only when no OpenTelemetry layer is installed; then there
         // is nothing to continue anyway.
         let _ = span.set_parent(extract(req.headers()));
         let future = span.in_scope(|| self.inner.call(req));
-        future.instrument(span)
+        Box::pin(async move {
+            let result = future.instrument(span.clone()).await;
+            let code = crate::metrics::response_code(&result);
+            span.record("rpc.grpc.status_code", code as i64);
+            if server_error(code) {
+                span.record("otel.status_code", "ERROR");
+            }
+            result
+        })
     }
+}
+
+/// Whether `code` marks a server span as failed: the codes the semantic
+/// conventions for gRPC servers call errors (the others are the caller's).
+pub fn server_error(code: tonic::Code) -> bool {
+    use tonic::Code;
+    matches!(
+        code,
+        Code::Unknown
+            | Code::DeadlineExceeded
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::Unavailable
+            | Code::DataLoss
+    )
 }
 
 /// Client side: send the current trace along.
@@ -212,7 +239,9 @@ mod tests {
         let (subscriber, _provider) = subscriber();
         let _default = tracing::subscriber::set_default(subscriber);
         let handler = tower::service_fn(|_req: http::Request<()>| async {
-            Ok::<_, std::convert::Infallible>(trace_id_of(&tracing::Span::current()))
+            Ok::<_, std::convert::Infallible>(http::Response::new(trace_id_of(
+                &tracing::Span::current(),
+            )))
         });
         let tid = "4bf92f3577b34da6a3ce929d0e0e4736";
         let req = http::Request::builder()
@@ -225,7 +254,7 @@ mod tests {
             .oneshot(req)
             .await
             .expect("infallible");
-        assert_eq!(got, tid);
+        assert_eq!(got.body(), tid);
     }
 
     #[test]

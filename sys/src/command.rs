@@ -250,16 +250,16 @@ impl Cmd {
         let span = tracing::info_span!(
             "command",
             otel.name = %self.span_name(),
-            command.line = %self.line(),
-            process.exit_code = tracing::field::Empty,
-            command.duration_ms = tracing::field::Empty,
+            carina.command.line = %self.line(),
+            carina.command.exit_code = tracing::field::Empty,
+            carina.command.duration_ms = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
             error.message = tracing::field::Empty,
         );
         let started = Instant::now();
         let result = run.instrument(span.clone()).await;
         let took = started.elapsed();
-        span.record("command.duration_ms", took.as_millis() as u64);
+        span.record("carina.command.duration_ms", took.as_millis() as u64);
         if let Some(observe) = OBSERVER.get() {
             observe(&self.span_name(), Outcome::of(&result), took);
         }
@@ -267,10 +267,10 @@ impl Cmd {
             span.record("otel.status_code", "ERROR");
             span.record("error.message", e.to_string());
             if let Some(code) = e.exit_code() {
-                span.record("process.exit_code", code);
+                span.record("carina.command.exit_code", code);
             }
         } else {
-            span.record("process.exit_code", 0);
+            span.record("carina.command.exit_code", 0);
         }
         result
     }
@@ -304,7 +304,7 @@ impl Cmd {
                 source,
             })?,
             Err(_) => {
-                tracing::warn!(command.line = %line, "command timed out");
+                tracing::warn!(carina.command.line = %line, "command timed out");
                 return Err(CommandError::TimedOut {
                     command: line,
                     timeout: self.timeout,
@@ -314,7 +314,7 @@ impl Cmd {
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         tracing::debug!(
-            command.line = %line,
+            carina.command.line = %line,
             status = %output.status,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "command finished"

@@ -100,6 +100,14 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         .delete_lv(pb::DeleteLvRequest { name })
         .await
         .expect("DeleteLV");
+    let refused = tracing::info_span!("refused caller");
+    let refused_trace = refused.context().span().span_context().trace_id();
+    let status = client
+        .create_lv(create_lv(&unique("lv"), &group, 0))
+        .instrument(refused)
+        .await
+        .expect_err("size 0 is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     node.stop().await.expect("stop");
 
     let spans = spans.flush(&provider);
@@ -112,17 +120,14 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
         .iter()
         .find(|s| s.name == "lvm.lvcreate")
         .unwrap_or_else(|| panic!("no lvcreate span in the CreateLV trace; spans: {names:?}"));
-    let attr = |key: &str| {
-        lvcreate
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == key)
-            .map(|kv| kv.value.to_string())
-    };
-    let line = attr("command.line").expect("command.line");
+    let attr = |key: &str| attribute(lvcreate, key);
+    let line = attr("carina.command.line").expect("carina.command.line");
     assert!(line.starts_with("lvm lvcreate "), "{line}");
-    assert_eq!(attr("process.exit_code").as_deref(), Some("0"));
-    assert!(attr("command.duration_ms").is_some(), "duration recorded");
+    assert_eq!(attr("carina.command.exit_code").as_deref(), Some("0"));
+    assert!(
+        attr("carina.command.duration_ms").is_some(),
+        "duration recorded"
+    );
     // Its ancestors lead up to the caller's span, through the RPC.
     let by_id = |id| in_trace.iter().find(|s| s.span_context.span_id() == id);
     let mut chain = Vec::new();
@@ -147,6 +152,56 @@ async fn a_create_lv_trace_contains_its_lvcreate_span() {
             .any(|n| n.contains("CreateLV") || n.contains("create")),
         "{chain:?}"
     );
+
+    // Attribute names follow the semantic conventions (rpc.*) and ours
+    // are under carina.*.
+    let rpc = |trace| {
+        spans
+            .iter()
+            .find(|s| {
+                s.span_context.trace_id() == trace
+                    && s.name == "carina.nodestorage.v1.NodeStorage/CreateLV"
+            })
+            .unwrap_or_else(|| panic!("no CreateLV server span; spans: {names:?}"))
+    };
+    let server = rpc(trace_id);
+    assert_eq!(server.span_kind, opentelemetry::trace::SpanKind::Server);
+    for (key, want) in [
+        ("rpc.system", "grpc"),
+        ("rpc.service", "carina.nodestorage.v1.NodeStorage"),
+        ("rpc.method", "CreateLV"),
+        ("rpc.grpc.status_code", "0"),
+    ] {
+        assert_eq!(attribute(server, key).as_deref(), Some(want), "{key}");
+    }
+    let backend = in_trace
+        .iter()
+        .find(|s| s.name == "lvm.create")
+        .expect("backend span");
+    assert_eq!(attribute(backend, "carina.group"), Some(group.clone()));
+    assert_eq!(attribute(backend, "carina.policy").as_deref(), Some("LVM"));
+    assert!(
+        in_trace
+            .iter()
+            .any(|s| attribute(s, "carina.volume.size_bytes").as_deref() == Some("8388608")),
+        "the size is on a span of the trace"
+    );
+    // A refused call carries its code; INVALID_ARGUMENT is the caller's
+    // error, so the server span is not marked failed.
+    let refused = rpc(refused_trace);
+    assert_eq!(
+        attribute(refused, "rpc.grpc.status_code").as_deref(),
+        Some("3")
+    );
+    assert_eq!(refused.status, opentelemetry::trace::Status::Unset);
+}
+
+/// The value of attribute `key` of `span`, as text.
+fn attribute(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
 }
 
 /// JSON log lines a node writes while serving a call name the caller's

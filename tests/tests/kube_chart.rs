@@ -355,6 +355,67 @@ fn default_values_issue_identities_and_register_with_kubelet() -> Result<()> {
     Ok(())
 }
 
+/// Every Carina container names its trace resource by the semantic
+/// conventions' `k8s.*` attributes, each from the downward API, and a
+/// user's `OTEL_RESOURCE_ATTRIBUTES` comes after it (the last one wins).
+#[test]
+fn carina_containers_name_their_trace_resource() -> Result<()> {
+    let chart = Chart::new()?;
+    let values = r#"
+scheduler: {enabled: true}
+node: {env: [{name: OTEL_RESOURCE_ATTRIBUTES, value: "deployment.environment.name=lab"}]}
+"#;
+    let objs = objects(&chart.template("kube-system", Some(values))?)?;
+    let workload = |kind: &str, name: &str| {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .with_context(|| format!("{kind} {name}"))
+    };
+    for (kind, name, container_name) in [
+        ("DaemonSet", "carina-node", "carina-node"),
+        ("Deployment", "carina-controller", "carina-controller"),
+        ("Deployment", "carina-scheduler", "extender"),
+    ] {
+        let c = container(workload(kind, name)?, container_name)?;
+        let env = c["env"].as_array().context("env")?;
+        let field = |var: &str| {
+            env.iter()
+                .find(|e| e["name"] == var)
+                .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone())
+        };
+        assert_eq!(
+            field("K8S_POD_NAME"),
+            Some("metadata.name".into()),
+            "{name}"
+        );
+        assert_eq!(
+            field("K8S_NAMESPACE_NAME"),
+            Some("metadata.namespace".into())
+        );
+        assert_eq!(field("K8S_NODE_NAME"), Some("spec.nodeName".into()));
+        let resource: Vec<&Value> = env
+            .iter()
+            .filter(|e| e["name"] == "OTEL_RESOURCE_ATTRIBUTES")
+            .map(|e| &e["value"])
+            .collect();
+        assert_eq!(
+            resource.first().and_then(|v| v.as_str()),
+            Some(
+                "k8s.pod.name=$(K8S_POD_NAME),k8s.namespace.name=$(K8S_NAMESPACE_NAME),k8s.node.name=$(K8S_NODE_NAME)"
+            ),
+            "{name}"
+        );
+        if name == "carina-node" {
+            assert_eq!(
+                resource.last().and_then(|v| v.as_str()),
+                Some("deployment.environment.name=lab"),
+                "the user's value comes last"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn manual_identity_mounts_the_secrets_and_serves_no_issuer() -> Result<()> {
     let chart = Chart::new()?;

@@ -260,7 +260,7 @@ async fn run(args: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-listen {addr}"))?;
-        tracing::info!(metrics.address = %addr, "serving /metrics");
+        tracing::info!(carina.metrics.address = %addr, "serving /metrics");
         let mut stop = stop_rx.clone();
         tokio::spawn(carina_proto::metrics::serve(
             listener,
@@ -291,14 +291,14 @@ async fn run_direct(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
         NodeList::load(nodes_path).with_context(|| format!("--nodes {}", nodes_path.display()))?;
     let tls = client_tls(&args, "direct")?;
     for n in &nodes.nodes {
-        tracing::info!(node.name = %n.name, node.endpoint = %n.endpoint, topology = ?n.topology, "node");
+        tracing::info!(k8s.node.name = %n.name, carina.node.endpoint = %n.endpoint, topology = ?n.topology, "node");
     }
     let provisioner = DirectProvisioner::new(nodes, tls, args.strategy)
         .call_timeout(Duration::from_secs(args.node_call_timeout_secs));
     let count = provisioner.nodes().nodes.len();
     serve_csi(&args, provisioner, stop, || {
         tracing::info!(
-            csi.endpoint = %args.csi_endpoint,
+            carina.csi.endpoint = %args.csi_endpoint,
             mode = "direct",
             strategy = %args.strategy,
             nodes = count,
@@ -486,11 +486,11 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
 
     let served = serve_csi(&args, provisioner, stop, || {
         tracing::info!(
-            csi.endpoint = %args.csi_endpoint,
+            carina.csi.endpoint = %args.csi_endpoint,
             mode = "kube",
             strategy = %args.strategy,
             lease = %format!("{}/{}", lease.namespace, lease.name),
-            lease.identity = %lease.identity,
+            carina.lease.identity = %lease.identity,
             "carina-controller serving CSI Identity and Controller; the bridge runs while leading"
         );
     })

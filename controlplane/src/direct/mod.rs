@@ -313,13 +313,13 @@ pub const BCACHE_NEEDS_KUBE: &str = "bcache volumes are provisioned by the Kuber
 
 #[async_trait]
 impl Provisioner for DirectProvisioner {
-    #[tracing::instrument(name = "direct.create_volume", skip_all, err(level = "info"), fields(volume.name = %req.local_name))]
+    #[tracing::instrument(name = "direct.create_volume", skip_all, err(level = "info"), fields(carina.volume.name = %req.local_name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
         if req.parameters.bcache.is_some() {
             return Err(CsiError::Unimplemented(BCACHE_NEEDS_KUBE.into()));
         }
         if let Some(found) = self.existing(req).await? {
-            tracing::info!(volume.id = %found.volume_id, "volume exists already");
+            tracing::info!(carina.volume.id = %found.volume_id, "volume exists already");
             return Ok(found);
         }
         let capacities = join_all(self.nodes.nodes.iter().map(|n| self.capacity_of(n))).await;
@@ -330,7 +330,7 @@ impl Provisioner for DirectProvisioner {
                 // It answered GetLV a moment ago; it cannot take the
                 // volume now, but the others may.
                 Err(e) => {
-                    tracing::warn!(node.name = %node.name, error = %e, "no capacity from node; not placing there")
+                    tracing::warn!(k8s.node.name = %node.name, error = %e, "no capacity from node; not placing there")
                 }
             }
         }
@@ -346,7 +346,7 @@ impl Provisioner for DirectProvisioner {
                 size_bytes: p.size_bytes,
                 exclusive: req.parameters.exclusive,
             };
-            tracing::info!(node.name = %p.node, volume.group = %p.group, volume.size = p.size_bytes, strategy = %self.strategy, "placing volume");
+            tracing::info!(k8s.node.name = %p.node, carina.group = %p.group, carina.volume.size_bytes = p.size_bytes, strategy = %self.strategy, "placing volume");
             let what = format!("CreateLV {} in group {:?}", req.local_name, p.group);
             match self
                 .clients
@@ -375,7 +375,7 @@ impl Provisioner for DirectProvisioner {
         Err(CsiError::ResourceExhausted(exhausted.join("; ")))
     }
 
-    #[tracing::instrument(name = "direct.delete_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
+    #[tracing::instrument(name = "direct.delete_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id))]
     async fn delete_volume(&self, volume_id: &str) -> Result<(), CsiError> {
         let Some((node, name)) = self.locate(volume_id)? else {
             tracing::info!("no such volume can exist: nothing to delete");
@@ -394,7 +394,7 @@ impl Provisioner for DirectProvisioner {
         }
     }
 
-    #[tracing::instrument(name = "direct.expand_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id, volume.size = range.required_bytes))]
+    #[tracing::instrument(name = "direct.expand_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id, carina.volume.size_bytes = range.required_bytes))]
     async fn expand_volume(&self, volume_id: &str, range: &CapacityRange) -> Result<u64, CsiError> {
         let not_found = || CsiError::NotFound(format!("volume {volume_id:?} does not exist"));
         let (node, name) = self.locate(volume_id)?.ok_or_else(not_found)?;
@@ -428,7 +428,7 @@ impl Provisioner for DirectProvisioner {
         Ok(r.volume.map_or(size, |v| v.size_bytes))
     }
 
-    #[tracing::instrument(name = "direct.get_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
+    #[tracing::instrument(name = "direct.get_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id))]
     async fn get_volume(&self, volume_id: &str) -> Result<Option<ProvisionedVolume>, CsiError> {
         let Some((node, name)) = self.locate(volume_id)? else {
             return Ok(None);
@@ -450,7 +450,7 @@ impl Provisioner for DirectProvisioner {
         Ok(all)
     }
 
-    #[tracing::instrument(name = "direct.capacity", skip_all, err(level = "info"), fields(volume.group = group.unwrap_or_default()))]
+    #[tracing::instrument(name = "direct.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]
     async fn capacity(
         &self,
         topology: Option<&Topology>,

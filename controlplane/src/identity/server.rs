@@ -90,14 +90,14 @@ impl<C: TokenChecker> NodeIdentity for IdentityService<C> {
         let req = request.into_inner();
         let span = tracing::info_span!(
             "NodeIdentity::IssueCertificate",
-            node.name = %req.node_name,
-            net.peer = %peer,
+            k8s.node.name = %req.node_name,
+            network.peer.address = %peer,
         );
         async move {
             match self.issue(&req).await {
                 Ok((response, pod, not_after)) => {
                     tracing::info!(
-                        node.name = %req.node_name,
+                        k8s.node.name = %req.node_name,
                         pod = %pod,
                         %not_after,
                         "issued a node certificate"
@@ -106,7 +106,7 @@ impl<C: TokenChecker> NodeIdentity for IdentityService<C> {
                 }
                 Err(refusal) => {
                     tracing::warn!(
-                        node.name = %req.node_name,
+                        k8s.node.name = %req.node_name,
                         code = carina_proto::code_name(refusal.code()),
                         reason = %refusal,
                         "refused a node certificate"

@@ -134,7 +134,7 @@ pub async fn load_or_create_ca(client: &Client, at: &CaLocation) -> Result<Clust
         .map_err(api_err(format!("get Secret {name}")))?
     {
         let ca = ca_from_secret(&secret, &name)?;
-        tracing::info!(ca.secret = %name, "using the CA of the Secret");
+        tracing::info!(carina.ca.secret = %name, "using the CA of the Secret");
         return Ok(ca);
     }
     let ca = ClusterCa::generate(GENERATED_CA_NAME).map_err(|source| StoreError::Ca {
@@ -146,7 +146,7 @@ pub async fn load_or_create_ca(client: &Client, at: &CaLocation) -> Result<Clust
         .await
     {
         Ok(_) => {
-            tracing::info!(ca.secret = %name, "no CA Secret: made a new CA and stored it");
+            tracing::info!(carina.ca.secret = %name, "no CA Secret: made a new CA and stored it");
             Ok(ca)
         }
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
@@ -156,7 +156,7 @@ pub async fn load_or_create_ca(client: &Client, at: &CaLocation) -> Result<Clust
                 .await
                 .map_err(api_err(format!("get Secret {name}")))?;
             let ca = ca_from_secret(&secret, &name)?;
-            tracing::info!(ca.secret = %name, "another replica stored the CA first: using it");
+            tracing::info!(carina.ca.secret = %name, "another replica stored the CA first: using it");
             Ok(ca)
         }
         Err(e) => Err(api_err(format!("create Secret {name}"))(e)),
@@ -197,7 +197,7 @@ pub async fn publish_ca(
             api.replace(&at.configmap, &PostParams::default(), &current)
                 .await
                 .map_err(api_err(format!("update ConfigMap {name}")))?;
-            tracing::info!(ca.configmap = %name, "published the CA certificate");
+            tracing::info!(carina.ca.configmap = %name, "published the CA certificate");
             Ok(true)
         }
         None => {
@@ -216,7 +216,7 @@ pub async fn publish_ca(
             };
             match api.create(&PostParams::default(), &cm).await {
                 Ok(_) => {
-                    tracing::info!(ca.configmap = %name, "published the CA certificate");
+                    tracing::info!(carina.ca.configmap = %name, "published the CA certificate");
                     Ok(true)
                 }
                 // Another replica published it meanwhile; the next round
@@ -257,7 +257,7 @@ pub async fn keep_published(
                     .is_some_and(|crt| crt.trim() == in_use_cert_pem.trim());
                 if !same && !warned {
                     tracing::warn!(
-                        ca.secret = %at.secret_name(),
+                        carina.ca.secret = %at.secret_name(),
                         "the CA Secret no longer holds the CA in use; restart the controllers (then the nodes renew from the new CA)"
                     );
                 }

@@ -157,7 +157,7 @@ impl Publisher {
         watched.retain(|name, _| {
             let keep = present.contains(name);
             if !keep {
-                tracing::info!(node.name = %name, "Node gone: capacity watch ended");
+                tracing::info!(k8s.node.name = %name, "Node gone: capacity watch ended");
                 self.shared.clients.forget(name);
             }
             keep
@@ -171,7 +171,7 @@ async fn watch_node(shared: Arc<Shared>, node: String, target: Target) {
     let endpoint = match target.endpoint {
         Ok(e) => e,
         Err(e) => {
-            tracing::warn!(node.name = %node, error = %e, "no capacity watch");
+            tracing::warn!(k8s.node.name = %node, error = %e, "no capacity watch");
             record.mark_stale("NoEndpoint", &e.to_string()).await;
             return;
         }
@@ -193,7 +193,7 @@ async fn watch_node(shared: Arc<Shared>, node: String, target: Target) {
                             if !reported {
                                 reported = true;
                                 attempt = 0;
-                                tracing::info!(node.name = %node, node.endpoint = %endpoint.endpoint, "capacity stream open");
+                                tracing::info!(k8s.node.name = %node, carina.node.endpoint = %endpoint.endpoint, "capacity stream open");
                                 let _ = shared.connected.send(node.clone());
                             }
                             record.publish(&endpoint, update).await;
@@ -207,13 +207,13 @@ async fn watch_node(shared: Arc<Shared>, node: String, target: Target) {
                         }
                     }
                 };
-                tracing::info!(node.name = %node, reason = %ended.1, "capacity stream ended; reconnecting");
+                tracing::info!(k8s.node.name = %node, reason = %ended.1, "capacity stream ended; reconnecting");
                 if !reported {
                     record.mark_stale(ended.0, &ended.1).await;
                 }
             }
             Err(e) => {
-                tracing::debug!(node.name = %node, error = %e, "capacity stream not open");
+                tracing::debug!(k8s.node.name = %node, error = %e, "capacity stream not open");
                 record.mark_stale(code_name(e.code()), &e.to_string()).await;
             }
         }
@@ -326,14 +326,14 @@ impl Record {
             {
                 Ok(r) => self.disks = Some(r.disks),
                 Err(e) => {
-                    tracing::warn!(node.name = %self.node, error = %e, "ListDisks failed; keeping the last disk list")
+                    tracing::warn!(k8s.node.name = %self.node, error = %e, "ListDisks failed; keeping the last disk list")
                 }
             }
         }
         if !self.exists
             && let Err(e) = self.ensure().await
         {
-            tracing::warn!(node.name = %self.node, error = %e, "creating the NodeStorageResource failed");
+            tracing::warn!(k8s.node.name = %self.node, error = %e, "creating the NodeStorageResource failed");
             return;
         }
         let previous = self
@@ -349,12 +349,12 @@ impl Record {
         );
         match self.apply_status(&status).await {
             Ok(()) => {
-                tracing::debug!(node.name = %self.node, generation = update.generation, "capacity published");
+                tracing::debug!(k8s.node.name = %self.node, generation = update.generation, "capacity published");
                 self.status = Some(status);
                 self.stale = None;
             }
             Err(e) => {
-                tracing::warn!(node.name = %self.node, error = %e, "writing the NodeStorageResource status failed")
+                tracing::warn!(k8s.node.name = %self.node, error = %e, "writing the NodeStorageResource status failed")
             }
         }
     }
@@ -379,7 +379,7 @@ impl Record {
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(node.name = %self.node, error = %e, "reading the NodeStorageResource failed");
+                    tracing::warn!(k8s.node.name = %self.node, error = %e, "reading the NodeStorageResource failed");
                     return;
                 }
             },
@@ -387,13 +387,13 @@ impl Record {
         let status = stale_status(base, reason, message, self.generation);
         match self.apply_status(&status).await {
             Ok(()) => {
-                tracing::warn!(node.name = %self.node, reason, message, "node unreachable: capacity marked stale");
+                tracing::warn!(k8s.node.name = %self.node, reason, message, "node unreachable: capacity marked stale");
                 self.status = Some(status);
                 self.stale = Some(mark);
             }
             Err(kube::Error::Api(s)) if s.code == 404 => self.stale = Some(mark),
             Err(e) => {
-                tracing::warn!(node.name = %self.node, error = %e, "marking the NodeStorageResource stale failed")
+                tracing::warn!(k8s.node.name = %self.node, error = %e, "marking the NodeStorageResource stale failed")
             }
         }
     }

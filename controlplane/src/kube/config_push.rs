@@ -334,7 +334,7 @@ impl State {
             let endpoint = match node_endpoint(&node, self.nodes.port()) {
                 Ok(e) => e,
                 Err(e) => {
-                    tracing::debug!(node.name = %name, error = %e, "no endpoint: configuration not pushed");
+                    tracing::debug!(k8s.node.name = %name, error = %e, "no endpoint: configuration not pushed");
                     continue;
                 }
             };
@@ -366,12 +366,12 @@ impl State {
         self.in_flight.remove(&node);
         match result {
             Ok(applied) => {
-                tracing::info!(node.name = %node, device_groups = ?applied.device_groups, "configuration pushed");
+                tracing::info!(k8s.node.name = %node, device_groups = ?applied.device_groups, "configuration pushed");
                 self.done.insert(node.clone(), digest);
                 self.pending.remove(&node);
             }
             Err(e) if matches!(e.code(), Code::InvalidArgument | Code::FailedPrecondition) => {
-                tracing::warn!(node.name = %node, error = %e, "node rejected the configuration");
+                tracing::warn!(k8s.node.name = %node, error = %e, "node rejected the configuration");
                 self.done.insert(node.clone(), digest);
                 self.pending.remove(&node);
                 let note = format!(
@@ -387,7 +387,7 @@ impl State {
                     .filter(|p| p.digest == digest)
                     .map_or(0, |p| p.attempt.saturating_add(1));
                 let delay = self.backoff.delay(attempt);
-                tracing::info!(node.name = %node, error = %e, retry_in = ?delay, "configuration push failed");
+                tracing::info!(k8s.node.name = %node, error = %e, retry_in = ?delay, "configuration push failed");
                 self.pending.insert(
                     node,
                     Pending {

@@ -166,7 +166,7 @@ impl LeaderElector {
     /// publishes `false` and then releases the lease if it holds it; stop
     /// the led work before (see [`while_leading`]), so that no two
     /// replicas ever run it at once.
-    #[tracing::instrument(name = "leader.run", skip_all, fields(lease.name = %self.config.name, lease.identity = %self.config.identity))]
+    #[tracing::instrument(name = "leader.run", skip_all, fields(carina.lease.name = %self.config.name, carina.lease.identity = %self.config.identity))]
     pub async fn run(&self, leading: watch::Sender<bool>, shutdown: impl Future<Output = ()>) {
         let mut shutdown = pin!(shutdown);
         let mut tick = tokio::time::interval(self.config.retry_period);
@@ -221,7 +221,7 @@ impl LeaderElector {
                 }
                 Ok(false) => {
                     if leader {
-                        tracing::warn!(lease.holder = ?observed.as_ref().and_then(|o| o.holder.clone()), "the lease is held by another: no longer leading");
+                        tracing::warn!(carina.lease.holder = ?observed.as_ref().and_then(|o| o.holder.clone()), "the lease is held by another: no longer leading");
                         leading.send_replace(false);
                     }
                 }
@@ -329,7 +329,7 @@ impl LeaderElector {
         if let Some(other) = holder.filter(|h| *h != me.as_str())
             && seen.since.elapsed() < seen.lease_duration
         {
-            tracing::trace!(lease.holder = %other, "the lease is held and not expired");
+            tracing::trace!(carina.lease.holder = %other, "the lease is held and not expired");
             return Ok(false);
         }
         let taking_over = holder != Some(me.as_str());
@@ -355,7 +355,7 @@ impl LeaderElector {
         {
             Ok(replaced) => {
                 if taking_over {
-                    tracing::info!(lease.previous_holder = ?holder, "took the lease");
+                    tracing::info!(carina.lease.previous_holder = ?holder, "took the lease");
                 }
                 *observed = Some(self.observe(&replaced, None));
                 Ok(true)

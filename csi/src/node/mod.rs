@@ -287,7 +287,7 @@ fn answer<T>(result: Result<T, CsiError>) -> Result<Response<T>, Status> {
 
 #[async_trait]
 impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
-    #[tracing::instrument(name = "Node/NodeStageVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    #[tracing::instrument(name = "Node/NodeStageVolume", skip_all, fields(carina.volume.id = %request.get_ref().volume_id))]
     async fn node_stage_volume(
         &self,
         request: Request<csi::NodeStageVolumeRequest>,
@@ -299,7 +299,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         )
     }
 
-    #[tracing::instrument(name = "Node/NodeUnstageVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    #[tracing::instrument(name = "Node/NodeUnstageVolume", skip_all, fields(carina.volume.id = %request.get_ref().volume_id))]
     async fn node_unstage_volume(
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
@@ -311,7 +311,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         )
     }
 
-    #[tracing::instrument(name = "Node/NodePublishVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    #[tracing::instrument(name = "Node/NodePublishVolume", skip_all, fields(carina.volume.id = %request.get_ref().volume_id))]
     async fn node_publish_volume(
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
@@ -323,7 +323,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         )
     }
 
-    #[tracing::instrument(name = "Node/NodeUnpublishVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    #[tracing::instrument(name = "Node/NodeUnpublishVolume", skip_all, fields(carina.volume.id = %request.get_ref().volume_id))]
     async fn node_unpublish_volume(
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
@@ -335,7 +335,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         )
     }
 
-    #[tracing::instrument(name = "Node/NodeGetVolumeStats", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    #[tracing::instrument(name = "Node/NodeGetVolumeStats", skip_all, fields(carina.volume.id = %request.get_ref().volume_id))]
     async fn node_get_volume_stats(
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
@@ -343,7 +343,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         answer(self.stats(request.into_inner()).await)
     }
 
-    #[tracing::instrument(name = "Node/NodeExpandVolume", skip_all, fields(volume.id = %request.get_ref().volume_id))]
+    #[tracing::instrument(name = "Node/NodeExpandVolume", skip_all, fields(carina.volume.id = %request.get_ref().volume_id))]
     async fn node_expand_volume(
         &self,
         request: Request<csi::NodeExpandVolumeRequest>,

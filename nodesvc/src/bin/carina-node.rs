@@ -251,7 +251,7 @@ async fn run(args: Args) -> Result<()> {
         args.node_name.clone(),
         stopped(stop_rx.clone()),
     ));
-    tracing::info!(metrics.listen = %args.metrics_listen, "serving /metrics");
+    tracing::info!(carina.metrics.address = %args.metrics_listen, "serving /metrics");
 
     // Installed before the registration socket exists, so a SIGTERM from
     // here on removes it.
@@ -346,7 +346,7 @@ async fn log_summary(args: &Args, config: &Config, engine: &Engine) {
     for group in &config.groups {
         let patterns: Vec<&str> = group.patterns.iter().map(|r| r.as_str()).collect();
         tracing::info!(
-            device.group = %group.name,
+            carina.group = %group.name,
             policy = %group.policy,
             disks = ?patterns,
             root = ?group.root,
@@ -358,7 +358,7 @@ async fn log_summary(args: &Args, config: &Config, engine: &Engine) {
     let capacity = engine.subscribe().borrow().clone();
     for g in &capacity.groups {
         tracing::info!(
-            device.group = %g.group,
+            carina.group = %g.group,
             volumes = g.volume_count,
             total_bytes = g.total_bytes,
             allocatable_bytes = g.allocatable_bytes,
@@ -366,7 +366,7 @@ async fn log_summary(args: &Args, config: &Config, engine: &Engine) {
         );
     }
     tracing::info!(
-        node.name = %args.node_name,
+        k8s.node.name = %args.node_name,
         groups = config.groups.len(),
         lvm.activation = activation,
         lvm.shell = engine.lvm_options().shell,

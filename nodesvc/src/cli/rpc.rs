@@ -131,7 +131,7 @@ pub async fn run(c: &Connection, command: Command, out: &Printer) -> Result<(), 
         "carinactl",
         otel.name = command_name(&command),
         otel.kind = "client",
-        node.endpoint = %c.endpoint,
+        carina.node.endpoint = %c.endpoint,
     );
     async move {
         let mut node = connect(c).await?;

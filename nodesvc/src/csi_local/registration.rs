@@ -170,7 +170,7 @@ impl PluginRegistration {
         let path = self.socket();
         match std::fs::symlink_metadata(&path) {
             Ok(m) if m.file_type().is_socket() => {
-                tracing::info!(registration.socket = %path.display(), "replacing a stale registration socket");
+                tracing::info!(carina.registration.socket = %path.display(), "replacing a stale registration socket");
                 std::fs::remove_file(&path).map_err(IoError::map("remove stale socket", &path))?;
             }
             Ok(_) => {
@@ -210,9 +210,9 @@ impl PluginRegistration {
         metrics.set_plugin_registered(false);
         let info = self.info();
         tracing::info!(
-            registration.socket = %path.display(),
-            plugin.name = %info.name,
-            plugin.endpoint = %info.endpoint,
+            carina.registration.socket = %path.display(),
+            carina.plugin.name = %info.name,
+            carina.plugin.endpoint = %info.endpoint,
             "serving kubelet plugin registration"
         );
         let service = RegistrationService { info, metrics };
@@ -223,7 +223,7 @@ impl PluginRegistration {
             // Before anything else: without the socket kubelet deregisters
             // the plugin instead of sending it more volumes.
             remove_if_ours(&socket_path, identity);
-            tracing::info!(registration.socket = %socket_path.display(), "registration socket removed");
+            tracing::info!(carina.registration.socket = %socket_path.display(), "registration socket removed");
             let _ = stop_tx.send(true);
         };
         let serve = Server::builder()
@@ -298,15 +298,15 @@ fn remove_if_ours(path: &Path, identity: FileIdentity) {
     match std::fs::symlink_metadata(path) {
         Ok(m) if FileIdentity::of(&m) == identity => {
             if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!(registration.socket = %path.display(), error = %e, "cannot remove the registration socket");
+                tracing::warn!(carina.registration.socket = %path.display(), error = %e, "cannot remove the registration socket");
             }
         }
         Ok(_) => {
-            tracing::info!(registration.socket = %path.display(), "registration socket replaced by another process; leaving it");
+            tracing::info!(carina.registration.socket = %path.display(), "registration socket replaced by another process; leaving it");
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => {
-            tracing::warn!(registration.socket = %path.display(), error = %e, "cannot inspect the registration socket");
+            tracing::warn!(carina.registration.socket = %path.display(), error = %e, "cannot inspect the registration socket");
         }
     }
 }
@@ -323,7 +323,7 @@ impl Registration for RegistrationService {
     #[tracing::instrument(
         name = "Registration/GetInfo",
         skip_all,
-        fields(plugin.name = %self.info.name, plugin.endpoint = %self.info.endpoint)
+        fields(carina.plugin.name = %self.info.name, carina.plugin.endpoint = %self.info.endpoint)
     )]
     async fn get_info(
         &self,
@@ -336,7 +336,7 @@ impl Registration for RegistrationService {
     #[tracing::instrument(
         name = "Registration/NotifyRegistrationStatus",
         skip_all,
-        fields(plugin.name = %self.info.name, plugin.registered = request.get_ref().plugin_registered)
+        fields(carina.plugin.name = %self.info.name, plugin.registered = request.get_ref().plugin_registered)
     )]
     async fn notify_registration_status(
         &self,
@@ -345,7 +345,7 @@ impl Registration for RegistrationService {
         let status = request.into_inner();
         self.metrics.set_plugin_registered(status.plugin_registered);
         if status.plugin_registered {
-            tracing::info!(plugin.endpoint = %self.info.endpoint, "kubelet registered the CSI plugin");
+            tracing::info!(carina.plugin.endpoint = %self.info.endpoint, "kubelet registered the CSI plugin");
         } else {
             let error = if status.error.is_empty() {
                 "(kubelet gave no reason)"
@@ -354,7 +354,7 @@ impl Registration for RegistrationService {
             };
             tracing::error!(
                 error,
-                plugin.endpoint = %self.info.endpoint,
+                carina.plugin.endpoint = %self.info.endpoint,
                 "kubelet failed to register the CSI plugin; it retries with a new GetInfo, the node keeps serving"
             );
         }

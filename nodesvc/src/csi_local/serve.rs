@@ -92,7 +92,7 @@ impl CsiNodeServer {
             .layer(crate::latency::latency().grpc().layer())
             .add_service(IdentityServer::new(IdentityService::always_ready()))
             .add_service(CsiNodeService::new(NodeService::new(self.volumes)));
-        tracing::info!(csi.socket = ?socket, node.name = %node_name, "CSI Identity and Node serving");
+        tracing::info!(carina.csi.socket = ?socket, k8s.node.name = %node_name, "CSI Identity and Node serving");
         let serve =
             router.serve_with_incoming_shutdown(carina_proto::uds::incoming(listener), signal);
         let deadline = async move {

@@ -67,8 +67,8 @@ fn backend_span(backend: &dyn Backend, op: &'static str) -> tracing::Span {
     tracing::info_span!(
         "backend",
         otel.name = %format_args!("{}.{op}", config.policy.as_str().to_ascii_lowercase()),
-        device.group = %config.name,
-        device.policy = %config.policy,
+        carina.group = %config.name,
+        carina.policy = %config.policy,
     )
 }
 
@@ -266,7 +266,7 @@ impl Engine {
     /// [`Engine::create_volume`] that also says whether this call created
     /// the volume (`false`: it already existed with these arguments). The
     /// answer is exact: it is decided under the volume's lock.
-    #[instrument(skip(self), err(level = "info"), fields(volume.name = %req.name, volume.group = %req.group, volume.size = req.size_bytes))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.volume.name = %req.name, carina.group = %req.group, carina.volume.size_bytes = req.size_bytes))]
     pub async fn ensure_volume(&self, req: CreateRequest) -> Result<(Volume, bool)> {
         names::check_volume_name(&req.name)?;
         names::check_size("size_bytes", req.size_bytes)?;
@@ -330,7 +330,7 @@ impl Engine {
     }
 
     /// The volume of that name, in whichever group holds it.
-    #[instrument(skip(self), err(level = "info"), fields(volume.name = %name))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.volume.name = %name))]
     pub async fn get_volume(&self, name: &str) -> Result<Volume> {
         names::check_volume_name(name)?;
         self.existing(name).await
@@ -358,7 +358,7 @@ impl Engine {
     /// Grows a volume to at least `size_bytes` (rounded up to the group's
     /// unit). Shrinking is refused, and growing a volume a bcache device
     /// is made of; the current size is a no-op.
-    #[instrument(skip(self), err(level = "info"), fields(volume.name = %name, volume.size = size_bytes))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.volume.name = %name, carina.volume.size_bytes = size_bytes))]
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         names::check_volume_name(name)?;
         names::check_size("size_bytes", size_bytes)?;
@@ -416,7 +416,7 @@ impl Engine {
 
     /// Deletes a volume we own; `VolumeNotFound` if there is none, and
     /// `FailedPrecondition` while a bcache device is made of it.
-    #[instrument(skip(self), err(level = "info"), fields(volume.name = %name))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.volume.name = %name))]
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         names::check_volume_name(name)?;
         if let Some(device) = self.inner.bcache.user_of(name) {
@@ -600,7 +600,7 @@ impl Engine {
             match slot.backend.capacity().await {
                 Ok(c) => groups.push(self.with_no_disks(c)),
                 Err(e) => {
-                    tracing::warn!(device.group = %slot.backend.config().name, error = %e, "capacity unavailable")
+                    tracing::warn!(carina.group = %slot.backend.config().name, error = %e, "capacity unavailable")
                 }
             }
         }

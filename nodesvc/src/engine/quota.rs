@@ -230,7 +230,7 @@ impl Enforcement {
     }
 
     /// Puts `dir` into project `id` limited to `bytes`.
-    #[instrument(skip(self), err, fields(quota.mount = %self.mount_point.display()))]
+    #[instrument(skip(self), err, fields(carina.quota.mount = %self.mount_point.display()))]
     pub async fn assign(&self, dir: &Path, id: u32, bytes: u64) -> Result<()> {
         for cmd in self.assign_argv(dir, id, bytes)? {
             run(cmd).await?;
@@ -239,7 +239,7 @@ impl Enforcement {
     }
 
     /// Sets project `id`'s limit to `bytes` (zero removes it).
-    #[instrument(skip(self), err, fields(quota.mount = %self.mount_point.display()))]
+    #[instrument(skip(self), err, fields(carina.quota.mount = %self.mount_point.display()))]
     pub async fn set_limit(&self, id: u32, bytes: u64) -> Result<()> {
         run(self.limit_argv(id, bytes)).await
     }

@@ -98,7 +98,7 @@ impl Engine {
             let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
             let rescan = slot.backend.rescan(group_disks);
             if let Err(e) = backend_call(slot.backend.as_ref(), "rescan", rescan).await {
-                tracing::error!(device.group = %name, error = %e, "group rescan failed");
+                tracing::error!(carina.group = %name, error = %e, "group rescan failed");
                 first_error.get_or_insert(e);
                 continue;
             }
@@ -136,14 +136,14 @@ impl Engine {
         for (name, empty) in &now {
             if !kept.get(name).is_some_and(|k| k.same_cause(empty)) {
                 tracing::warn!(
-                    device.group = %name,
-                    selector.patterns = ?empty.patterns,
+                    carina.group = %name,
+                    carina.selector.patterns = ?empty.patterns,
                     "{empty}"
                 );
             }
         }
         for name in kept.keys().filter(|n| !now.contains_key(*n)) {
-            tracing::info!(device.group = %name, "group took disks again");
+            tracing::info!(carina.group = %name, "group took disks again");
         }
         *kept = now;
     }

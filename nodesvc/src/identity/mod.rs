@@ -90,7 +90,7 @@ fn log_issued(options: &IdentityOptions, cert: &IssuedCert, what: &str) {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     options.metrics.certificate_issued(not_after);
     tracing::info!(
-        node.name = %options.node_name,
+        k8s.node.name = %options.node_name,
         not_after = %utc(cert.not_after),
         renew_at = %utc(cert.renew_at()),
         "{what}"
@@ -146,7 +146,7 @@ pub async fn obtain(
                 options.metrics.certificate_request_failed();
                 let delay = options.backoff.delay(failures);
                 tracing::warn!(
-                    node.name = %options.node_name,
+                    k8s.node.name = %options.node_name,
                     issuer = %options.issuer,
                     reason = %chain(&e),
                     retry_in = ?delay,
@@ -215,7 +215,7 @@ pub async fn keep_renewed(
                 ca_seen = now;
                 match config_for(&current, &options.ca_file) {
                     Ok(config) => {
-                        tracing::info!(tls.ca = %options.ca_file.display(), "the CA changed: new connections use it");
+                        tracing::info!(carina.tls.ca = %options.ca_file.display(), "the CA changed: new connections use it");
                         updater.replace(config);
                     }
                     Err(e) => tracing::warn!(error = %e, "the CA changed but cannot be loaded; keeping the previous one"),
@@ -235,7 +235,7 @@ pub async fn keep_renewed(
                         options.metrics.certificate_request_failed();
                         let delay = options.backoff.delay(failures);
                         tracing::warn!(
-                            node.name = %options.node_name,
+                            k8s.node.name = %options.node_name,
                             issuer = %options.issuer,
                             reason = %chain(&e),
                             retry_in = ?delay,

@@ -137,7 +137,7 @@ impl NodeServer {
                 .await;
             let _ = stop_tx.send(true);
         };
-        tracing::info!(listen = ?local, node.name = %self.node_name, trust_domain = %self.trust_domain, "NodeStorage serving over mutual TLS");
+        tracing::info!(listen = ?local, k8s.node.name = %self.node_name, trust_domain = %self.trust_domain, "NodeStorage serving over mutual TLS");
         let serve = router.serve_with_incoming_shutdown(incoming, signal);
         let mut stopping = stop_rx;
         let deadline = async move {

@@ -189,9 +189,9 @@ impl NodeStorage for NodeStorageService {
         skip(self, request),
         err(level = "info"),
         fields(
-            volume.name = %request.get_ref().name,
-            volume.group = %request.get_ref().device_group,
-            volume.size = request.get_ref().size_bytes,
+            carina.volume.name = %request.get_ref().name,
+            carina.group = %request.get_ref().device_group,
+            carina.volume.size_bytes = request.get_ref().size_bytes,
         )
     )]
     async fn create_lv(
@@ -206,7 +206,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/DeleteLV",
         skip(self, request),
         err(level = "info"),
-        fields(volume.name = %request.get_ref().name)
+        fields(carina.volume.name = %request.get_ref().name)
     )]
     async fn delete_lv(
         &self,
@@ -226,7 +226,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/ResizeLV",
         skip(self, request),
         err(level = "info"),
-        fields(volume.name = %request.get_ref().name, volume.size = request.get_ref().size_bytes)
+        fields(carina.volume.name = %request.get_ref().name, carina.volume.size_bytes = request.get_ref().size_bytes)
     )]
     async fn resize_lv(
         &self,
@@ -250,7 +250,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/GetLV",
         skip(self, request),
         err(level = "info"),
-        fields(volume.name = %request.get_ref().name)
+        fields(carina.volume.name = %request.get_ref().name)
     )]
     async fn get_lv(
         &self,
@@ -272,7 +272,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/ListLVs",
         skip(self, request),
         err(level = "info"),
-        fields(volume.group = %request.get_ref().device_group)
+        fields(carina.group = %request.get_ref().device_group)
     )]
     async fn list_l_vs(
         &self,
@@ -286,7 +286,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/Capacity",
         skip(self, request),
         err(level = "info"),
-        fields(volume.group = %request.get_ref().device_group)
+        fields(carina.group = %request.get_ref().device_group)
     )]
     async fn capacity(
         &self,
@@ -349,9 +349,9 @@ impl NodeStorage for NodeStorageService {
         skip(self, request),
         err(level = "info"),
         fields(
-            bcache.name = %request.get_ref().name,
-            bcache.backing = %request.get_ref().backing_volume,
-            bcache.cache = %request.get_ref().cache_volume,
+            carina.bcache.name = %request.get_ref().name,
+            carina.bcache.backing = %request.get_ref().backing_volume,
+            carina.bcache.cache = %request.get_ref().cache_volume,
         )
     )]
     async fn create_bcache(
@@ -375,7 +375,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/DeleteBcache",
         skip(self, request),
         err(level = "info"),
-        fields(bcache.name = %request.get_ref().name)
+        fields(carina.bcache.name = %request.get_ref().name)
     )]
     async fn delete_bcache(
         &self,
@@ -394,7 +394,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/GetBcache",
         skip(self, request),
         err(level = "info"),
-        fields(bcache.name = %request.get_ref().name)
+        fields(carina.bcache.name = %request.get_ref().name)
     )]
     async fn get_bcache(
         &self,
@@ -415,7 +415,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/SetCacheMode",
         skip(self, request),
         err(level = "info"),
-        fields(bcache.name = %request.get_ref().name)
+        fields(carina.bcache.name = %request.get_ref().name)
     )]
     async fn set_cache_mode(
         &self,
@@ -437,7 +437,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/SetPodIOLimits",
         skip(self, request),
         err(level = "info"),
-        fields(k8s.pod.uid = %request.get_ref().pod_uid, volume.name = %request.get_ref().volume)
+        fields(k8s.pod.uid = %request.get_ref().pod_uid, carina.volume.name = %request.get_ref().volume)
     )]
     async fn set_pod_io_limits(
         &self,
@@ -463,7 +463,7 @@ impl NodeStorage for NodeStorageService {
         name = "NodeStorage/ClearPodIOLimits",
         skip(self, request),
         err(level = "info"),
-        fields(k8s.pod.uid = %request.get_ref().pod_uid, volume.name = %request.get_ref().volume)
+        fields(k8s.pod.uid = %request.get_ref().pod_uid, carina.volume.name = %request.get_ref().volume)
     )]
     async fn clear_pod_io_limits(
         &self,

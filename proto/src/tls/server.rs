@@ -143,7 +143,7 @@ impl ReloadingServerConfig {
                     Ok(config) => {
                         tracing::info!(
                             tls.cert = %files.cert.display(),
-                            tls.ca = %files.ca.display(),
+                            carina.tls.ca = %files.ca.display(),
                             "TLS certificate, key or CA changed: new connections use the new ones"
                         );
                         tx.send_replace(config);
@@ -246,7 +246,7 @@ pub fn tls_incoming(
                     }
                     Ok(Err(e)) => log_handshake_failure(peer, &e),
                     Err(_) => tracing::info!(
-                        net.peer = %peer,
+                        network.peer.address = %peer,
                         timeout = ?handshake_timeout,
                         "TLS handshake timed out"
                     ),
@@ -258,7 +258,7 @@ pub fn tls_incoming(
 }
 
 fn log_handshake_failure(peer: SocketAddr, e: &io::Error) {
-    tracing::info!(net.peer = %peer, error = %e, "TLS handshake refused");
+    tracing::info!(network.peer.address = %peer, error = %e, "TLS handshake refused");
 }
 
 fn tokio_stream_from<T: Send + 'static>(

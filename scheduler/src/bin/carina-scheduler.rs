@@ -89,7 +89,7 @@ async fn run(args: Args) -> Result<()> {
         let metrics_listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-listen {addr}"))?;
-        tracing::info!(metrics.address = %addr, "serving /metrics");
+        tracing::info!(carina.metrics.address = %addr, "serving /metrics");
         let extender = extender.clone();
         tokio::spawn(carina_proto::metrics::serve(
             metrics_listener,

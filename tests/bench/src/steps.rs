@@ -123,7 +123,7 @@ impl Visit for Fields {
         let text = || format!("{value:?}").trim_matches('"').to_string();
         match field.name() {
             "otel.name" => self.otel_name = Some(text()),
-            "volume.name" => self.volume = Some(text()),
+            "carina.volume.name" => self.volume = Some(text()),
             _ => {}
         }
     }
@@ -131,7 +131,7 @@ impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         match field.name() {
             "otel.name" => self.otel_name = Some(value.to_string()),
-            "volume.name" => self.volume = Some(value.to_string()),
+            "carina.volume.name" => self.volume = Some(value.to_string()),
             _ => {}
         }
     }

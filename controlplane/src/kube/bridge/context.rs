@@ -61,10 +61,13 @@ impl Context {
         let published = self
             .recorder
             .publish(&event, &lv.object_ref(&()))
-            .instrument(tracing::info_span!("bridge.event", event.reason = reason))
+            .instrument(tracing::info_span!(
+                "bridge.event",
+                carina.event.reason = reason
+            ))
             .await;
         if let Err(e) = published {
-            tracing::warn!(volume.name = %lv.name_any(), error = %e, "publishing an Event failed");
+            tracing::warn!(carina.volume.name = %lv.name_any(), error = %e, "publishing an Event failed");
         }
     }
 

@@ -80,7 +80,7 @@ pub const REPORTER: &str = "carina-bridge";
 async fn reconcile(lv: Arc<LogicVolume>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lv.name_any();
     let started = std::time::Instant::now();
-    let span = tracing::info_span!("bridge.reconcile", volume.name = %name);
+    let span = tracing::info_span!("bridge.reconcile", carina.volume.name = %name);
     let result = finalizer(&ctx.lvs, LOGICVOLUME_FINALIZER, lv, |event| async {
         match event {
             FinalizerEvent::Apply(lv) => apply(&lv, &ctx).await,
@@ -106,7 +106,7 @@ fn error_policy(lv: Arc<LogicVolume>, error: &Error, ctx: Arc<Context>) -> Actio
     let name = lv.name_any();
     let action = match error.retry() {
         Retry::Never if !error.is_cleanup() => {
-            tracing::info!(volume.name = %name, error = %error, "terminal failure; not retried until the spec changes");
+            tracing::info!(carina.volume.name = %name, error = %error, "terminal failure; not retried until the spec changes");
             return Action::await_change();
         }
         Retry::Never | Retry::Later => ctx.slow_retry,
@@ -118,7 +118,7 @@ fn error_policy(lv: Arc<LogicVolume>, error: &Error, ctx: Arc<Context>) -> Actio
             delay
         }
     };
-    tracing::warn!(volume.name = %name, error = %error, retry_in = ?action, "reconcile failed");
+    tracing::warn!(carina.volume.name = %name, error = %error, retry_in = ?action, "reconcile failed");
     Action::requeue(action)
 }
 

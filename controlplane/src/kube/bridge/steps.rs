@@ -39,9 +39,9 @@ fn node_span(lv: &LogicVolume, op: Op) -> tracing::Span {
     let span = tracing::info_span!(
         "bridge.node_call",
         otel.name = %format!("bridge {}", op.rpc_for(lv)),
-        volume.name = %lv.name_any(),
-        node.name = %lv.spec.node_name,
-        volume.group = %lv.spec.device_group,
+        carina.volume.name = %lv.name_any(),
+        k8s.node.name = %lv.spec.node_name,
+        carina.group = %lv.spec.device_group,
     );
     if let Some(traceparent) = lv.annotations().get(TRACEPARENT_ANNOTATION) {
         continue_trace(&span, traceparent);
@@ -151,7 +151,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
         Op::Create => ("Created", "created"),
         _ => ("Resized", "resized"),
     };
-    tracing::info!(volume.name = %name, node.name = %endpoint.node, bytes = volume.size_bytes, "volume {what}");
+    tracing::info!(carina.volume.name = %name, k8s.node.name = %endpoint.node, bytes = volume.size_bytes, "volume {what}");
     ctx.event(
         lv,
         EventType::Normal,
@@ -217,7 +217,7 @@ pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, E
             let note = format!(
                 "node {node:?} has no Node object: nothing left to delete the volume on; releasing the object"
             );
-            tracing::warn!(volume.name = %name, node.name = %node, "{note}");
+            tracing::warn!(carina.volume.name = %name, k8s.node.name = %node, "{note}");
             ctx.event(lv, EventType::Warning, "NodeGone", Op::Delete, &note)
                 .await;
             return Ok(Action::await_change());
@@ -249,7 +249,7 @@ pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, E
     };
     match result {
         Ok(_) => {
-            tracing::info!(volume.name = %name, node.name = %endpoint.node, "volume deleted");
+            tracing::info!(carina.volume.name = %name, k8s.node.name = %endpoint.node, "volume deleted");
             let note = format!("volume deleted on node {}", endpoint.node);
             ctx.event(lv, EventType::Normal, "Deleted", Op::Delete, &note)
                 .await;
@@ -257,7 +257,7 @@ pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, E
         }
         // No such volume, or a name no volume can have: nothing to delete.
         Err(e) if nothing_to_delete(e.code()) => {
-            tracing::info!(volume.name = %name, node.name = %endpoint.node, reason = %e, "no volume to delete");
+            tracing::info!(carina.volume.name = %name, k8s.node.name = %endpoint.node, reason = %e, "no volume to delete");
             Ok(Action::await_change())
         }
         Err(e) => fail(lv, ctx, Op::Delete, Error::Node(e)).await,

@@ -190,7 +190,7 @@ impl KubeProvisioner {
         let judged = match create_outcome(Some(&lv), uid.as_deref()) {
             Some(o) => o,
             None => {
-                tracing::debug!(volume.name = %name, "waiting for the bridge");
+                tracing::debug!(carina.volume.name = %name, "waiting for the bridge");
                 self.cache
                     .wait_for(&name, uid.as_deref(), self.config.wait_timeout, |obj| {
                         create_outcome(obj, uid.as_deref())
@@ -249,10 +249,10 @@ impl KubeProvisioner {
         };
         match self.lvs.delete(&name, &params).await {
             Ok(_) => {
-                tracing::info!(volume.name = %name, "removed the LogicVolume of a failed create")
+                tracing::info!(carina.volume.name = %name, "removed the LogicVolume of a failed create")
             }
             Err(e) => {
-                tracing::warn!(volume.name = %name, error = %e, "removing the LogicVolume of a failed create failed")
+                tracing::warn!(carina.volume.name = %name, error = %e, "removing the LogicVolume of a failed create failed")
             }
         }
     }
@@ -295,7 +295,7 @@ impl KubeProvisioner {
 
 #[async_trait]
 impl Provisioner for KubeProvisioner {
-    #[tracing::instrument(name = "kube.create_volume", skip_all, err(level = "info"), fields(volume.name = %req.name))]
+    #[tracing::instrument(name = "kube.create_volume", skip_all, err(level = "info"), fields(carina.volume.name = %req.name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
         let name = req.local_name.clone();
         // The cache misses only objects made a moment ago, which the create
@@ -314,7 +314,7 @@ impl Provisioner for KubeProvisioner {
             if lv.metadata.deletion_timestamp.is_none() {
                 return self.adopt(lv, req).await;
             }
-            tracing::info!(volume.name = %name, "an earlier LogicVolume is being deleted; waiting until it is gone");
+            tracing::info!(carina.volume.name = %name, "an earlier LogicVolume is being deleted; waiting until it is gone");
             self.wait_gone(&name, lv.uid()).await?;
         }
         let (target, reservation) = self
@@ -322,10 +322,10 @@ impl Provisioner for KubeProvisioner {
             .instrument(tracing::info_span!("kube.place"))
             .await?;
         tracing::info!(
-            volume.name = %name,
-            node.name = %target.node,
-            volume.group = %target.group,
-            volume.size = target.size_bytes,
+            carina.volume.name = %name,
+            k8s.node.name = %target.node,
+            carina.group = %target.group,
+            carina.volume.size_bytes = target.size_bytes,
             strategy = %self.config.strategy,
             "creating LogicVolume"
         );
@@ -364,7 +364,7 @@ impl Provisioner for KubeProvisioner {
         }
     }
 
-    #[tracing::instrument(name = "kube.delete_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
+    #[tracing::instrument(name = "kube.delete_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id))]
     async fn delete_volume(&self, volume_id: &str) -> Result<(), CsiError> {
         let Some(lv) = self.find(volume_id).await? else {
             tracing::info!("no such LogicVolume: nothing to delete");
@@ -390,7 +390,7 @@ impl Provisioner for KubeProvisioner {
         self.wait_gone(&name, lv.uid()).await
     }
 
-    #[tracing::instrument(name = "kube.expand_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id, volume.size = range.required_bytes))]
+    #[tracing::instrument(name = "kube.expand_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id, carina.volume.size_bytes = range.required_bytes))]
     async fn expand_volume(&self, volume_id: &str, range: &CapacityRange) -> Result<u64, CsiError> {
         let not_found = || CsiError::NotFound(format!("volume {volume_id:?} does not exist"));
         let lv = self.find(volume_id).await?.ok_or_else(not_found)?;
@@ -471,7 +471,7 @@ impl Provisioner for KubeProvisioner {
             })?
     }
 
-    #[tracing::instrument(name = "kube.get_volume", skip_all, err(level = "info"), fields(volume.id = %volume_id))]
+    #[tracing::instrument(name = "kube.get_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id))]
     async fn get_volume(&self, volume_id: &str) -> Result<Option<ProvisionedVolume>, CsiError> {
         let Some(lv) = self.find(volume_id).await? else {
             return Ok(None);
@@ -529,7 +529,7 @@ impl Provisioner for KubeProvisioner {
         Ok(all)
     }
 
-    #[tracing::instrument(name = "kube.capacity", skip_all, err(level = "info"), fields(volume.group = group.unwrap_or_default()))]
+    #[tracing::instrument(name = "kube.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]
     async fn capacity(
         &self,
         topology: Option<&Topology>,
@@ -607,7 +607,7 @@ impl KubeProvisioner {
                 lv.spec.device_group
             )));
         }
-        tracing::info!(volume.name = %lv.name_any(), node.name = %lv.spec.node_name, "LogicVolume exists already");
+        tracing::info!(carina.volume.name = %lv.name_any(), k8s.node.name = %lv.spec.node_name, "LogicVolume exists already");
         self.outcome(lv, req, policy).await
     }
 }

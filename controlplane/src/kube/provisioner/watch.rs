@@ -64,7 +64,7 @@ pub(super) async fn watch_until<T>(
                     last = obj;
                 }
                 Err(e) => {
-                    tracing::warn!(volume.name = %name, error = %e, "watching the LogicVolume failed; retrying");
+                    tracing::warn!(carina.volume.name = %name, error = %e, "watching the LogicVolume failed; retrying");
                     watch_error = Some(e.to_string());
                 }
             }

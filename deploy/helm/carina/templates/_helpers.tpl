@@ -103,3 +103,26 @@ metrics): from metrics.from, or from anywhere when that is empty. */}}
   {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The environment that names a Carina container's OpenTelemetry resource by
+the semantic conventions' k8s.* attributes (its pod, namespace and node),
+from the downward API. Rendered before the user's env, so a value of
+OTEL_RESOURCE_ATTRIBUTES there replaces it.
+*/}}
+{{- define "carina.otelResourceEnv" -}}
+- name: K8S_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: K8S_NAMESPACE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: K8S_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: k8s.pod.name=$(K8S_POD_NAME),k8s.namespace.name=$(K8S_NAMESPACE_NAME),k8s.node.name=$(K8S_NODE_NAME)
+{{- end }}

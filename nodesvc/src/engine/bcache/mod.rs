@@ -324,7 +324,7 @@ impl Engine {
     /// without the kernel driver or a state directory, for a volume in
     /// use or holding someone else's superblock; `BcacheConflict` for the
     /// name with other arguments; the volume errors of the create.
-    #[instrument(skip(self), err(level = "info"), fields(bcache.name = %req.name, bcache.backing = %req.backing_volume, bcache.cache = %req.cache_volume))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.bcache.name = %req.name, carina.bcache.backing = %req.backing_volume, carina.bcache.cache = %req.cache_volume))]
     pub async fn ensure_bcache(&self, req: BcacheRequest) -> Result<(BcacheDevice, bool)> {
         check_field("name", &req.name)?;
         check_field("backing_volume", &req.backing_volume)?;
@@ -781,7 +781,7 @@ impl Engine {
     }
 
     /// One bcache device; `BcacheNotFound` if there is none.
-    #[instrument(skip(self), err(level = "info"), fields(bcache.name = %name))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.bcache.name = %name))]
     pub async fn get_bcache(&self, name: &str) -> Result<BcacheDevice> {
         check_field("name", name)?;
         let record = self
@@ -804,7 +804,7 @@ impl Engine {
     }
 
     /// Changes the cache mode, in the kernel and in the record.
-    #[instrument(skip(self), err(level = "info"), fields(bcache.name = %name, bcache.mode = %mode))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.bcache.name = %name, carina.bcache.mode = %mode))]
     pub async fn set_cache_mode(&self, name: &str, mode: CacheMode) -> Result<BcacheDevice> {
         check_field("name", name)?;
         let _guard = self.inner.locks.try_lock(&lock_key(name))?;
@@ -832,7 +832,7 @@ impl Engine {
 
     /// Detaches (flushing), stops, wipes and deletes; `BcacheNotFound` if
     /// there is no such device.
-    #[instrument(skip(self), err(level = "info"), fields(bcache.name = %name))]
+    #[instrument(skip(self), err(level = "info"), fields(carina.bcache.name = %name))]
     pub async fn delete_bcache(&self, name: &str) -> Result<()> {
         check_field("name", name)?;
         let _guard = self.inner.locks.try_lock(&lock_key(name))?;
@@ -949,14 +949,14 @@ impl Engine {
         }
         for record in records {
             if record.phase != Phase::Ready {
-                tracing::warn!(bcache.name = %record.name, phase = ?record.phase, "bcache device was left half-way; CreateBcache finishes it, DeleteBcache removes it");
+                tracing::warn!(carina.bcache.name = %record.name, phase = ?record.phase, "bcache device was left half-way; CreateBcache finishes it, DeleteBcache removes it");
                 continue;
             }
-            let span = tracing::info_span!("bcache.recover", bcache.name = %record.name);
+            let span = tracing::info_span!("bcache.recover", carina.bcache.name = %record.name);
             if let Err(e) = self.recover_one(&record).instrument(span).await {
-                tracing::error!(bcache.name = %record.name, error = %e, "bcache device not re-assembled");
+                tracing::error!(carina.bcache.name = %record.name, error = %e, "bcache device not re-assembled");
             } else {
-                tracing::info!(bcache.name = %record.name, "bcache device re-assembled");
+                tracing::info!(carina.bcache.name = %record.name, "bcache device re-assembled");
             }
         }
     }

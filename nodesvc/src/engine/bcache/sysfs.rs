@@ -232,7 +232,7 @@ impl Kernel {
 
     /// One `write(2)` of `value` to an existing attribute, as `echo` does
     /// (never creating the file: a missing attribute is an error).
-    #[tracing::instrument(level = "debug", skip(self), err, fields(sysfs.path = %path.display(), sysfs.value = %value))]
+    #[tracing::instrument(level = "debug", skip(self), err, fields(carina.sysfs.path = %path.display(), carina.sysfs.value = %value))]
     async fn write(&self, path: PathBuf, value: String) -> Result<()> {
         let p = path.clone();
         let v = value.clone();

@@ -129,8 +129,8 @@ impl Backend for HostGroup {
         let recreated = self.blocking(|s| s.recreate_missing()).await?;
         for marker in recreated {
             tracing::warn!(
-                device.group = %self.store.config.name,
-                volume.name = %marker.name,
+                carina.group = %self.store.config.name,
+                carina.volume.name = %marker.name,
                 "data directory was missing; recreated it empty"
             );
             if let (Some(e), Some(id)) = (&enforcement, marker.project_id) {
@@ -155,7 +155,7 @@ impl Backend for HostGroup {
             if let Err(err) = e.assign(&dir, id, size).await {
                 let name = marker.name.clone();
                 if let Err(undo) = self.blocking(move |s| s.remove(&name)).await {
-                    tracing::error!(volume.name = %marker.name, error = %undo, "rollback after a failed quota set-up failed");
+                    tracing::error!(carina.volume.name = %marker.name, error = %undo, "rollback after a failed quota set-up failed");
                 }
                 return Err(err);
             }
@@ -198,7 +198,7 @@ impl Backend for HostGroup {
             if let Some((e, id)) = quota
                 && let Err(undo) = e.set_limit(id, current.size_bytes).await
             {
-                tracing::error!(volume.name = %name, error = %undo, "restoring the quota limit failed");
+                tracing::error!(carina.volume.name = %name, error = %undo, "restoring the quota limit failed");
             }
             return Err(err);
         }
@@ -224,12 +224,12 @@ impl Backend for HostGroup {
             match self.enforcement().await {
                 Ok(Some(e)) => {
                     if let Err(err) = e.set_limit(id, 0).await {
-                        tracing::warn!(volume.name = %name, error = %err, "clearing the quota limit failed");
+                        tracing::warn!(carina.volume.name = %name, error = %err, "clearing the quota limit failed");
                     }
                 }
                 Ok(None) => {}
                 Err(err) => {
-                    tracing::warn!(volume.name = %name, error = %err, "quota detection failed")
+                    tracing::warn!(carina.volume.name = %name, error = %err, "quota detection failed")
                 }
             }
         }

@@ -311,7 +311,7 @@ impl Store {
         self.write_marker(&marker)?;
         if let Err(e) = make_data_dir(&dir).and_then(|()| sync_dir(&self.root)) {
             if let Err(undo) = self.remove_marker(name) {
-                tracing::error!(volume.name = %name, error = %undo, "rollback of the marker failed");
+                tracing::error!(carina.volume.name = %name, error = %undo, "rollback of the marker failed");
             }
             return Err(e);
         }

@@ -117,7 +117,7 @@ impl Engine {
             let pod = find_pod(&h, &uid)?;
             let written = h.write(&pod, dev, limits).map_err(|e| with_uid(e, &uid))?;
             tracing::info!(
-                pod.uid = %uid,
+                k8s.pod.uid = %uid,
                 cgroup = %pod.display(),
                 cgroups = written,
                 device = %format_args!("{}:{}", dev.0, dev.1),
@@ -167,7 +167,7 @@ impl Engine {
                     Err(e) => return Err(with_uid(e, &uid)),
                 }
             }
-            tracing::info!(pod.uid = %uid, cleared, "IO limits removed");
+            tracing::info!(k8s.pod.uid = %uid, cleared, "IO limits removed");
             Ok(cleared)
         })
         .await

@@ -245,7 +245,7 @@ impl Backend for LvmGroup {
             }
             self.change(cmd).await?;
             self.invalidate();
-            tracing::info!(lvm.vg = %self.vg(), disks = ?new.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "{sub}");
+            tracing::info!(carina.lvm.vg = %self.vg(), disks = ?new.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "{sub}");
         }
         let snap = if new.is_empty() {
             snap
@@ -265,7 +265,7 @@ impl Backend for LvmGroup {
                 let loops = loopdev::list().await?;
                 for lv in snap.owned_lvs() {
                     if let Err(e) = self.expose(&snap, lv, Some(&loops)).await {
-                        tracing::error!(lvm.vg = %self.vg(), lvm.lv = %lv.name, error = %e, "cannot expose LV");
+                        tracing::error!(carina.lvm.vg = %self.vg(), carina.lvm.lv = %lv.name, error = %e, "cannot expose LV");
                     }
                 }
             }

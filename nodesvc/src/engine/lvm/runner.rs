@@ -158,18 +158,18 @@ impl Slot {
                         return true;
                     }
                     tracing::warn!(
-                        lvm.shell.pid = shell.pid,
+                        carina.lvm.shell.pid = shell.pid,
                         "the lvm shell still runs a command its caller abandoned; starting a new one"
                     );
                 }
                 Ok(Some(status)) => tracing::warn!(
-                    lvm.shell.pid = shell.pid,
+                    carina.lvm.shell.pid = shell.pid,
                     %status,
                     stderr = %take(&shell.stderr),
                     "the lvm shell exited while idle; starting a new one"
                 ),
                 Err(e) => {
-                    tracing::warn!(lvm.shell.pid = shell.pid, error = %e, "cannot check the lvm shell; starting a new one")
+                    tracing::warn!(carina.lvm.shell.pid = shell.pid, error = %e, "cannot check the lvm shell; starting a new one")
                 }
             }
             self.discard(pid);
@@ -180,7 +180,7 @@ impl Slot {
         let span = tracing::info_span!("lvm shell start", otel.name = "lvm.shell.start");
         match self.start(limit.min(START_LIMIT)).instrument(span).await {
             Ok(shell) => {
-                tracing::info!(lvm.shell.pid = shell.pid, "lvm shell started");
+                tracing::info!(carina.lvm.shell.pid = shell.pid, "lvm shell started");
                 pid.store(shell.pid, Ordering::Relaxed);
                 self.shell = Some(shell);
                 self.next_start = None;
@@ -394,11 +394,11 @@ impl Shell {
     async fn send(&mut self, line: &str) -> std::io::Result<()> {
         let stray = take(&self.stderr);
         if !stray.trim().is_empty() {
-            tracing::warn!(lvm.shell.pid = self.pid, stderr = %stray.trim(), "the lvm shell wrote to stderr between commands");
+            tracing::warn!(carina.lvm.shell.pid = self.pid, stderr = %stray.trim(), "the lvm shell wrote to stderr between commands");
         }
         if self.buf.iter().any(|b| !b.is_ascii_whitespace()) {
             tracing::warn!(
-                lvm.shell.pid = self.pid,
+                carina.lvm.shell.pid = self.pid,
                 bytes = self.buf.len(),
                 "dropping report output no command asked for"
             );
@@ -427,7 +427,7 @@ impl Shell {
         match shell::take_answer(&mut self.buf) {
             Ok(Some(_)) => {
                 tracing::debug!(
-                    lvm.shell.pid = self.pid,
+                    carina.lvm.shell.pid = self.pid,
                     "dropped the answer to an abandoned command"
                 );
                 self.busy = false;
@@ -471,7 +471,7 @@ impl Shell {
                     return self.gone(command, status.ok(), deadline).await;
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(command.line = %command, lvm.shell.pid = self.pid, "command timed out; killing the lvm shell");
+                    tracing::warn!(carina.command.line = %command, carina.lvm.shell.pid = self.pid, "command timed out; killing the lvm shell");
                     let _ = self.child.start_kill();
                     return Err(CommandError::TimedOut {
                         command: command.to_string(),
@@ -536,7 +536,7 @@ async fn drain(mut from: impl AsyncRead + Unpin, pid: u32, keep: Option<Arc<StdM
             Ok(n) => n,
         };
         let text = String::from_utf8_lossy(&chunk[..n]);
-        tracing::debug!(lvm.shell.pid = pid, output = %text, "lvm shell output");
+        tracing::debug!(carina.lvm.shell.pid = pid, output = %text, "lvm shell output");
         if let Some(keep) = &keep {
             let mut kept = keep.lock().unwrap_or_else(|p| p.into_inner());
             kept.push_str(&text);

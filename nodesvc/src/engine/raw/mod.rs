@@ -526,7 +526,7 @@ impl Backend for RawGroup {
                     let _ = sync_kernel(&view.disk, Some(old.number), &view.numbers()).await;
                 }
                 Err(undo) => {
-                    tracing::error!(volume.name = %name, error = %undo, "undo: restoring the old partition end failed")
+                    tracing::error!(carina.volume.name = %name, error = %undo, "undo: restoring the old partition end failed")
                 }
             }
             return Err(e);

@@ -27,7 +27,7 @@ impl LvmGroup {
             .change(self.cmd("lvremove").args(["-f", "-y"]).arg(&lv))
             .await
         {
-            tracing::error!(lvm.lv = %lv, error = %e, "rollback of a half-created LV failed");
+            tracing::error!(carina.lvm.lv = %lv, error = %e, "rollback of a half-created LV failed");
         }
         self.invalidate();
     }
@@ -158,7 +158,7 @@ impl LvmGroup {
                 requested_bytes: req.size_bytes,
             });
         }
-        tracing::info!(lvm.lv = %req.name, "finishing an earlier create whose answer was lost");
+        tracing::info!(carina.lvm.lv = %req.name, "finishing an earlier create whose answer was lost");
         let device = {
             let _exposing = self.exposure.lock().await;
             self.expose(snap, lv, None).await?
