@@ -125,4 +125,10 @@ pub trait LocalVolumes: Send + Sync + 'static {
 
     /// The local volume for `volume_id`; `None` if it is not on this node.
     async fn find(&self, volume_id: &str) -> Result<Option<LocalVolume>, CsiError>;
+
+    /// The W3C `traceparent` of the span that created `volume_id`, when
+    /// the node kept one: the node's spans of the volume link to it.
+    async fn creation_trace(&self, _volume_id: &str) -> Option<String> {
+        None
+    }
 }

@@ -85,6 +85,13 @@ impl LocalVolumes for EngineVolumes {
         self.max_volumes
     }
 
+    async fn creation_trace(&self, volume_id: &str) -> Option<String> {
+        let id = VolumeId::parse(volume_id).ok()?;
+        (id.node == self.node)
+            .then(|| self.engine.creation_trace(&id.volume))
+            .flatten()
+    }
+
     async fn find(&self, volume_id: &str) -> Result<Option<LocalVolume>, CsiError> {
         let id = match VolumeId::parse(volume_id) {
             Ok(id) => id,

@@ -60,6 +60,36 @@ pub fn inject(cx: &opentelemetry::Context, headers: &mut HeaderMap) {
     TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
 }
 
+/// The W3C `traceparent` of the current span, when it belongs to a trace
+/// (an OpenTelemetry layer is installed and the span is not disabled).
+pub fn current_traceparent() -> Option<String> {
+    let mut headers = HeaderMap::new();
+    inject(&tracing::Span::current().context(), &mut headers);
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Links the current span to the span `traceparent` names (a malformed
+/// one links nothing), with `carina.link` saying why.
+pub fn link_current_span(traceparent: &str, why: &'static str) {
+    use opentelemetry::trace::TraceContextExt as _;
+    let mut headers = HeaderMap::new();
+    let Ok(value) = HeaderValue::from_str(traceparent) else {
+        return;
+    };
+    headers.insert("traceparent", value);
+    let cx = extract(&headers);
+    let linked = cx.span().span_context().clone();
+    if linked.is_valid() {
+        tracing::Span::current().add_link_with_attributes(
+            linked,
+            vec![opentelemetry::KeyValue::new("carina.link", why)],
+        );
+    }
+}
+
 /// Server side: continue the caller's trace.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ServerTraceLayer;

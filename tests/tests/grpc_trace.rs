@@ -278,3 +278,110 @@ async fn json_log_lines_name_the_callers_trace() {
         );
     }
 }
+
+/// The node keeps the trace a volume was created in: its CSI node spans,
+/// each a trace of its own (kubelet sends no context), link back to it,
+/// a retried create keeps the first trace, and a delete forgets it.
+#[tokio::test(flavor = "current_thread")]
+async fn node_spans_link_to_the_volumes_creation_trace() {
+    use carina_csi::node::NodeService;
+    use carina_csi::volume_id::VolumeId;
+    use carina_node::csi_local::EngineVolumes;
+    use carina_node::engine::{Config, Engine, EngineOptions};
+    use carina_proto::csi;
+    use carina_proto::csi::node_server::Node as _;
+
+    let spans = SpanCollector::default();
+    let provider = spans.provider();
+    let config = TelemetryConfig::from_lookup("carina-node", |_| None).expect("config");
+    let subscriber = telemetry::subscriber(&config, Some(&provider)).expect("subscriber");
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let dirs = tempfile::tempdir().expect("tempdir");
+    let group = unique("g");
+    let engine = Engine::start(
+        Config::from_json(&carina_tests::grpc::host_config(&group, dirs.path(), 0))
+            .expect("config"),
+        EngineOptions {
+            trace_dir: Some(dirs.path().join("state/traces")),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("engine");
+    let node = TestNode::start(engine.clone(), "node-a")
+        .await
+        .expect("server");
+    let mut client = traced_client(&node, "controller").await;
+    let name = unique("lv");
+    let creator = tracing::info_span!("creator");
+    let creation = creator.context().span().span_context().trace_id();
+    client
+        .create_lv(create_lv(&name, &group, 8 << 20))
+        .instrument(creator)
+        .await
+        .expect("CreateLV");
+    let kept = engine.creation_trace(&name).expect("a creation trace kept");
+    assert!(kept.starts_with(&format!("00-{creation}-")), "{kept}");
+    // A retried create, in another trace, keeps the first.
+    client
+        .create_lv(create_lv(&name, &group, 8 << 20))
+        .instrument(tracing::info_span!("retry"))
+        .await
+        .expect("CreateLV again");
+    assert_eq!(engine.creation_trace(&name), Some(kept));
+
+    // Kubelet's calls, outside any trace.
+    let csi_node = NodeService::new(EngineVolumes::new(engine.clone(), "node-a"));
+    let volume_id = VolumeId::new(&name, "node-a").encode();
+    let paths = tempfile::tempdir().expect("tempdir");
+    csi_node
+        .node_unpublish_volume(tonic::Request::new(csi::NodeUnpublishVolumeRequest {
+            volume_id: volume_id.clone(),
+            target_path: paths.path().join("target").display().to_string(),
+        }))
+        .await
+        .expect("NodeUnpublishVolume");
+    csi_node
+        .node_unstage_volume(tonic::Request::new(csi::NodeUnstageVolumeRequest {
+            volume_id: volume_id.clone(),
+            staging_target_path: paths.path().join("staging").display().to_string(),
+        }))
+        .await
+        .expect("NodeUnstageVolume");
+
+    client
+        .delete_lv(pb::DeleteLvRequest { name: name.clone() })
+        .await
+        .expect("DeleteLV");
+    assert_eq!(
+        engine.creation_trace(&name),
+        None,
+        "forgotten with the volume"
+    );
+    node.stop().await.expect("stop");
+
+    let spans = spans.flush(&provider);
+    let names = span_names(&spans);
+    for rpc in ["Node/NodeUnpublishVolume", "Node/NodeUnstageVolume"] {
+        let span = spans
+            .iter()
+            .find(|s| s.name == rpc)
+            .unwrap_or_else(|| panic!("no {rpc} span in {names:?}"));
+        assert_ne!(
+            span.span_context.trace_id(),
+            creation,
+            "{rpc}: a trace of its own"
+        );
+        let links: Vec<_> = span.links.iter().collect();
+        assert_eq!(links.len(), 1, "{rpc}: {links:?}");
+        assert_eq!(links[0].span_context.trace_id(), creation, "{rpc}");
+        assert!(
+            links[0].attributes.iter().any(
+                |kv| kv.key.as_str() == "carina.link" && kv.value.as_str() == "volume creation"
+            ),
+            "{rpc}: {:?}",
+            links[0].attributes
+        );
+    }
+}

@@ -100,6 +100,14 @@ impl<L: LocalVolumes> NodeService<L> {
     }
 
     /// The volume, or `NOT_FOUND` if it is not on this node.
+    /// Links the current span (a trace of its own: kubelet sends no trace
+    /// context) to the trace the volume was created in.
+    async fn link_creation(&self, volume_id: &str) {
+        if let Some(traceparent) = self.volumes.creation_trace(volume_id).await {
+            carina_proto::trace::link_current_span(&traceparent, "volume creation");
+        }
+    }
+
     async fn local(&self, volume_id: &str) -> Result<LocalVolume, CsiError> {
         self.volumes.find(volume_id).await?.ok_or_else(|| {
             CsiError::NotFound(format!(
@@ -292,6 +300,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         &self,
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        self.link_creation(&request.get_ref().volume_id).await;
         answer(
             self.stage(request.into_inner())
                 .await
@@ -304,6 +313,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        self.link_creation(&request.get_ref().volume_id).await;
         answer(
             self.unstage(request.into_inner())
                 .await
@@ -316,6 +326,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        self.link_creation(&request.get_ref().volume_id).await;
         answer(
             self.publish(request.into_inner())
                 .await
@@ -328,6 +339,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        self.link_creation(&request.get_ref().volume_id).await;
         answer(
             self.unpublish(request.into_inner())
                 .await
@@ -348,6 +360,7 @@ impl<L: LocalVolumes> csi::node_server::Node for NodeService<L> {
         &self,
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        self.link_creation(&request.get_ref().volume_id).await;
         answer(self.expand(request.into_inner()).await)
     }
 

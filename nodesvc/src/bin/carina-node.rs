@@ -131,7 +131,8 @@ struct Args {
     lvm_shell: bool,
 
     /// The node's state directory (on the host, kept across restarts):
-    /// the bcache devices' records live in `<dir>/bcache`.
+    /// the bcache devices' records live in `<dir>/bcache`, each volume's
+    /// creation trace in `<dir>/traces`.
     #[arg(long, env = "CARINA_STATE_DIR", default_value = "/var/lib/carina")]
     state_dir: PathBuf,
 
@@ -200,6 +201,7 @@ async fn run(args: Args) -> Result<()> {
                 ..BcacheOptions::default()
             },
             cgroup_root: Some(args.cgroup_root.clone()),
+            trace_dir: Some(args.state_dir.join("traces")),
         },
     )
     .await

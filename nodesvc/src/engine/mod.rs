@@ -22,6 +22,7 @@ pub mod names;
 pub mod quota;
 pub mod raw;
 mod scan;
+pub mod trace_links;
 pub mod volume;
 pub mod wipe;
 
@@ -57,6 +58,9 @@ pub struct EngineOptions {
     /// Where the cgroup hierarchies are mounted (pods' IO limits);
     /// `None` is [`iolimits::DEFAULT_CGROUP_ROOT`].
     pub cgroup_root: Option<std::path::PathBuf>,
+    /// Where each volume's creation trace is kept
+    /// ([`trace_links::TraceLinks`]); `None` keeps none.
+    pub trace_dir: Option<std::path::PathBuf>,
 }
 
 /// The span of one backend mutation, the same for every policy:
@@ -143,6 +147,7 @@ struct Inner {
     bcache: bcache::Bcache,
     /// Where pods' cgroups are looked for.
     cgroup_root: std::path::PathBuf,
+    trace_links: Option<trace_links::TraceLinks>,
 }
 
 #[derive(Debug)]
@@ -219,6 +224,7 @@ impl Engine {
                 disks: StdMutex::new(Vec::new()),
                 empty: StdMutex::new(BTreeMap::new()),
                 bcache,
+                trace_links: options.trace_dir.clone().map(trace_links::TraceLinks::new),
                 cgroup_root: options
                     .cgroup_root
                     .unwrap_or_else(|| iolimits::DEFAULT_CGROUP_ROOT.into()),
@@ -298,6 +304,7 @@ impl Engine {
                 && (existing.size_bytes == rounded
                     || (req.exclusive && existing.size_bytes >= rounded));
             if same {
+                self.keep_creation_trace(&existing.name);
                 return Ok((existing, false));
             }
             return Err(Error::AlreadyExists {
@@ -325,8 +332,27 @@ impl Engine {
             .await?
         };
         self.index_insert(&volume.name, &volume.group);
+        self.keep_creation_trace(&volume.name);
         self.notify(ChangeReason::Create).await;
         Ok((volume, true))
+    }
+
+    /// Keeps the current trace as `name`'s creation trace, unless it has
+    /// one (a retried create keeps the first).
+    fn keep_creation_trace(&self, name: &str) {
+        if let (Some(links), Some(traceparent)) = (
+            &self.inner.trace_links,
+            carina_proto::trace::current_traceparent(),
+        ) {
+            links.record(name, &traceparent);
+        }
+    }
+
+    /// The W3C `traceparent` of the span that created volume `name`, if
+    /// the node kept one.
+    pub fn creation_trace(&self, name: &str) -> Option<String> {
+        names::check_volume_name(name).ok()?;
+        self.inner.trace_links.as_ref()?.get(name)
     }
 
     /// The volume of that name, in whichever group holds it.
@@ -440,12 +466,19 @@ impl Engine {
         let not_found = || Error::VolumeNotFound {
             name: name.to_string(),
         };
+        // Gone: its index entry and creation trace go too.
+        let forget = || {
+            self.index_remove(name);
+            if let Some(links) = &self.inner.trace_links {
+                links.forget(name);
+            }
+        };
         let slot = match self.indexed_group(name) {
             Some(group) => self.slot(&group).await.ok(),
             None => None,
         };
         let Some(slot) = slot else {
-            self.index_remove(name);
+            forget();
             return Err(not_found());
         };
         let deleted = {
@@ -455,12 +488,12 @@ impl Engine {
         match deleted {
             Ok(()) => {}
             Err(e @ Error::VolumeNotFound { .. }) => {
-                self.index_remove(name);
+                forget();
                 return Err(e);
             }
             Err(e) => return Err(e),
         }
-        self.index_remove(name);
+        forget();
         self.notify(ChangeReason::Delete).await;
         Ok(())
     }
