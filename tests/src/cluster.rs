@@ -154,6 +154,10 @@ pub struct NodeArgs {
     pub log: PathBuf,
     pub certs: CertFiles,
     pub ca: PathBuf,
+    /// `--state-dir`, in the node's own directory.
+    pub state_dir: PathBuf,
+    /// Extra environment (e.g. `OTEL_*`).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeArgs {
@@ -179,6 +183,8 @@ impl NodeArgs {
             log: log.to_path_buf(),
             certs: pki.node(name)?,
             ca: pki.ca_pem.clone(),
+            state_dir: dir.join("state"),
+            env: Vec::new(),
         })
     }
 
@@ -206,6 +212,8 @@ impl NodeArgs {
             p(&self.ca),
             "--csi-endpoint".into(),
             p(&self.csi_socket),
+            "--state-dir".into(),
+            p(&self.state_dir),
             "--shutdown-grace-secs".into(),
             "5".into(),
         ]
@@ -213,10 +221,11 @@ impl NodeArgs {
 
     /// Starts the node and waits for its CSI socket.
     pub async fn start(&self) -> Result<Service> {
-        Service::start(
+        Service::start_with_env(
             "carina-node",
             &self.name,
             self.argv(),
+            &self.env,
             &self.csi_socket,
             &self.log,
         )
@@ -241,6 +250,8 @@ pub struct KubeControllerArgs {
     pub retry_period_secs: u64,
     pub create_timeout_secs: u64,
     pub node_call_timeout_secs: u64,
+    /// Extra environment (e.g. `OTEL_*`).
+    pub env: Vec<(String, String)>,
 }
 
 impl KubeControllerArgs {
@@ -267,6 +278,7 @@ impl KubeControllerArgs {
             retry_period_secs: 1,
             create_timeout_secs: 30,
             node_call_timeout_secs: 10,
+            env: Vec::new(),
         }
     }
 
@@ -306,10 +318,11 @@ impl KubeControllerArgs {
 
     /// Starts the replica and waits for its CSI socket.
     pub async fn start(&self) -> Result<Service> {
-        Service::start(
+        Service::start_with_env(
             "carina-controller",
             &self.identity,
             self.argv(),
+            &self.env,
             &self.csi_socket,
             &self.log,
         )
@@ -345,6 +358,7 @@ pub struct Service {
     name: String,
     program: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     socket: PathBuf,
     log: PathBuf,
     child: Option<ChildGuard>,
@@ -360,10 +374,23 @@ impl Service {
         socket: &Path,
         log: &Path,
     ) -> Result<Service> {
+        Self::start_with_env(binary, name, args, &[], socket, log).await
+    }
+
+    /// [`Service::start`] with `env` added to the process's environment.
+    pub async fn start_with_env(
+        binary: &str,
+        name: &str,
+        args: Vec<String>,
+        env: &[(String, String)],
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Service> {
         let mut service = Service {
             name: name.to_string(),
             program: workspace_binary(binary)?,
             args,
+            env: env.to_vec(),
             socket: socket.to_path_buf(),
             log: log.to_path_buf(),
             child: None,
@@ -379,13 +406,9 @@ impl Service {
             bail!("{} is still running", self.name);
         }
         let filter = std::env::var("CARINA_TEST_RUST_LOG").unwrap_or_else(|_| "info".into());
-        let mut child = ChildGuard::spawn(
-            &self.name,
-            &self.program,
-            &self.args,
-            &[("RUST_LOG", &filter)],
-            &self.log,
-        )?;
+        let mut env: Vec<(&str, &str)> = vec![("RUST_LOG", &filter)];
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut child = ChildGuard::spawn(&self.name, &self.program, &self.args, &env, &self.log)?;
         // Waiting for a process to start: there is nothing to watch.
         let deadline = Instant::now() + START_TIMEOUT;
         loop {

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod fuzz;
 pub mod grpc;
 pub mod identity;
+pub mod jaeger;
 pub mod kube;
 pub mod local;
 pub mod manifests;

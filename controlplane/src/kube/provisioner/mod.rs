@@ -372,6 +372,27 @@ impl Provisioner for KubeProvisioner {
         };
         let name = lv.name_any();
         if lv.metadata.deletion_timestamp.is_none() {
+            // The bridge's DeleteLV continues the trace the object names:
+            // name this delete's, as an expand does. Bookkeeping: a failure
+            // is logged and the delete goes on.
+            if let Some(tp) = traceparent() {
+                let patch = serde_json::json!({
+                    "metadata": {"uid": lv.uid(), "annotations": { TRACEPARENT_ANNOTATION: tp }},
+                });
+                match self
+                    .lvs
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+                    // The uid precondition failed: a newer object took the name.
+                    Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(()),
+                    Err(e) => {
+                        tracing::info!(error = %e, "could not name the delete's trace on the LogicVolume")
+                    }
+                }
+            }
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: lv.uid(),
