@@ -60,7 +60,7 @@ e2e: deps
 
 ## bench: measure against the raw commands; writes docs/benchmarks.md and docs/benchmarks.json
 bench: deps
-	tests/tools/build.sh etcd kube kubelet containerd crictl cni helm test-images
+	tests/tools/build.sh etcd kube jaeger kubelet containerd crictl cni helm test-images
 	$(CARGO) build --release -p carina-bench -p carina-node --bin carina-node
 	$(CARGO) run --release -q -p carina-bench -- --out docs
 

@@ -316,6 +316,19 @@ where
         .with(otel))
 }
 
+/// The tracer provider `config` asks for: exporting over OTLP/gRPC to its
+/// endpoint, sampled and queued as it says; `None` when it exports
+/// nothing. Must run inside a tokio runtime.
+pub fn otlp_provider(
+    config: &TelemetryConfig,
+) -> Result<Option<SdkTracerProvider>, TelemetryError> {
+    config
+        .otlp_endpoint
+        .as_deref()
+        .map(|endpoint| tracer_provider(config, endpoint))
+        .transpose()
+}
+
 fn tracer_provider(
     config: &TelemetryConfig,
     endpoint: &str,

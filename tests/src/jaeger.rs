@@ -55,8 +55,13 @@ impl Span {
 impl Jaeger {
     /// Starts Jaeger with its output in `log` and waits for its query API.
     pub async fn start(log: &Path) -> Result<Jaeger> {
+        Self::start_with_otlp_port(log, crate::ports::free_port()?).await
+    }
+
+    /// [`Jaeger::start`] with its OTLP/gRPC receiver on `otlp_port`.
+    pub async fn start_with_otlp_port(log: &Path, otlp_port: u16) -> Result<Jaeger> {
         let program = upstream_tool("CARINA_JAEGER", TOOL_DIR, "jaeger")?;
-        let [otlp_port, query_port, query_grpc_port] = free_ports::<3>()?;
+        let [query_port, query_grpc_port] = free_ports::<2>()?;
         let dir = tempfile::Builder::new()
             .prefix("carina-jaeger-")
             .tempdir()?;

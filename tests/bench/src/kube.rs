@@ -11,6 +11,11 @@
 //! the bridge and an in-process NodeStorage server over an LVM pool.
 //! Volumes are 8 MiB, pinned to the node as for `WaitForFirstConsumer`,
 //! and deleted (untimed) between measurements.
+//!
+//! Every other create runs with tracing on: every span of the path
+//! exported over OTLP/gRPC, sampling 1.0, to a real Jaeger
+//! (`tests/tools/build.sh jaeger`); `kube.create_volume.tracing_overhead`
+//! is that against the creates with tracing off, in the same run.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -20,9 +25,11 @@ use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_csi::strategy::Strategy;
 use carina_proto::csi;
+use carina_proto::telemetry;
 use carina_tests::cluster::{await_capacity, register_node};
 use carina_tests::csi::{Csi, ServedController, delete, make, on};
 use carina_tests::grpc::TestNode;
+use carina_tests::jaeger::Jaeger;
 use carina_tests::kube::KubeCluster;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
@@ -72,24 +79,55 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     let served = ServedController::start(provisioner, "carina-bench-kube-").await?;
     let mut csi = served.csi.clone();
 
-    // One by one, interleaved with the floor.
+    // Traces exported as a production binary exports them (OTLP/gRPC,
+    // sampling 1.0, the bounded queue) to a real Jaeger, switched on for
+    // every other create.
+    let (provider, otlp_port) =
+        steps::export().ok_or_else(|| anyhow::anyhow!("the steps recorder has no trace export"))?;
+    let jaeger =
+        Jaeger::start_with_otlp_port(&cluster.log_dir().join("jaeger.log"), *otlp_port).await?;
+    let export = |on: bool| -> Result<()> {
+        steps::set_export(on);
+        Ok(())
+    };
+
+    // One by one, interleaved with the floor and with tracing on and off
+    // (which goes first alternates).
     steps::take();
-    let (mut kube, mut bare) = (Vec::new(), Vec::new());
+    let (mut kube, mut traced, mut bare) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..(iterations + WARMUP) {
-        let t0 = Instant::now();
-        let id = create(&mut csi, &format!("kube-{i}"), &pool.vg).await?;
-        let k = t0.elapsed();
+        let mut ids = Vec::new();
+        for on in [i % 2 == 0, i % 2 == 1] {
+            export(on)?;
+            let t0 = Instant::now();
+            let id = create(&mut csi, &format!("kube-{i}-{on}"), &pool.vg).await?;
+            let k = t0.elapsed();
+            if i >= WARMUP {
+                if on { traced.push(k) } else { kube.push(k) }
+            }
+            ids.push(id);
+        }
+        export(false)?;
         let name = format!("bare-{i}");
         let t0 = Instant::now();
         pool.bare_lvcreate(&name, "8m").run().await?;
         let b = t0.elapsed();
-        delete(&mut csi, &id).await?;
+        for id in ids {
+            delete(&mut csi, &id).await?;
+        }
         pool.bare_lvremove(&name).run().await?;
         if i >= WARMUP {
-            kube.push(k);
             bare.push(b);
         }
     }
+    export(false)?;
+    let exported = telemetry::export_metrics();
+    println!(
+        "tracing: {} spans exported to Jaeger, {} dropped, {} failed batches",
+        exported.exported(),
+        exported.dropped(),
+        exported.failed_batches()
+    );
 
     println!("{}", steps::timeline(&steps::take(), ROOT_SPAN));
 
@@ -130,6 +168,9 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
     bridge_task.await??;
     node.stop().await?;
 
+    let _ = provider.force_flush();
+    drop(jaeger);
+
     let one = timed(GROUP, "kube.create_volume", "lvcreate", &kube, Some(&bare));
     if let Some(floor) = one.floor_p50 {
         println!(
@@ -137,8 +178,30 @@ pub async fn create_volume(iterations: usize) -> Result<Vec<Entry>> {
             one.p50 - floor
         );
     }
+    let with_traces = timed(
+        GROUP,
+        "kube.create_volume.traced",
+        "lvcreate",
+        &traced,
+        Some(&bare),
+    );
+    let overhead = timed(
+        GROUP,
+        "kube.create_volume.tracing_overhead",
+        "kube.create_volume, tracing off",
+        &traced,
+        Some(&kube),
+    );
+    println!(
+        "tracing on (sampling 1.0, exported to Jaeger): p50 {:.1} ms against {:.1} ms off ({:.3}x)",
+        overhead.p50,
+        overhead.floor_p50.unwrap_or_default(),
+        overhead.ratio.unwrap_or_default()
+    );
     Ok(vec![
         one,
+        with_traces,
+        overhead,
         wall(
             &format!("kube.create_volume.burst_{BURST}_concurrent"),
             &format!("{BURST} serial lvcreate"),

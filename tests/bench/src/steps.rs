@@ -6,14 +6,21 @@
 //! per request, and the sum of its durations (in a burst, the time a step
 //! that runs one at a time kept its resource busy).
 //!
-//! Spans carry the volume as the field `volume.name`, or inherit it from
+//! Spans carry the volume as the field `carina.volume.name`, or inherit it from
 //! their parent; a span named by `otel.name` is reported under that name
 //! (`backend` → `lvm.create`), a kube API request as `http <verb>`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use carina_proto::telemetry::{self, TelemetryConfig};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::time::Instant;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::FilterExt as _;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -34,8 +41,43 @@ pub struct Step {
 
 static CLOSED: Mutex<Vec<Step>> = Mutex::new(Vec::new());
 
+/// Whether spans are exported now ([`set_export`]).
+static EXPORT_ON: AtomicBool = AtomicBool::new(false);
+
+/// The trace export of the process: its provider (OTLP/gRPC to
+/// `127.0.0.1:<port>`, built as a production binary builds it) and port.
+static EXPORT: OnceLock<(SdkTracerProvider, u16)> = OnceLock::new();
+
+/// Turns trace export on or off for the spans opened from now on. While
+/// off, a span costs the export layer one filter check.
+pub fn set_export(on: bool) {
+    EXPORT_ON.store(on, Ordering::Release);
+}
+
+/// The port the exporter sends to (where a collector should listen) and
+/// its provider, once [`install`] has run.
+pub fn export() -> Option<&'static (SdkTracerProvider, u16)> {
+    EXPORT.get()
+}
+
+/// The exporting provider a production binary would build for an OTLP
+/// endpoint on a free loopback port, sampling every trace.
+fn export_provider() -> anyhow::Result<(SdkTracerProvider, u16)> {
+    let port = carina_tests::ports::free_port()?;
+    let config = TelemetryConfig::from_lookup("carina-bench", |k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some(format!("http://127.0.0.1:{port}")),
+        "OTEL_TRACES_SAMPLER" => Some("always_on".to_string()),
+        _ => None,
+    })?;
+    let provider = telemetry::otlp_provider(&config)?
+        .ok_or_else(|| anyhow::anyhow!("an endpoint was given"))?;
+    Ok((provider, port))
+}
+
 /// Installs the recorder as the process's subscriber (once; later calls do
-/// nothing).
+/// nothing), with an OpenTelemetry layer (the production trace filter,
+/// `info`) that [`set_export`] switches on and off (off at first). Runs
+/// inside a tokio runtime (the exporter's).
 pub fn install() {
     let targets = Targets::new()
         .with_target("carina_controlplane", Level::INFO)
@@ -45,8 +87,27 @@ pub fn install() {
         .with_target("carina_proto", Level::INFO)
         .with_target("carina_api", Level::DEBUG)
         .with_target("kube_client", Level::DEBUG);
-    let subscriber = tracing_subscriber::registry().with(Recorder.with_filter(targets));
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    if EXPORT.get().is_some() {
+        return;
+    }
+    let (provider, port) = match export_provider() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("steps: no trace export: {e:#}");
+            return;
+        }
+    };
+    let switch =
+        tracing_subscriber::filter::dynamic_filter_fn(|_, _| EXPORT_ON.load(Ordering::Acquire));
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("carina-bench"))
+        .with_filter(EnvFilter::new("info").and(switch));
+    let subscriber = tracing_subscriber::registry()
+        .with(Recorder.with_filter(targets))
+        .with(otel);
+    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+        let _ = EXPORT.set((provider, port));
+    }
 }
 
 /// The spans closed since the last call.
