@@ -324,14 +324,16 @@ impl Engine {
             if backend.round_size(rounded_req.size_bytes) != Some(rounded_req.size_bytes) {
                 return Err(changed_unit());
             }
-            backend_call(
+            let volume = backend_call(
                 backend.as_ref(),
                 "create",
                 backend.create_releasing(&rounded_req, &lock),
             )
-            .await?
+            .await?;
+            // Indexed under the group's lock, like a rescan's listing.
+            self.index_insert(&volume.name, &volume.group);
+            volume
         };
-        self.index_insert(&volume.name, &volume.group);
         self.keep_creation_trace(&volume.name);
         self.notify(ChangeReason::Create).await;
         Ok((volume, true))

@@ -1,7 +1,7 @@
 //! How the engine learns its disks and groups: discovery and assignment,
 //! a rescan of every group, a new configuration, and the periodic rescan.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,7 +85,6 @@ impl Engine {
         let assigned = disks::by_group(&statuses);
         self.note_empty_groups(disks::empty_groups(&config, &statuses));
         *self.inner.disks.lock().unwrap_or_else(|p| p.into_inner()) = statuses;
-        let mut index = HashMap::new();
         let mut first_error = None;
         for (name, slot) in &slots {
             let _m = slot.mutate.lock().await;
@@ -103,17 +102,17 @@ impl Engine {
                 continue;
             }
             match slot.backend.list().await {
-                Ok(vols) => {
-                    for v in vols {
-                        index.insert(v.name, v.group);
-                    }
-                }
+                // Under the group's lock, so a create or delete in this
+                // group is either in the listing or after it: the index is
+                // rewritten one group at a time, never from a listing that
+                // an already-finished mutation of another group postdates.
+                Ok(vols) => self.reindex_group(name, vols.into_iter().map(|v| v.name)),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
         }
-        *self.inner.index.lock().unwrap_or_else(|p| p.into_inner()) = index;
+        self.unindex_gone_groups().await;
         self.notify(reason).await;
         match first_error {
             Some(e) => Err(e),
@@ -121,9 +120,23 @@ impl Engine {
         }
     }
 
-    /// Publishes a new capacity snapshot. A group whose capacity cannot be
-    /// read is left out (and logged) rather than failing the mutation that
-    /// already happened.
+    /// Makes the index's entries for `group` exactly `names`. Called with
+    /// the group's lock held.
+    fn reindex_group(&self, group: &str, names: impl Iterator<Item = String>) {
+        let mut index = self.inner.index.lock().unwrap_or_else(|p| p.into_inner());
+        index.retain(|_, g| g != group);
+        index.extend(names.map(|n| (n, group.to_string())));
+    }
+
+    /// Drops the index entries of groups the configuration no longer has.
+    /// The current configuration, not the one this rescan started from: an
+    /// apply that landed meanwhile has indexed its own new groups.
+    async fn unindex_gone_groups(&self) {
+        let state = self.inner.state.read().await;
+        let mut index = self.inner.index.lock().unwrap_or_else(|p| p.into_inner());
+        index.retain(|_, g| state.groups.contains_key(g));
+    }
+
     /// Keeps the groups that took no disk, and warns once per change of
     /// what the group's patterns match ([`disks::EmptyGroup::same_cause`]):
     /// a selector that matches nothing otherwise shows only as a group with

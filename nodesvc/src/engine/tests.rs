@@ -9,9 +9,22 @@ use super::{Config, CreateRequest, Engine, EngineOptions, GroupSlot};
 
 /// A HOST group named `group` in a fresh directory, and its configuration.
 async fn host_engine(group: &str) -> (Engine, Config, tempfile::TempDir) {
+    host_engine_of(&[group]).await
+}
+
+/// HOST groups, each in its own subdirectory of one fresh directory.
+async fn host_engine_of(groups: &[&str]) -> (Engine, Config, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
+    let selectors: Vec<_> = groups
+        .iter()
+        .map(|group| {
+            let root = dir.path().join(group);
+            std::fs::create_dir(&root).expect("group root");
+            serde_json::json!({"name": group, "policy": "HOST", "root": root})
+        })
+        .collect();
     let json = serde_json::json!({
-        "diskSelector": [{"name": group, "policy": "HOST", "root": dir.path()}],
+        "diskSelector": selectors,
         "diskScanInterval": "0",
     })
     .to_string();
@@ -137,4 +150,39 @@ async fn a_lock_on_a_group_the_apply_removed_is_unknown_group() {
         matches!(err, super::Error::UnknownGroup { ref group } if group == "race-c"),
         "{err:?}"
     );
+}
+
+/// A create that finishes in one group while a rescan is still on another:
+/// the rescan must not rebuild the index from its earlier listing and so
+/// lose the new volume (which the node would then answer NotFound for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_during_a_rescan_of_another_group_stays_findable() {
+    let (engine, _config, _dir) = host_engine_of(&["idx-a", "idx-b"]).await;
+    let b = slot(&engine, "idx-b").await;
+    let held = b.mutate.clone().lock_owned().await;
+    let idle = Arc::strong_count(&b.mutate);
+
+    let rescan = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.rescan().await }
+    });
+    // The rescan has taken its copy of the slots; groups go in name order,
+    // so it lists idx-a and then waits for idx-b's lock, which is held.
+    until("the rescan copying the slots", || {
+        Arc::strong_count(&b.mutate) > idle
+    })
+    .await;
+    // Gives the rescan time to finish idx-a first. Were it slower, the
+    // create would simply be in its listing: the test could then miss the
+    // fault, never report one that is not there.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    engine
+        .create_volume(request("made-meanwhile", "idx-a"))
+        .await
+        .expect("create in idx-a");
+    drop(held);
+    rescan.await.expect("rescan task").expect("rescan");
+
+    let found = engine.get_volume("made-meanwhile").await.expect("found");
+    assert_eq!(found.group, "idx-a");
 }
