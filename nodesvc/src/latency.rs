@@ -116,7 +116,8 @@ impl NodeLatency {
             .observe(took.as_secs_f64());
     }
 
-    /// The exposition text of the histograms.
+    /// The exposition text of the histograms, with the trace export
+    /// counters ([`carina_proto::metrics::encode`]).
     pub fn encode(&self) -> String {
         encode(&self.registry)
     }

@@ -19,8 +19,10 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
-/// The content type of the exposition [`encode`] writes (OpenMetrics).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of every binary's `/metrics` page: the Prometheus
+/// text format 0.0.4, which [`encode`] writes and `promtool check metrics`
+/// validates.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Buckets for operation latencies: 1 ms to about 65 s.
 pub fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -37,14 +39,18 @@ where
 
 /// The exposition text of `registry`, followed by the process's trace
 /// export counters ([`crate::telemetry::export_metrics`]), which every
-/// binary reports.
+/// binary reports, in the text format 0.0.4 ([`CONTENT_TYPE`]).
+///
+/// `registry` holds histograms and gauges only: prometheus-client writes
+/// them in OpenMetrics text, which reads the same in 0.0.4 (its `# UNIT`
+/// lines are comments there), but it names a counter's family without the
+/// `_total` of its sample, which 0.0.4 does not. The export counters are
+/// written by hand for that reason ([`crate::telemetry::ExportMetrics::text_004`]).
 pub fn encode(registry: &Registry) -> String {
-    use prometheus_client::encoding::text::{encode_eof, encode_registry};
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = encode_registry(&mut out, registry);
-    let _ = encode_registry(&mut out, crate::telemetry::export_metrics().registry());
-    let _ = encode_eof(&mut out);
+    let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
+    out.push_str(&crate::telemetry::export_metrics().text_004());
     out
 }
 

@@ -73,7 +73,7 @@ impl ExtenderMetrics {
             .set(i64::try_from(volumes).unwrap_or(i64::MAX));
     }
 
-    /// The exposition text (OpenMetrics, which Prometheus reads).
+    /// The exposition text ([`carina_proto::metrics::encode`]).
     pub fn encode(&self) -> String {
         carina_proto::metrics::encode(&self.registry)
     }

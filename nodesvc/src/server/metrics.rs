@@ -185,9 +185,7 @@ impl Metrics {
                 );
             }
         }
-        // The histograms, in the OpenMetrics text of prometheus-client:
-        // its `# UNIT` and closing `# EOF` lines are comments to a 0.0.4
-        // text parser.
+        // The histograms and the trace export counters.
         out.push_str(&crate::latency::latency().encode());
         out
     }
@@ -228,7 +226,7 @@ pub async fn serve(
     });
     carina_proto::metrics::serve(
         listener,
-        "text/plain; version=0.0.4; charset=utf-8",
+        carina_proto::metrics::CONTENT_TYPE,
         render,
         shutdown,
     )
