@@ -40,17 +40,37 @@ where
 /// The exposition text of `registry`, followed by the process's trace
 /// export counters ([`crate::telemetry::export_metrics`]), which every
 /// binary reports, in the text format 0.0.4 ([`CONTENT_TYPE`]).
-///
-/// `registry` holds histograms and gauges only: prometheus-client writes
-/// them in OpenMetrics text, which reads the same in 0.0.4 (its `# UNIT`
-/// lines are comments there), but it names a counter's family without the
-/// `_total` of its sample, which 0.0.4 does not. The export counters are
-/// written by hand for that reason ([`crate::telemetry::ExportMetrics::text_004`]).
 pub fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
+    use prometheus_client::encoding::text::encode_registry;
+    let mut open = String::new();
     // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
-    out.push_str(&crate::telemetry::export_metrics().text_004());
+    let _ = encode_registry(&mut open, registry);
+    let _ = encode_registry(&mut open, crate::telemetry::export_metrics().registry());
+    text_004(&open)
+}
+
+/// prometheus-client's OpenMetrics text as 0.0.4. Histograms and gauges
+/// read the same in both (`# UNIT` lines are comments in 0.0.4); a counter
+/// family is named without the `_total` of its sample in OpenMetrics and
+/// with it in 0.0.4, so its `# HELP` and `# TYPE` lines take the suffix.
+/// The closing `# EOF` goes.
+fn text_004(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len() + 16 * counters.len());
+    for line in open.lines().filter(|l| *l != "# EOF") {
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|kind| {
+            let (family, rest) = line.strip_prefix(kind)?.split_once(' ')?;
+            counters.contains(family).then_some((kind, family, rest))
+        });
+        match meta {
+            Some((kind, family, rest)) => out.push_str(&format!("{kind}{family}_total {rest}")),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
     out
 }
 
@@ -230,5 +250,50 @@ pub async fn serve(
                 tracing::debug!(error = %e, "metrics: connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+
+    /// Sample lines, in order, of an exposition text.
+    fn samples(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| !l.starts_with('#')).collect()
+    }
+
+    /// Counters are typed under the `_total` their samples carry; gauges,
+    /// histograms and every sample are as prometheus-client wrote them.
+    #[test]
+    fn the_page_is_text_004() {
+        let mut registry = Registry::default();
+        let calls = Counter::<u64>::default();
+        let depth = Gauge::<i64>::default();
+        let took = latency_family::<Vec<(String, String)>>();
+        registry.register("demo_calls", "Calls", calls.clone());
+        registry.register("demo_depth", "Depth", depth.clone());
+        registry.register_with_unit("demo_took", "Took", Unit::Seconds, took.clone());
+        calls.inc_by(3);
+        depth.set(2);
+        took.get_or_create(&vec![("m".into(), "x".into())])
+            .observe(0.5);
+        let mut open = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut open, &registry).expect("encode");
+
+        let page = text_004(&open);
+        assert_eq!(samples(&page), samples(&open));
+        assert!(page.contains("# HELP demo_calls_total Calls.\n"), "{page}");
+        assert!(
+            page.contains("# TYPE demo_calls_total counter\ndemo_calls_total 3\n"),
+            "{page}"
+        );
+        assert!(page.contains("# TYPE demo_depth gauge\n"), "{page}");
+        assert!(
+            page.contains("# TYPE demo_took_seconds histogram\n"),
+            "{page}"
+        );
+        assert!(!page.contains("# EOF"), "{page}");
     }
 }

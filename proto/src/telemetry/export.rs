@@ -37,24 +37,6 @@ pub fn export_metrics() -> &'static ExportMetrics {
     METRICS.get_or_init(ExportMetrics::new)
 }
 
-/// Family names (counters without their `_total`) and help texts.
-const DROPPED: (&str, &str) = (
-    "carina_trace_spans_dropped",
-    "Finished spans dropped because the export queue was full or their export failed",
-);
-const EXPORTED: (&str, &str) = (
-    "carina_trace_spans_exported",
-    "Spans the trace backend accepted",
-);
-const FAILED: (&str, &str) = (
-    "carina_trace_export_failures",
-    "Span batches whose export failed or timed out",
-);
-const QUEUED: (&str, &str) = (
-    "carina_trace_spans_queued",
-    "Finished spans waiting for export",
-);
-
 /// At most one log line per this interval about failing exports.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -65,10 +47,26 @@ impl ExportMetrics {
         let exported = Counter::default();
         let failed_batches = Counter::default();
         let queued = Gauge::default();
-        registry.register(DROPPED.0, DROPPED.1, dropped.clone());
-        registry.register(EXPORTED.0, EXPORTED.1, exported.clone());
-        registry.register(FAILED.0, FAILED.1, failed_batches.clone());
-        registry.register(QUEUED.0, QUEUED.1, queued.clone());
+        registry.register(
+            "carina_trace_spans_dropped",
+            "Finished spans dropped because the export queue was full or their export failed",
+            dropped.clone(),
+        );
+        registry.register(
+            "carina_trace_spans_exported",
+            "Spans the trace backend accepted",
+            exported.clone(),
+        );
+        registry.register(
+            "carina_trace_export_failures",
+            "Span batches whose export failed or timed out",
+            failed_batches.clone(),
+        );
+        registry.register(
+            "carina_trace_spans_queued",
+            "Finished spans waiting for export",
+            queued.clone(),
+        );
         ExportMetrics {
             registry,
             dropped,
@@ -83,33 +81,6 @@ impl ExportMetrics {
     /// The registry of the counters.
     pub fn registry(&self) -> &Registry {
         &self.registry
-    }
-
-    /// The counters in the Prometheus text format 0.0.4 (family names
-    /// with `_total`), for a page in that format.
-    pub fn text_004(&self) -> String {
-        use std::fmt::Write;
-        let mut out = String::new();
-        let counters = [
-            (DROPPED, self.dropped()),
-            (EXPORTED, self.exported()),
-            (FAILED, self.failed_batches()),
-        ];
-        // Writing into a String cannot fail.
-        for ((family, help), value) in counters {
-            let name = format!("{family}_total");
-            let _ = write!(
-                out,
-                "# HELP {name} {help}.\n# TYPE {name} counter\n{name} {value}\n"
-            );
-        }
-        let (name, help) = QUEUED;
-        let _ = write!(
-            out,
-            "# HELP {name} {help}.\n# TYPE {name} gauge\n{name} {}\n",
-            self.queued.get()
-        );
-        out
     }
 
     /// Spans dropped so far.
@@ -443,32 +414,9 @@ mod tests {
         ] {
             assert!(page.contains(&format!("\n{name} ")), "{name} in {page}");
         }
-    }
-
-    /// The 0.0.4 text has the samples of the registry's OpenMetrics text,
-    /// with the same values, and types the counters under their `_total`.
-    #[test]
-    fn text_004_carries_the_registrys_samples() {
-        let metrics = ExportMetrics::new();
-        metrics.dropped.inc_by(3);
-        metrics.exported.inc_by(5);
-        metrics.queued.set(2);
-        let mut open = String::new();
-        prometheus_client::encoding::text::encode_registry(&mut open, metrics.registry())
-            .expect("encode");
-        let samples = |text: &str| -> Vec<String> {
-            let mut lines: Vec<String> = text
-                .lines()
-                .filter(|l| !l.starts_with('#') && !l.is_empty())
-                .map(str::to_string)
-                .collect();
-            lines.sort();
-            lines
-        };
-        let text = metrics.text_004();
-        assert_eq!(samples(&text), samples(&open));
-        assert!(text.contains("# TYPE carina_trace_spans_dropped_total counter\n"));
-        assert!(text.contains("carina_trace_spans_dropped_total 3\n"));
-        assert!(text.contains("# TYPE carina_trace_spans_queued gauge\n"));
+        assert!(
+            page.contains("# TYPE carina_trace_spans_dropped_total counter\n"),
+            "{page}"
+        );
     }
 }
