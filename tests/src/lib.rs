@@ -23,6 +23,7 @@ pub mod ports;
 pub mod process;
 pub mod scale;
 pub mod spans;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,12 +5,14 @@
 //! `deploy/` are what the chart renders (`hack/render-manifests.sh
 //! --check`).
 //!
-//! Needs helm, etcd and kube-apiserver from `tests/tools/build.sh helm etcd kube`.
+//! Needs helm, etcd, kube-apiserver and csi-provisioner from
+//! `tests/tools/build.sh helm etcd kube csi-provisioner`.
 
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use carina_tests::kube::KubeCluster;
+use carina_tests::local::carina::tool_path;
 use carina_tests::manifests::{Chart, dry_run, find, objects, repo_root};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -570,6 +572,62 @@ fn another_kubelet_dir_and_namespace_reach_every_path_and_name() -> Result<()> {
     Ok(())
 }
 
+/// The env entry `name` of a container, read from the pod's field `path`.
+fn field_env<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["valueFrom"]["fieldRef"]["fieldPath"]
+        .as_str()
+}
+
+#[test]
+fn capacity_tracking_is_on_by_default_and_can_be_turned_off() -> Result<()> {
+    let chart = Chart::new()?;
+    let objs = render(&chart, &DEFAULTS)?;
+    let driver = find(&objs, "CSIDriver", "carina.storage.io")?;
+    assert_eq!(driver["spec"]["storageCapacity"], true);
+    let controller = find(&objs, "Deployment", "carina-controller")?;
+    let provisioner = container(controller, "csi-provisioner")?;
+    let a = args(provisioner);
+    for want in [
+        "--enable-capacity",
+        "--capacity-ownerref-level=2",
+        "--capacity-poll-interval=1m",
+    ] {
+        assert!(has(&a, want), "csi-provisioner args {a:?} lack {want}");
+    }
+    // Where the objects go and who owns them: the pod's namespace and name.
+    assert_eq!(
+        field_env(provisioner, "NAMESPACE"),
+        Some("metadata.namespace")
+    );
+    assert_eq!(field_env(provisioner, "POD_NAME"), Some("metadata.name"));
+    let role = find(&objs, "Role", "carina-controller-capacity")?;
+    assert_eq!(role["rules"][0]["resources"][0], "csistoragecapacities");
+    let binding = find(&objs, "RoleBinding", "carina-controller-capacity")?;
+    assert_eq!(binding["subjects"][0]["name"], "carina-controller");
+
+    let off = chart.template(
+        "kube-system",
+        Some("controller: {provisioner: {capacity: {enabled: false}}}\n"),
+    )?;
+    let objs = objects(&off)?;
+    let driver = find(&objs, "CSIDriver", "carina.storage.io")?;
+    assert_eq!(driver["spec"]["storageCapacity"], false);
+    let controller = find(&objs, "Deployment", "carina-controller")?;
+    let provisioner = container(controller, "csi-provisioner")?;
+    let a = args(provisioner);
+    assert!(
+        !a.iter()
+            .any(|a| a.starts_with("--enable-capacity") || a.starts_with("--capacity-")),
+        "{a:?}"
+    );
+    assert_eq!(field_env(provisioner, "POD_NAME"), None);
+    assert!(find(&objs, "Role", "carina-controller-capacity").is_err());
+    Ok(())
+}
+
 #[test]
 fn bad_values_are_refused_by_name() -> Result<()> {
     let chart = Chart::new()?;
@@ -587,6 +645,10 @@ fn bad_values_are_refused_by_name() -> Result<()> {
         (
             "storageClasses: [{name: x, reclaimPolicy: Recycle}]\n",
             "reclaimPolicy",
+        ),
+        (
+            "controller: {provisioner: {capacity: {enabled: true, pollInterval: often}}}\n",
+            "pollInterval",
         ),
     ] {
         let err = match chart.template("kube-system", Some(values)) {
@@ -671,8 +733,8 @@ fn checked_in_manifests_are_a_fresh_render_of_the_chart() -> Result<()> {
     Ok(())
 }
 
-/// Every container that runs one of our programs passes arguments that
-/// program takes: each rendering's argument list, run through the built
+/// Every container that runs one of our programs, or external-provisioner,
+/// passes arguments that program takes: each rendering's argument list, run through the built
 /// binary with `--version` added, gets past its argument parser (an
 /// unknown flag or a value that does not parse is refused before the
 /// version is printed).
@@ -688,13 +750,22 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
                 .unwrap_or_default();
             for c in containers {
                 let image = c["image"].as_str().unwrap_or_default();
-                let Some(program) = ["carina-node", "carina-controller", "carina-scheduler"]
-                    .into_iter()
-                    .find(|p| image.contains(&format!("/{p}:")))
-                else {
+                let Some(program) = [
+                    "carina-node",
+                    "carina-controller",
+                    "carina-scheduler",
+                    "csi-provisioner",
+                ]
+                .into_iter()
+                .find(|p| image.contains(&format!("/{p}:"))) else {
                     continue;
                 };
-                let binary = carina_tests::process::workspace_binary(program)?;
+                let binary = match program {
+                    // The sidecar's flags (capacity tracking and the rest)
+                    // through the upstream program itself.
+                    "csi-provisioner" => tool_path("csi-provisioner")?.join(program),
+                    _ => carina_tests::process::workspace_binary(program)?,
+                };
                 let mut argv = args(&c);
                 argv.push("--version".into());
                 let out = Command::new(&binary)
@@ -711,7 +782,7 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
             }
         }
     }
-    assert!(checked >= 6, "only {checked} containers of ours rendered");
+    assert!(checked >= 9, "only {checked} containers rendered");
     Ok(())
 }
 

@@ -49,15 +49,15 @@ use carina_tests::cluster::{publish_node_storage, ready_node_status};
 use carina_tests::kube::{Component, KubeCluster};
 use carina_tests::metrics::{scrape, value};
 use carina_tests::process::{ChildGuard, tail, workspace_binary};
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{
-    Container, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+use carina_tests::workload::{
+    WAIT, add_class, add_namespace, failed_scheduling, node_of, pod, pod_with_claim,
+    scheduled_node, unschedulable,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
@@ -67,7 +67,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 const GIB: u64 = 1 << 30;
-const WAIT: Duration = Duration::from_secs(90);
 const FIELD_MANAGER: &str = "carina-tests";
 
 /// The extender serving on loopback; stopped on drop.
@@ -229,141 +228,6 @@ async fn publish_capacity(
         ..NodeStorageResourceStatus::default()
     };
     publish_node_storage(client, node, status).await
-}
-
-async fn add_class(client: &Client, name: &str, group: &str) -> Result<()> {
-    let class = StorageClass {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        provisioner: DRIVER_NAME.into(),
-        parameters: Some(BTreeMap::from([(
-            "carina.storage.io/disk-group-name".to_string(),
-            group.to_string(),
-        )])),
-        volume_binding_mode: Some("WaitForFirstConsumer".into()),
-        ..StorageClass::default()
-    };
-    Api::<StorageClass>::all(client.clone())
-        .create(&PostParams::default(), &class)
-        .await?;
-    Ok(())
-}
-
-async fn add_namespace(client: &Client, name: &str) -> Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(())
-}
-
-fn claim(namespace: &str, name: &str, class: &str, size: &str) -> PersistentVolumeClaim {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": class,
-            "resources": {"requests": {"storage": size}},
-        },
-    }))
-    .expect("a valid claim")
-}
-
-fn pod(namespace: &str, name: &str, claims: &[&str]) -> Pod {
-    let volumes: Vec<Value> = claims
-        .iter()
-        .map(|c| json!({"name": c, "persistentVolumeClaim": {"claimName": c}}))
-        .collect();
-    let mut pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": namespace, "labels": {"test": "carina"}},
-        "spec": {"volumes": volumes},
-    }))
-    .expect("a valid pod");
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.containers = vec![Container {
-            name: "app".into(),
-            image: Some("registry.k8s.io/pause:3.10".into()),
-            ..Container::default()
-        }];
-    }
-    pod
-}
-
-/// A claim and a pod using it.
-async fn pod_with_claim(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    class: &str,
-    size: &str,
-) -> Result<()> {
-    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &claim(ns, name, class, size))
-        .await?;
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod(ns, name, &[name]))
-        .await?;
-    Ok(())
-}
-
-/// Waits (by watch) until the pod has a node; returns it.
-async fn scheduled_node(client: &Client, ns: &str, name: &str) -> Result<String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod = tokio::time::timeout(
-        WAIT,
-        await_condition(pods, name, |p: Option<&Pod>| node_of(p).is_some()),
-    )
-    .await
-    .with_context(|| format!("pod {ns}/{name} not scheduled within {WAIT:?}"))??
-    .context("pod deleted")?;
-    node_of(Some(&pod)).context("no node")
-}
-
-fn node_of(p: Option<&Pod>) -> Option<String> {
-    p.and_then(|p| p.spec.as_ref())
-        .and_then(|s| s.node_name.clone())
-        .filter(|n| !n.is_empty())
-}
-
-fn unschedulable(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c.type_ == "PodScheduled" && c.status == "False")
-        })
-}
-
-/// The first FailedScheduling event of the pod whose message contains
-/// `part`, by watch.
-async fn failed_scheduling(client: &Client, ns: &str, name: &str, part: &str) -> Result<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let config = watcher::Config::default().fields(&format!(
-        "involvedObject.name={name},reason=FailedScheduling"
-    ));
-    let stream = watcher(events, config).applied_objects();
-    let mut stream = std::pin::pin!(stream);
-    let found = tokio::time::timeout(WAIT, async {
-        while let Some(e) = stream.try_next().await? {
-            let message = e.message.unwrap_or_default();
-            if message.contains(part) {
-                return Ok(message);
-            }
-        }
-        bail!("event stream ended")
-    })
-    .await
-    .with_context(|| format!("no FailedScheduling event for {ns}/{name} with {part:?}"))??;
-    Ok(found)
 }
 
 /// Stands in for external-provisioner and KubeProvisioner: a claim of a
