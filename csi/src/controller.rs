@@ -15,6 +15,10 @@
 //!   for a volume that already has one running answers `ABORTED` (the CO
 //!   retries). The key is the node-local volume name, so a create by name
 //!   and a delete by id of the same volume exclude each other too.
+//! - Condition: `ListVolumes` and `ControllerGetVolume` report each
+//!   volume's condition as its node sees it now (the provisioner asks);
+//!   a node that cannot be asked, or no longer has the volume, makes the
+//!   volume abnormal with a message naming the node.
 //! - Pagination: volumes are listed in id order; a `next_token` names the
 //!   last id returned, so a page boundary survives the deletion of that
 //!   volume and volumes created meanwhile that sort later are seen. A token
@@ -35,20 +39,24 @@ use crate::names::local_name;
 use crate::params::Parameters;
 use crate::sizes;
 use crate::types::{
-    Accessibility, CapacityInfo, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
+    Accessibility, CapacityInfo, ProvisionedVolume, Provisioner, Topology, VolumeHealth,
+    VolumeRequest,
 };
 use crate::volume_id::VolumeId;
 use crate::{TOPOLOGY_KEY, context};
 
 /// What the controller advertises. `SINGLE_NODE_MULTI_WRITER` is the spec's
 /// switch for the `SINGLE_NODE_SINGLE_WRITER` and `SINGLE_NODE_MULTI_WRITER`
-/// access modes.
-pub const CAPABILITIES: [Capability; 5] = [
+/// access modes; `VOLUME_CONDITION` says `ListVolumes` and
+/// `ControllerGetVolume` (`GET_VOLUME`) report each volume's condition.
+pub const CAPABILITIES: [Capability; 7] = [
     Capability::CreateDeleteVolume,
     Capability::ExpandVolume,
     Capability::GetCapacity,
     Capability::ListVolumes,
     Capability::SingleNodeMultiWriter,
+    Capability::VolumeCondition,
+    Capability::GetVolume,
 ];
 
 /// Prefix of the `ListVolumes` tokens this service issues.
@@ -157,6 +165,13 @@ pub fn wire_volume(v: &ProvisionedVolume) -> csi::Volume {
         accessible_topology: vec![csi::Topology {
             segments: HashMap::from([(TOPOLOGY_KEY.to_string(), v.node.clone())]),
         }],
+    }
+}
+
+fn wire_condition(h: VolumeHealth) -> csi::VolumeCondition {
+    csi::VolumeCondition {
+        abnormal: h.abnormal,
+        message: h.message,
     }
 }
 
@@ -391,16 +406,55 @@ impl<P: Provisioner> ControllerService<P> {
             Some(last) if volumes.len() > max => encode_token(&last.volume_id),
             _ => String::new(),
         };
+        volumes.truncate(max);
+        let health = self.provisioner.volume_health(&volumes).await;
         Ok(csi::ListVolumesResponse {
             entries: volumes
                 .iter()
-                .take(max)
-                .map(|v| csi::list_volumes_response::Entry {
+                .zip(health)
+                .map(|(v, h)| csi::list_volumes_response::Entry {
                     volume: Some(wire_volume(v)),
-                    status: None,
+                    status: Some(csi::list_volumes_response::VolumeStatus {
+                        published_node_ids: Vec::new(),
+                        volume_condition: Some(wire_condition(h)),
+                    }),
                 })
                 .collect(),
             next_token,
+        })
+    }
+
+    #[tracing::instrument(name = "Controller/ControllerGetVolume", skip_all, err(level = "info"), fields(carina.volume.id = %req.volume_id))]
+    async fn get(
+        &self,
+        req: csi::ControllerGetVolumeRequest,
+    ) -> Result<csi::ControllerGetVolumeResponse, CsiError> {
+        if req.volume_id.is_empty() {
+            return Err(CsiError::invalid("volume_id", "is required"));
+        }
+        VolumeId::parse(&req.volume_id)?;
+        let volume = self
+            .provisioner
+            .get_volume(&req.volume_id)
+            .await?
+            .ok_or_else(|| {
+                CsiError::NotFound(format!("volume {:?} does not exist", req.volume_id))
+            })?;
+        let health = self
+            .provisioner
+            .volume_health(std::slice::from_ref(&volume))
+            .await
+            .pop()
+            .unwrap_or_else(|| VolumeHealth::abnormal("the provisioner gave no condition"));
+        if health.abnormal {
+            tracing::warn!(carina.volume.id = %volume.volume_id, carina.node.name = %volume.node, condition = %health.message, "volume abnormal");
+        }
+        Ok(csi::ControllerGetVolumeResponse {
+            volume: Some(wire_volume(&volume)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: Vec::new(),
+                volume_condition: Some(wire_condition(health)),
+            }),
         })
     }
 
@@ -605,9 +659,9 @@ impl<P: Provisioner> Controller for ControllerService<P> {
 
     async fn controller_get_volume(
         &self,
-        _request: Request<csi::ControllerGetVolumeRequest>,
+        request: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        unimplemented("ControllerGetVolume")
+        answer(self.get(request.into_inner()).await)
     }
 
     async fn controller_modify_volume(
@@ -653,6 +707,8 @@ mod tests {
         volumes: StdMutex<BTreeMap<String, ProvisionedVolume>>,
         gate: Option<Arc<Notify>>,
         entered: Arc<Notify>,
+        /// Volume ids whose node calls them abnormal, with the message.
+        sick: StdMutex<BTreeMap<String, String>>,
     }
 
     fn fake_volume(local: &str, size: u64) -> ProvisionedVolume {
@@ -716,6 +772,17 @@ mod tests {
                 .values()
                 .cloned()
                 .collect())
+        }
+
+        async fn volume_health(&self, volumes: &[ProvisionedVolume]) -> Vec<VolumeHealth> {
+            let sick = self.sick.lock().expect("not poisoned");
+            volumes
+                .iter()
+                .map(|v| match sick.get(&v.volume_id) {
+                    Some(m) => VolumeHealth::abnormal(m.clone()),
+                    None => VolumeHealth::default(),
+                })
+                .collect()
         }
 
         async fn capacity(
@@ -913,6 +980,83 @@ mod tests {
             page(4, String::new()).await.next_token.is_empty(),
             "exactly one page"
         );
+    }
+
+    #[tokio::test]
+    async fn list_and_get_report_each_volume_condition() {
+        let fake = Arc::new(Fake::default());
+        let svc = ControllerService::new(fake.clone());
+        for name in ["a", "b", "c"] {
+            svc.create(create_req(name)).await.expect("created");
+        }
+        fake.sick
+            .lock()
+            .expect("not poisoned")
+            .insert("b@n".into(), "device /dev/loop9 is gone".into());
+        let condition = |e: &csi::list_volumes_response::Entry| {
+            e.status
+                .as_ref()
+                .and_then(|s| s.volume_condition.clone())
+                .expect("a condition")
+        };
+        // A page of two: the condition of each entry, in order.
+        let page = svc
+            .list(csi::ListVolumesRequest {
+                max_entries: 2,
+                starting_token: String::new(),
+            })
+            .await
+            .expect("listed");
+        let seen: Vec<(bool, String)> = page
+            .entries
+            .iter()
+            .map(|e| {
+                let c = condition(e);
+                (c.abnormal, c.message)
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (false, String::new()),
+                (true, "device /dev/loop9 is gone".to_string())
+            ]
+        );
+
+        let get = |id: &str| {
+            let svc = svc.clone();
+            let id = id.to_string();
+            async move {
+                svc.get(csi::ControllerGetVolumeRequest { volume_id: id })
+                    .await
+            }
+        };
+        let b = get("b@n").await.expect("found");
+        assert_eq!(b.volume.expect("volume").volume_id, "b@n");
+        let c = b
+            .status
+            .and_then(|s| s.volume_condition)
+            .expect("a condition");
+        assert!(c.abnormal);
+        assert_eq!(c.message, "device /dev/loop9 is gone");
+        let a = get("a@n").await.expect("found");
+        assert_eq!(
+            a.status.and_then(|s| s.volume_condition),
+            Some(csi::VolumeCondition {
+                abnormal: false,
+                message: String::new()
+            })
+        );
+        assert_eq!(
+            get("").await.expect_err("no id").code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            get("zz@n").await.expect_err("unknown").code(),
+            Code::NotFound
+        );
+        assert!(CAPABILITIES.contains(&Capability::VolumeCondition));
+        assert!(CAPABILITIES.contains(&Capability::GetVolume));
     }
 
     #[tokio::test]

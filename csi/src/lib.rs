@@ -25,7 +25,7 @@ pub mod volume_id;
 pub use error::CsiError;
 pub use types::{
     Accessibility, CapacityInfo, CapacityRange, LocalKind, LocalVolume, LocalVolumes,
-    ProvisionedVolume, Provisioner, Topology, VolumeRequest,
+    ProvisionedVolume, Provisioner, Topology, VolumeHealth, VolumeRequest,
 };
 
 /// The CSI driver name, as Carina has it.

@@ -55,6 +55,26 @@ pub struct ProvisionedVolume {
     pub context: BTreeMap<String, String>,
 }
 
+/// A volume's condition as the controller learns it from the volume's
+/// node (CSI's `VolumeCondition`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeHealth {
+    /// The volume cannot be used as it is, or its node cannot say.
+    pub abnormal: bool,
+    /// What is wrong, naming the node and the device, disk or directory;
+    /// empty when normal.
+    pub message: String,
+}
+
+impl VolumeHealth {
+    pub fn abnormal(message: impl Into<String>) -> VolumeHealth {
+        VolumeHealth {
+            abnormal: true,
+            message: message.into(),
+        }
+    }
+}
+
 /// Capacity answer for GetCapacity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CapacityInfo {
@@ -85,6 +105,12 @@ pub trait Provisioner: Send + Sync + 'static {
 
     /// Every volume, sorted by id.
     async fn list_volumes(&self) -> Result<Vec<ProvisionedVolume>, CsiError>;
+
+    /// The condition of each of `volumes` (in the same order) as their
+    /// nodes see them now. Never fails: a node that cannot be asked, or
+    /// that no longer has the volume, makes the volume abnormal with a
+    /// message that says so.
+    async fn volume_health(&self, volumes: &[ProvisionedVolume]) -> Vec<VolumeHealth>;
 
     /// Capacity available in `topology` (all nodes when `None`) and
     /// `group` (all groups when `None`).

@@ -121,10 +121,26 @@ pub struct LoopDisk {
     /// `loopN`
     pub name: String,
     file: PathBuf,
+    /// Detached by the test ([`LoopDisk::detach`]): the number may belong
+    /// to another disk by the time this drops.
+    detached: bool,
     _dir: tempfile::TempDir,
 }
 
 impl LoopDisk {
+    /// Detaches the loop device now, as a disk that disappears; the drop
+    /// then only removes the file. Fails if the kernel refuses.
+    pub fn detach(&mut self) -> Result<()> {
+        run("losetup", &["-d", &self.dev()])?;
+        self.detached = true;
+        Ok(())
+    }
+
+    /// The backing file.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
     /// A new loop disk of `size_bytes`. Under CI a failure panics.
     pub fn new(size_bytes: u64) -> Result<LoopDisk> {
         match Self::try_new(size_bytes) {
@@ -153,6 +169,7 @@ impl LoopDisk {
             path,
             name,
             file,
+            detached: false,
             _dir: dir,
         })
     }
@@ -189,6 +206,10 @@ pub fn loops_backed_by(dev: &str) -> Vec<String> {
 
 impl Drop for LoopDisk {
     fn drop(&mut self) {
+        if self.detached {
+            let _ = std::fs::remove_file(&self.file);
+            return;
+        }
         let dev = self.dev();
         for stacked in loops_backed_by(&dev) {
             let _ = run("umount", &["-l", &stacked]);

@@ -40,6 +40,7 @@ use carina_controlplane::kube::endpoints::DEFAULT_NODE_PORT;
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::metrics::metrics;
+use carina_controlplane::nodes::pool::NodeClients;
 use carina_controlplane::nodes::spec::NodeList;
 use carina_controlplane::serve::{bind_unix, serve_controller, socket_path};
 use carina_csi::Provisioner;
@@ -434,13 +435,19 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
         config_namespace: args.namespace.clone(),
         ..BridgeConfig::new(tls)
     };
+    // Every replica answers ListVolumes and ControllerGetVolume, so each
+    // reads volume conditions from the nodes with the bridge's credentials.
+    let condition_clients = NodeClients::new(bridge_config.tls.clone())
+        .live_cert(bridge_config.live_cert.clone())
+        .call_timeout(bridge_config.call_timeout);
     let provisioner = KubeProvisioner::new(
         client.clone(),
         KubeProvisionerConfig {
             strategy: args.strategy,
             wait_timeout: Duration::from_secs(args.create_timeout_secs),
         },
-    );
+    )
+    .with_node_access(condition_clients, bridge_config.node_port);
 
     // The led work gets the margin between stepping down and the lease
     // running out to stop; then the lease is released.

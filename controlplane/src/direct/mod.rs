@@ -34,14 +34,15 @@ use carina_csi::params::FsType;
 use carina_csi::strategy::Strategy;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
-    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
-    context, sizes,
+    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeHealth,
+    VolumeRequest, context, sizes,
 };
 use carina_proto::nodestorage as pb;
 use carina_proto::tls::ClientTls;
 use futures::future::join_all;
 use tonic::Code;
 
+use crate::nodes::health;
 use crate::nodes::placement::{self, NodeCapacity};
 use crate::nodes::pool::NodeClients;
 use crate::nodes::spec::{NodeList, NodeSpec};
@@ -110,31 +111,6 @@ impl DirectProvisioner {
             })
             .await?;
         Ok(r.groups)
-    }
-
-    async fn list_of(&self, node: &NodeSpec) -> Result<Vec<pb::LogicVolume>, CsiError> {
-        let mut all = Vec::new();
-        let mut page_token = String::new();
-        loop {
-            let req = pb::ListLVsRequest {
-                device_group: String::new(),
-                page_size: 0,
-                page_token,
-            };
-            let page = self
-                .clients
-                .call(
-                    node,
-                    "ListLVs",
-                    |mut c| async move { c.list_l_vs(req).await },
-                )
-                .await?;
-            all.extend(page.volumes);
-            if page.next_page_token.is_empty() {
-                return Ok(all);
-            }
-            page_token = page.next_page_token;
-        }
     }
 
     /// The node and volume name of an id this provisioner could have made;
@@ -441,13 +417,25 @@ impl Provisioner for DirectProvisioner {
 
     #[tracing::instrument(name = "direct.list_volumes", skip_all, err(level = "info"))]
     async fn list_volumes(&self) -> Result<Vec<ProvisionedVolume>, CsiError> {
-        let lists = join_all(self.nodes.nodes.iter().map(|n| self.list_of(n))).await;
+        let lists = join_all(self.nodes.nodes.iter().map(|n| self.clients.list_all(n))).await;
         let mut all = Vec::new();
         for (node, lvs) in self.nodes.nodes.iter().zip(lists) {
             all.extend(lvs?.iter().map(|lv| provisioned(node, lv, None)));
         }
         all.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
         Ok(all)
+    }
+
+    #[tracing::instrument(name = "direct.volume_health", skip_all, fields(volumes = volumes.len()))]
+    async fn volume_health(&self, volumes: &[ProvisionedVolume]) -> Vec<VolumeHealth> {
+        let nodes = &self.nodes;
+        health::volume_health(&self.clients, volumes, |node| async move {
+            nodes
+                .get(&node)
+                .cloned()
+                .ok_or_else(|| "is not in the node list".to_string())
+        })
+        .await
     }
 
     #[tracing::instrument(name = "direct.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]

@@ -5,8 +5,11 @@
 //!   the direct plane's static list of them (YAML);
 //! - [`placement`]: where a new volume goes (groups, accessibility,
 //!   `binpack`/`spreadout`), pure functions over the nodes' capacities;
-//! - [`pool`]: one NodeStorage client per node, over mutual TLS.
+//! - [`pool`]: one NodeStorage client per node, over mutual TLS;
+//! - [`health`]: the condition of provisioned volumes, asked of their
+//!   nodes.
 
+pub mod health;
 pub mod placement;
 pub mod pool;
 pub mod spec;

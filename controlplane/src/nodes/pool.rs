@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use carina_csi::CsiError;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
+use carina_proto::nodestorage::{ListLVsRequest, LogicVolume};
 use carina_proto::tls::{ClientTls, LiveClientCert, TlsError, connect_with_config};
 use carina_proto::trace::{TracedChannel, traced};
 use tonic::Status;
@@ -183,6 +184,32 @@ impl NodeClients {
                 "node {name}: {what} did not answer within {:?}",
                 self.call_timeout
             ))),
+        }
+    }
+
+    /// Every volume `node` owns, all pages of `ListLVs` (each volume with
+    /// its condition).
+    pub async fn list_all(&self, node: &impl NodeAddress) -> Result<Vec<LogicVolume>, CsiError> {
+        let mut all = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let req = ListLVsRequest {
+                device_group: String::new(),
+                page_size: 0,
+                page_token,
+            };
+            let page = self
+                .call(
+                    node,
+                    "ListLVs",
+                    |mut c| async move { c.list_l_vs(req).await },
+                )
+                .await?;
+            all.extend(page.volumes);
+            if page.next_page_token.is_empty() {
+                return Ok(all);
+            }
+            page_token = page.next_page_token;
         }
     }
 }

@@ -84,6 +84,14 @@ pub struct VolumeView<'a> {
     minor: u32,
     exclusive: bool,
     disk: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    condition: Option<ConditionView<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConditionView<'a> {
+    abnormal: bool,
+    message: &'a str,
 }
 
 pub fn volume_json(v: &LogicVolume) -> VolumeView<'_> {
@@ -98,6 +106,20 @@ pub fn volume_json(v: &LogicVolume) -> VolumeView<'_> {
         minor: v.minor,
         exclusive: v.exclusive,
         disk: &v.disk,
+        condition: v.condition.as_ref().map(|c| ConditionView {
+            abnormal: c.abnormal,
+            message: &c.message,
+        }),
+    }
+}
+
+/// `ok`, the problem the node names, or `-` where the answer carries no
+/// condition (the mutating RPCs).
+fn condition_cell(v: &LogicVolume) -> String {
+    match &v.condition {
+        Some(c) if c.abnormal => format!("abnormal: {}", c.message),
+        Some(_) => "ok".to_string(),
+        None => "-".to_string(),
     }
 }
 
@@ -272,6 +294,7 @@ pub fn volumes_table<'a>(volumes: impl IntoIterator<Item = &'a LogicVolume>) -> 
         left("DEVICE/PATH"),
         left("MAJ:MIN"),
         left("DISK"),
+        left("CONDITION"),
     ]);
     for v in volumes {
         let mut policy = policy_name(v.policy);
@@ -291,6 +314,7 @@ pub fn volumes_table<'a>(volumes: impl IntoIterator<Item = &'a LogicVolume>) -> 
             location.clone(),
             devnum(v.major, v.minor),
             v.disk.clone(),
+            condition_cell(v),
         ]);
     }
     t
@@ -440,6 +464,7 @@ pub fn bcache_table(b: &BcacheDevice) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use carina_proto::nodestorage::VolumeCondition;
     use serde_json::{Value, json};
 
     fn value(v: impl Serialize) -> Value {
@@ -458,6 +483,10 @@ mod tests {
             minor: 5,
             exclusive: false,
             disk: "/dev/loop4".into(),
+            condition: Some(VolumeCondition {
+                abnormal: false,
+                message: String::new(),
+            }),
         }
     }
 
@@ -484,16 +513,20 @@ mod tests {
             minor: 32,
             exclusive: true,
             disk: "/dev/sdc".into(),
+            condition: Some(VolumeCondition {
+                abnormal: true,
+                message: "disk /dev/sdc is gone".into(),
+            }),
             ..LogicVolume::default()
         };
         let out = volumes_table(&[lvm_volume(), host_volume(), raw]).render();
         assert_eq!(
             out,
             "\
-NAME     GROUP  POLICY               SIZE  DEVICE/PATH          MAJ:MIN  DISK
-data-1   lvm    LVM                 1 GiB  /dev/loop5           7:5      /dev/loop4
-scratch  host   HOST              256 MiB  /srv/carina/scratch  -        -
-whole    raw    RAW (whole disk)  1.5 GiB  /dev/sdc             8:32     /dev/sdc
+NAME     GROUP  POLICY               SIZE  DEVICE/PATH          MAJ:MIN  DISK        CONDITION
+data-1   lvm    LVM                 1 GiB  /dev/loop5           7:5      /dev/loop4  ok
+scratch  host   HOST              256 MiB  /srv/carina/scratch  -        -           -
+whole    raw    RAW (whole disk)  1.5 GiB  /dev/sdc             8:32     /dev/sdc    abnormal: disk /dev/sdc is gone
 "
         );
     }

@@ -14,6 +14,7 @@ pub mod devnum;
 pub mod disks;
 pub mod error;
 pub mod gpt;
+pub mod health;
 pub mod host;
 pub mod iolimits;
 pub mod locks;

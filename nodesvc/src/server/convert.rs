@@ -8,6 +8,7 @@ use carina_proto::nodestorage as pb;
 
 use crate::engine::bcache::record::OwnedVolumes;
 use crate::engine::bcache::{BcacheDevice, BcacheRequest, CacheMode};
+use crate::engine::health::Condition;
 use crate::engine::iolimits::{Limits, PodLimit};
 use crate::engine::{
     CapacitySnapshot, ChangeReason, CreateRequest, DiskStatus, Error, GroupCapacity, Policy,
@@ -58,6 +59,18 @@ pub fn volume(v: &Volume) -> pb::LogicVolume {
         minor: v.minor,
         exclusive: v.exclusive,
         disk: v.disk.clone().unwrap_or_default(),
+        condition: None,
+    }
+}
+
+/// [`volume`] with its condition, as GetLV and ListLVs answer.
+pub fn volume_in(v: &Volume, condition: &Condition) -> pb::LogicVolume {
+    pb::LogicVolume {
+        condition: Some(pb::VolumeCondition {
+            abnormal: condition.abnormal,
+            message: condition.message.clone(),
+        }),
+        ..volume(v)
     }
 }
 

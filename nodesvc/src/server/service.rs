@@ -11,13 +11,14 @@ use std::sync::Arc;
 use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_server::NodeStorage;
 use futures::Stream;
+use futures::future::join_all;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::convert;
 use super::metrics::Metrics;
-use crate::engine::{Config, Engine, Error};
+use crate::engine::{Config, Engine, Error, health};
 
 /// Default and largest `ListLVs` page.
 pub const DEFAULT_PAGE_SIZE: usize = 500;
@@ -110,8 +111,13 @@ impl NodeStorageService {
             (true, Some(last)) => convert::page_token(&last.name),
             _ => String::new(),
         };
+        let conditions = join_all(page.iter().map(|v| health::condition(v))).await;
         Ok(pb::ListLVsResponse {
-            volumes: page.iter().map(|v| convert::volume(v)).collect(),
+            volumes: page
+                .iter()
+                .zip(&conditions)
+                .map(|(v, c)| convert::volume_in(v, c))
+                .collect(),
             next_page_token,
         })
     }
@@ -260,8 +266,9 @@ impl NodeStorage for NodeStorageService {
         let result = async {
             convert::volume_name(&name)?;
             let volume = self.engine.get_volume(&name).await?;
+            let condition = health::condition(&volume).await;
             Ok(pb::GetLvResponse {
-                volume: Some(convert::volume(&volume)),
+                volume: Some(convert::volume_in(&volume, &condition)),
             })
         }
         .await;

@@ -1,5 +1,5 @@
 //! `KubeProvisioner`: the CSI controller's back end in `--mode kube`. It
-//! never talks to a node. A volume is a `LogicVolume` object; the bridge
+//! makes nothing on a node itself: a volume is a `LogicVolume` object; the bridge
 //! carries it out on its node and writes the outcome into `status`, and the
 //! provisioner waits for that object's outcome until it is there or a
 //! deadline passes. Nothing here sleeps and polls, and nothing serialises
@@ -45,6 +45,12 @@
 //! retry (e.g. after rescheduling to another node) places the volume anew;
 //! a retry that finds such an object on its way out waits until it is gone.
 //!
+//! **Condition.** `ListVolumes` and `ControllerGetVolume` ask the
+//! volumes' nodes what they see now (read-only `ListLVs`, over the node
+//! access given by [`KubeProvisioner::with_node_access`]; the Node's
+//! endpoint is read from the API as the bridge reads it). Without node
+//! access every volume is reported abnormal, saying so.
+//!
 //! **Codes from the bridge** (`status.code`): `RESOURCE_EXHAUSTED`,
 //! `INVALID_ARGUMENT`, `ALREADY_EXISTS`, `OUT_OF_RANGE` pass as they are;
 //! `UNAVAILABLE` and `DEADLINE_EXCEEDED` become `UNAVAILABLE`, `ABORTED`
@@ -86,15 +92,20 @@ use async_trait::async_trait;
 use carina_csi::names;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
-    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeRequest,
-    sizes,
+    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeHealth,
+    VolumeRequest, sizes,
 };
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use tracing::Instrument;
 
 use carina_api::{LogicVolume, NodeStorageResource, TRACEPARENT_ANNOTATION};
 use carina_csi::strategy::Strategy;
+
+use crate::kube::endpoints::node_endpoint;
+use crate::nodes::health;
+use crate::nodes::pool::NodeClients;
 
 mod cache;
 mod error;
@@ -147,8 +158,18 @@ impl Default for KubeProvisionerConfig {
 pub struct KubeProvisioner {
     lvs: Api<LogicVolume>,
     nsrs: Api<NodeStorageResource>,
+    nodes: Api<Node>,
     cache: Arc<Cache>,
     config: KubeProvisionerConfig,
+    node_access: Option<NodeAccess>,
+}
+
+/// How the provisioner reaches nodes to read volume conditions.
+#[derive(Clone)]
+struct NodeAccess {
+    clients: Arc<NodeClients>,
+    /// The NodeStorage port used with a Node's `InternalIP`.
+    port: u16,
 }
 
 impl std::fmt::Debug for KubeProvisioner {
@@ -168,9 +189,22 @@ impl KubeProvisioner {
         KubeProvisioner {
             lvs: Api::all(client.clone()),
             nsrs: Api::all(client.clone()),
+            nodes: Api::all(client.clone()),
             cache: Arc::new(Cache::start(client)),
             config,
+            node_access: None,
         }
+    }
+
+    /// Reads volume conditions from the nodes through `clients` (a
+    /// certificate of role `controller` or `reader`), a Node's endpoint
+    /// being its annotation or its `InternalIP` and `port`.
+    pub fn with_node_access(mut self, clients: NodeClients, port: u16) -> Self {
+        self.node_access = Some(NodeAccess {
+            clients: Arc::new(clients),
+            port,
+        });
+        self
     }
 
     pub fn config(&self) -> &KubeProvisionerConfig {
@@ -548,6 +582,30 @@ impl Provisioner for KubeProvisioner {
             .collect();
         all.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
         Ok(all)
+    }
+
+    #[tracing::instrument(name = "kube.volume_health", skip_all, fields(volumes = volumes.len()))]
+    async fn volume_health(&self, volumes: &[ProvisionedVolume]) -> Vec<VolumeHealth> {
+        let Some(access) = &self.node_access else {
+            return volumes
+                .iter()
+                .map(|v| {
+                    VolumeHealth::abnormal(format!(
+                        "this controller has no access to node {} to ask",
+                        v.node
+                    ))
+                })
+                .collect();
+        };
+        let (nodes, port) = (&self.nodes, access.port);
+        health::volume_health(&access.clients, volumes, |name| async move {
+            match nodes.get_opt(&name).await {
+                Ok(Some(node)) => node_endpoint(&node, port).map_err(|e| e.to_string()),
+                Ok(None) => Err("no such Node".to_string()),
+                Err(e) => Err(format!("reading the Node failed: {e}")),
+            }
+        })
+        .await
     }
 
     #[tracing::instrument(name = "kube.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]
