@@ -102,7 +102,8 @@ pub struct Parameters {
     pub fs_type: Option<FsType>,
     pub bcache: Option<BcacheParams>,
     /// [`POD_MIGRATION`]: the class's pods allow migration off a NotReady
-    /// node. Recorded; it changes nothing about the volume itself.
+    /// node. Recorded; it changes nothing about the volume itself (the
+    /// controller acts on the same key as a pod annotation).
     pub pod_migration: bool,
     /// Keys we do not interpret (kept for the record).
     pub other: BTreeMap<String, String>,

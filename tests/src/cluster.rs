@@ -31,9 +31,11 @@ use carina_api::{
     NodeStorageResourceStatus,
 };
 use carina_controlplane::kube::capacity::READY;
+use carina_csi::{DRIVER_NAME, TOPOLOGY_KEY};
 use carina_proto::devcerts::{CertifiedKey, DevCa, Validity};
 use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -41,7 +43,10 @@ use serde::de::DeserializeOwned;
 use tonic::transport::Channel;
 
 use crate::grpc::{self, unix_channel};
+use crate::kube::KubeCluster;
+use crate::local::carina::tool_path;
 use crate::process::{ChildGuard, tail, workspace_binary};
+use crate::unique;
 
 /// How long a process may take to open its socket.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -252,6 +257,8 @@ pub struct KubeControllerArgs {
     pub node_call_timeout_secs: u64,
     /// Extra environment (e.g. `OTEL_*`).
     pub env: Vec<(String, String)>,
+    /// Extra arguments, after the others.
+    pub extra: Vec<String>,
 }
 
 impl KubeControllerArgs {
@@ -279,6 +286,7 @@ impl KubeControllerArgs {
             create_timeout_secs: 30,
             node_call_timeout_secs: 10,
             env: Vec::new(),
+            extra: Vec::new(),
         }
     }
 
@@ -314,6 +322,9 @@ impl KubeControllerArgs {
             "--shutdown-grace-secs".into(),
             "5".into(),
         ]
+        .into_iter()
+        .chain(self.extra.iter().cloned())
+        .collect()
     }
 
     /// Starts the replica and waits for its CSI socket.
@@ -655,4 +666,58 @@ where
             }
         }
     }
+}
+
+/// Labels Node `name` with Carina's topology key and gives it the
+/// CSINode that kubelet would write once the node plugin registered, so
+/// external-provisioner and kube-scheduler see the node's topology.
+pub async fn add_topology(client: &kube::Client, name: &str) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {TOPOLOGY_KEY: name}}})),
+        )
+        .await
+        .with_context(|| format!("label Node {name}"))?;
+    let csinode: CSINode = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"drivers": [{
+            "name": DRIVER_NAME,
+            "nodeID": name,
+            "topologyKeys": [TOPOLOGY_KEY],
+        }]},
+    }))?;
+    Api::<CSINode>::all(client.clone())
+        .create(&PostParams::default(), &csinode)
+        .await
+        .with_context(|| format!("create CSINode {name}"))?;
+    Ok(())
+}
+
+/// external-provisioner (`tests/tools/build.sh csi-provisioner`) as a
+/// process against `cluster`, calling the CSI controller on `socket`,
+/// with `args` and `env` added; its log is `csi-provisioner.log` in the
+/// cluster's log directory. Stopped on drop.
+pub fn csi_provisioner(
+    cluster: &KubeCluster,
+    socket: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<ChildGuard> {
+    let mut argv = vec![
+        format!("--csi-address={}", socket.display()),
+        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+        "--v=4".to_string(),
+    ];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    ChildGuard::spawn(
+        "csi-provisioner",
+        &tool_path("csi-provisioner")?.join("csi-provisioner"),
+        &argv,
+        env,
+        &cluster
+            .log_dir()
+            .join(format!("{}.log", unique("csi-provisioner"))),
+    )
 }

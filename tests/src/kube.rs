@@ -423,16 +423,18 @@ impl KubeCluster {
     /// Starts kube-controller-manager with every default controller, leader
     /// election off, plus `extra_args`, and waits for its `/healthz`.
     /// Without a kubelet ([`ApiServerMode::Loopback`]) the node-lifecycle
-    /// controller stays off: it would taint every Node unreachable.
+    /// controller stays off: it would taint every Node unreachable (unless
+    /// the test renews the Nodes' Leases itself and passes its own
+    /// `--controllers`, which then replaces this choice).
     pub async fn start_controller_manager(&self, extra_args: &[&str]) -> Result<Component> {
         let controllers = match self.mode {
             ApiServerMode::Loopback => "*,-node-lifecycle-controller",
             ApiServerMode::WithKubelet { .. } => "*",
         };
+        let chosen = extra_args.iter().any(|a| a.starts_with("--controllers="));
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             "--leader-elect=false".to_string(),
-            format!("--controllers={controllers}"),
             format!(
                 "--service-account-private-key-file={}",
                 self.pki.sa_private.display()
@@ -444,6 +446,9 @@ impl KubeCluster {
                 self.dir().join("flexvolume").display()
             ),
         ];
+        if !chosen {
+            args.push(format!("--controllers={controllers}"));
+        }
         args.extend(extra_args.iter().map(|a| a.to_string()));
         self.start_component("kube-controller-manager", args).await
     }

@@ -25,24 +25,22 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use carina_api::LogicVolume;
+use carina_csi::TOPOLOGY_KEY;
 use carina_csi::names::local_name;
-use carina_csi::{DRIVER_NAME, TOPOLOGY_KEY};
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, register_node,
+    KubeControllerArgs, NodeArgs, Pki, Service, add_topology, await_capacity, csi_provisioner,
+    register_node,
 };
 use carina_tests::kube::KubeCluster;
-use carina_tests::local::carina::tool_path;
 use carina_tests::manifests::{Chart, objects};
-use carina_tests::process::ChildGuard;
 use carina_tests::workload::{self, add_class, add_namespace, failed_scheduling, scheduled_node};
 use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, unique};
 use futures::TryStreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, CSIStorageCapacity};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 
 const SMALL: &str = "node-small";
 const LARGE: &str = "node-large";
@@ -67,32 +65,6 @@ fn chart_csidriver() -> Result<serde_json::Value> {
         .into_iter()
         .find(|o| o["kind"] == "CSIDriver")
         .context("the chart renders no CSIDriver")
-}
-
-/// Labels Node `name` with Carina's topology key and gives it the
-/// CSINode that kubelet would write once the node plugin registered.
-async fn add_topology(client: &Client, name: &str) -> Result<()> {
-    Api::<Node>::all(client.clone())
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {TOPOLOGY_KEY: name}}})),
-        )
-        .await
-        .with_context(|| format!("label Node {name}"))?;
-    let csinode: CSINode = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"drivers": [{
-            "name": DRIVER_NAME,
-            "nodeID": name,
-            "topologyKeys": [TOPOLOGY_KEY],
-        }]},
-    }))?;
-    Api::<CSINode>::all(client.clone())
-        .create(&PostParams::default(), &csinode)
-        .await
-        .with_context(|| format!("create CSINode {name}"))?;
-    Ok(())
 }
 
 /// The CSIStorageCapacity objects of `class`, by the node their topology
@@ -223,20 +195,15 @@ async fn kube_scheduler_places_claims_by_published_capacity() -> Result<()> {
     // external-provisioner as the chart runs it, less what only a pod
     // has: the CSIStorageCapacity objects get no owner here (the chart's
     // Deployment owns them through the pod's ReplicaSet).
-    let provisioner_log = cluster.log_dir().join("csi-provisioner.log");
-    let mut provisioner = ChildGuard::spawn(
-        "csi-provisioner",
-        &tool_path("csi-provisioner")?.join("csi-provisioner"),
+    let mut provisioner = csi_provisioner(
+        &cluster,
+        controller.socket(),
         &[
-            format!("--csi-address={}", controller.socket().display()),
-            format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
-            "--enable-capacity".into(),
-            "--capacity-ownerref-level=-1".into(),
-            "--capacity-poll-interval=5s".into(),
-            "--v=4".into(),
+            "--enable-capacity",
+            "--capacity-ownerref-level=-1",
+            "--capacity-poll-interval=5s",
         ],
         &[("NAMESPACE", CAPACITY_NAMESPACE)],
-        &provisioner_log,
     )?;
     let _controllers = cluster.start_controller_manager(&[]).await?;
     let _scheduler = cluster.start_scheduler(&[]).await?;

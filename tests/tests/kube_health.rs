@@ -102,7 +102,9 @@ async fn list_and_get_report_what_the_node_sees() -> Result<()> {
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
     let client = cluster.client();
-    let dir = tempfile::Builder::new().prefix("carina-health-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("carina-health-")
+        .tempdir()?;
     let pki = Pki::write(&dir.path().join("pki"))?;
     let (lvm_group, raw_group, host_group) = (unique("hl"), unique("hr"), unique("hh"));
     let lvm_disk = LoopDisk::new(256 * MIB)?;
@@ -171,10 +173,7 @@ async fn list_and_get_report_what_the_node_sees() -> Result<()> {
     let host_lv = get_lv(&mut storage, "health-host")
         .await?
         .context("the node has the HOST volume")?;
-    assert_eq!(
-        host_lv.condition.as_ref().map(|c| c.abnormal),
-        Some(false)
-    );
+    assert_eq!(host_lv.condition.as_ref().map(|c| c.abnormal), Some(false));
     std::fs::remove_dir_all(&host_lv.host_path)?;
     let c = condition(&mut csi, &host.volume_id).await?;
     assert!(c.abnormal, "{c:?}");

@@ -117,6 +117,13 @@ struct Args {
     #[arg(long, env = "CARINA_NODE_CALL_TIMEOUT_SECS", default_value_t = 120)]
     node_call_timeout_secs: u64,
 
+    /// Kube mode: seconds a node stays NotReady before the pods annotated
+    /// `carina.storage.io/allow-pod-migration-if-node-notready: "true"`
+    /// lose their Carina claims (the data on that node is given up) and
+    /// are deleted, to be made again on another node; 0 turns this off.
+    #[arg(long, env = "CARINA_POD_MIGRATION_GRACE_SECS", default_value_t = 300)]
+    pod_migration_grace_secs: u64,
+
     /// Seconds in-flight calls may run on after SIGTERM.
     #[arg(long, env = "CARINA_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     shutdown_grace_secs: u64,
@@ -431,6 +438,8 @@ async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<()> {
         node_port: args.node_port,
         call_timeout: Duration::from_secs(args.node_call_timeout_secs),
         instance: Some(identity.clone()),
+        pod_migration_grace: (args.pod_migration_grace_secs > 0)
+            .then(|| Duration::from_secs(args.pod_migration_grace_secs)),
         live_cert,
         config_namespace: args.namespace.clone(),
         ..BridgeConfig::new(tls)

@@ -1,9 +1,10 @@
 //! The bridge side of the Kubernetes control plane, what the elected
 //! leader runs: [`run`] starts the `LogicVolume` bridge, the capacity
-//! publisher, the config push and the Pods' IO limits
-//! ([`super::iolimits`]) over one Node watch and one NodeStorage
-//! client pool, and stops them together; [`BridgeConfig`] configures
-//! them. It sits above the four modules, which share helpers
+//! publisher, the config push, the Pods' IO limits
+//! ([`super::iolimits`]) and the pod migration ([`super::migration`])
+//! over one Node watch and one NodeStorage client pool, and stops them
+//! together; [`BridgeConfig`] configures them. It sits above the five
+//! modules, which share helpers
 //! ([`super::retry`], `super::status`, [`super::endpoints`]) but not each
 //! other.
 
@@ -55,7 +56,14 @@ pub struct BridgeConfig {
     pub slow_retry: Duration,
     /// `reportingInstance` of the Events (e.g. the pod name).
     pub instance: Option<String>,
+    /// How long a node stays NotReady before the Pods that allow it are
+    /// moved off it ([`super::migration`]); `None` turns that off.
+    pub pod_migration_grace: Option<Duration>,
 }
+
+/// The default of [`BridgeConfig::pod_migration_grace`]: as long as
+/// Kubernetes lets a Pod stay on an unreachable node by default.
+pub const DEFAULT_POD_MIGRATION_GRACE: Duration = Duration::from_secs(300);
 
 impl BridgeConfig {
     /// Defaults: port [`DEFAULT_NODE_PORT`], 16 concurrent reconciles,
@@ -75,6 +83,7 @@ impl BridgeConfig {
             retry: Backoff::default(),
             slow_retry: Duration::from_secs(300),
             instance: None,
+            pod_migration_grace: Some(DEFAULT_POD_MIGRATION_GRACE),
         }
     }
 }
@@ -144,15 +153,22 @@ pub async fn run(
         config.instance.clone(),
         stop_rx.clone(),
     );
+    let migration = super::migration::run(
+        client.clone(),
+        nodes.clone(),
+        config.pod_migration_grace,
+        config.instance.clone(),
+        stop_rx.clone(),
+    );
     let bridge = run_controller(client, nodes, clients, &controller_config, stop_rx);
     tracing::info!(
         concurrency = config.concurrency,
         node.port = config.node_port,
         config_map = %format!("{}/{}", config.config_namespace, config.config_name),
-        "bridge, capacity publisher, config push and IO limits running"
+        "bridge, capacity publisher, config push, IO limits and pod migration running"
     );
     let mut all = pin!(async {
-        tokio::join!(watch_nodes, capacity, push, bridge, iolimits);
+        tokio::join!(watch_nodes, capacity, push, bridge, iolimits, migration);
     });
     let finished = tokio::select! {
         _ = shutdown => false,

@@ -9,9 +9,11 @@
 //!   pushed with `ApplyConfig`.
 //! - [`iolimits`]: Pods' IO-limit annotations sent to their nodes with
 //!   `SetPodIOLimits`.
+//! - [`migration`]: opted-in Pods moved off a node that stays NotReady
+//!   past a grace period (their Carina claims deleted, the data given up).
 //! - [`bridge_side`]: what the elected leader runs: the bridge, the
-//!   capacity publisher, the config push and the IO limits, started and
-//!   stopped together.
+//!   capacity publisher, the config push, the IO limits and the pod
+//!   migration, started and stopped together.
 //! - [`leader`]: Lease-based leader election for the bridge side.
 //! - [`endpoints`]: where each node's `NodeStorage` is (the shared Node
 //!   watch); [`retry`] and `status`: the helpers the bridge side shares.
@@ -32,6 +34,7 @@ pub mod config_push;
 pub mod endpoints;
 pub mod iolimits;
 pub mod leader;
+pub mod migration;
 pub mod provisioner;
 pub mod retry;
 mod status;

@@ -1,0 +1,429 @@
+//! Pod migration off a dead node, Carina's opt-in: a Pod annotated
+//! [`POD_MIGRATION`]` = "true"` whose node has been NotReady (its `Ready`
+//! condition not `True`) for longer than the grace period loses its
+//! Carina claims and is deleted, so its controller (a StatefulSet) makes
+//! both again and the scheduler puts them on a live node. The data on the
+//! dead node is given up, and the Events say so: a Warning on the Pod and
+//! on each claim, naming the node, the outage's start and the volume.
+//!
+//! - Never for a Pod without the annotation (or with any other value),
+//!   never while the node is Ready, never before the grace period has
+//!   passed since the `Ready` condition last changed.
+//! - Once per Pod per outage: the Pods acted on are remembered by UID for
+//!   the outage (the `Ready` condition's `lastTransitionTime`); a node
+//!   that comes back forgets them. A leader that takes over acts on what
+//!   is left (deleting what is already gone is done).
+//! - Claims first, then the Pod with no grace period (its kubelet is gone
+//!   and would never confirm a graceful deletion): a claim is removed
+//!   once no Pod uses it, so the StatefulSet makes a new one for the new
+//!   Pod instead of reusing the old.
+//! - A claim is Carina's when its volume is a PV of this driver, or, while
+//!   unbound, its StorageClass names this driver. A Pod with none is
+//!   still deleted (it asked to move).
+//!
+//! The sweep runs when a Node changes, when the next outage reaches its
+//! grace period, and 10 s after a sweep that an API error cut short.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use carina_csi::DRIVER_NAME;
+use carina_csi::params::POD_MIGRATION;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
+
+use super::endpoints::{Nodes, stopped};
+use super::status::truncate;
+
+/// `reportingController` of the Events.
+pub const REPORTER: &str = "carina-pod-migration";
+
+/// How soon a sweep that failed (an API error) is tried again.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// The `Ready` condition's `lastTransitionTime` of a node that has not
+/// been Ready for at least `grace` at `now`; `None` while it is Ready, has
+/// no such condition, or is within the grace period.
+pub fn outage_start(node: &Node, now: Timestamp, grace: Duration) -> Option<Timestamp> {
+    let since = not_ready_since(node)?;
+    let due = since.checked_add(grace).ok()?;
+    (now >= due).then_some(since)
+}
+
+/// When the node stopped being Ready, if it is not Ready now.
+fn not_ready_since(node: &Node) -> Option<Timestamp> {
+    let ready = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    if ready.status == "True" {
+        return None;
+    }
+    Some(ready.last_transition_time.as_ref()?.0)
+}
+
+/// Whether the Pod opted in.
+pub fn allows_migration(pod: &Pod) -> bool {
+    pod.annotations().get(POD_MIGRATION).map(String::as_str) == Some("true")
+}
+
+/// The claims a Pod names (generic ephemeral ones included), in order.
+fn claim_names(pod: &Pod) -> Vec<String> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    volumes
+        .into_iter()
+        .flatten()
+        .filter_map(|v| match (&v.persistent_volume_claim, &v.ephemeral) {
+            (Some(c), _) => Some(c.claim_name.clone()),
+            (None, Some(_)) => Some(format!("{}-{}", pod.name_any(), v.name)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The Pods acted on in one node's current outage.
+#[derive(Debug, Default)]
+struct Outage {
+    since: Option<Timestamp>,
+    pods: BTreeSet<String>,
+}
+
+struct Migrator {
+    client: Client,
+    nodes: Nodes,
+    grace: Duration,
+    recorder: Recorder,
+    /// By node name.
+    outages: BTreeMap<String, Outage>,
+}
+
+impl Migrator {
+    /// Acts on every node past its grace period; returns when the next
+    /// outage known now reaches its own.
+    async fn sweep(&mut self) -> Option<Timestamp> {
+        let now = Timestamp::now();
+        let mut next: Option<Timestamp> = None;
+        let nodes = self.nodes.all();
+        // A node that is Ready again, or gone, forgets its outage.
+        self.outages.retain(|name, _| {
+            nodes
+                .iter()
+                .any(|n| n.name_any() == *name && not_ready_since(n).is_some())
+        });
+        for node in nodes {
+            let Some(since) = not_ready_since(&node) else {
+                continue;
+            };
+            let name = node.name_any();
+            match outage_start(&node, now, self.grace) {
+                Some(since) => {
+                    if !self.migrate_from(&name, since).await {
+                        let retry = now.checked_add(RETRY).ok();
+                        next = match (next, retry) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
+                }
+                None => {
+                    let due = since.checked_add(self.grace).ok();
+                    next = match (next, due) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        next
+    }
+
+    /// Moves every opted-in Pod off `node`, whose outage began at `since`;
+    /// false when something failed and is to be tried again.
+    async fn migrate_from(&mut self, node: &str, since: Timestamp) -> bool {
+        let outage = self.outages.entry(node.to_string()).or_default();
+        if outage.since != Some(since) {
+            *outage = Outage {
+                since: Some(since),
+                pods: BTreeSet::new(),
+            };
+        }
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let listed = match pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+        {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(k8s.node.name = %node, error = %e, "listing the pods of a NotReady node failed; trying again");
+                return false;
+            }
+        };
+        let mut all_done = true;
+        for pod in listed.iter().filter(|p| allows_migration(p)) {
+            let Some(uid) = pod.uid() else { continue };
+            let done = self
+                .outages
+                .get(node)
+                .is_some_and(|o| o.pods.contains(&uid));
+            if done {
+                continue;
+            }
+            match self.migrate(pod, node, since).await {
+                Ok(()) => {
+                    if let Some(o) = self.outages.get_mut(node) {
+                        o.pods.insert(uid);
+                    }
+                }
+                Err(e) => {
+                    all_done = false;
+                    tracing::warn!(k8s.pod.name = %pod.name_any(), k8s.node.name = %node, error = %e, "moving a pod off a NotReady node failed; trying again");
+                }
+            }
+        }
+        all_done
+    }
+
+    /// Deletes the Pod's Carina claims, then the Pod.
+    #[tracing::instrument(name = "migration.pod", skip_all, err, fields(k8s.pod.name = %pod.name_any(), k8s.namespace.name = %pod.namespace().unwrap_or_default(), k8s.node.name = %node))]
+    async fn migrate(&self, pod: &Pod, node: &str, since: Timestamp) -> Result<(), kube::Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+        let mut claims = Vec::new();
+        for name in claim_names(pod) {
+            if let Some(claim) = claims_api.get_opt(&name).await?
+                && self.is_carina(&claim).await?
+            {
+                claims.push(claim);
+            }
+        }
+        let outage = format!(
+            "node {node} has not been Ready since {since} (longer than {:?})",
+            self.grace
+        );
+        let volumes: Vec<String> = claims
+            .iter()
+            .map(|c| {
+                let volume = c.spec.as_ref().and_then(|s| s.volume_name.clone());
+                format!(
+                    "{ns}/{} (volume {})",
+                    c.name_any(),
+                    volume.as_deref().unwrap_or("not bound")
+                )
+            })
+            .collect();
+        let note = if volumes.is_empty() {
+            format!("{outage}; the pod allows migration and has no Carina claims: deleting it")
+        } else {
+            format!(
+                "{outage}; the pod allows migration: deleting claims {} and the pod so they are made again on another node; the data of these volumes on {node} is given up",
+                volumes.join(", ")
+            )
+        };
+        tracing::warn!(%note, "moving a pod off a NotReady node");
+        self.event(pod, "PodMigration", &note).await;
+        for claim in &claims {
+            let volume = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.clone())
+                .unwrap_or_else(|| "not bound".to_string());
+            let note = format!(
+                "{outage}; pod {ns}/{} allows migration: this claim is deleted and the data of its volume {volume} on {node} is given up",
+                pod.name_any()
+            );
+            self.event(claim, "VolumeDataGivenUp", &note).await;
+            match claims_api
+                .delete(&claim.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let mut delete = DeleteParams::default().grace_period(0);
+        // The Pod we decided on, not a new one of the same name.
+        delete.preconditions = pod.uid().map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        });
+        match pods.delete(&pod.name_any(), &delete).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the claim's volume is (or will be) this driver's.
+    async fn is_carina(&self, claim: &PersistentVolumeClaim) -> Result<bool, kube::Error> {
+        let spec = claim.spec.clone().unwrap_or_default();
+        if let Some(pv) = spec.volume_name.filter(|n| !n.is_empty()) {
+            let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+            let driver = pvs
+                .get_opt(&pv)
+                .await?
+                .and_then(|pv| pv.spec)
+                .and_then(|s| s.csi)
+                .map(|c| c.driver);
+            return Ok(driver.as_deref() == Some(DRIVER_NAME));
+        }
+        let Some(class) = spec.storage_class_name.filter(|c| !c.is_empty()) else {
+            return Ok(false);
+        };
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        Ok(classes
+            .get_opt(&class)
+            .await?
+            .is_some_and(|c| c.provisioner == DRIVER_NAME))
+    }
+
+    async fn event<K>(&self, object: &K, reason: &str, note: &str)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.to_string(),
+            note: Some(truncate(note, 1024)),
+            action: "MigratePod".to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing an Event failed");
+        }
+    }
+}
+
+/// Runs the migration until `stop` turns true. `grace` of `None` turns it
+/// off.
+pub(crate) async fn run(
+    client: Client,
+    nodes: Nodes,
+    grace: Option<Duration>,
+    instance: Option<String>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Some(grace) = grace else {
+        tracing::info!("pod migration off NotReady nodes is off");
+        return;
+    };
+    let reporter = Reporter {
+        controller: REPORTER.to_string(),
+        instance,
+    };
+    let mut migrator = Migrator {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        nodes: nodes.clone(),
+        grace,
+        outages: BTreeMap::new(),
+    };
+    let mut changes = nodes.changes();
+    nodes.ready().await;
+    tracing::info!(grace = ?grace, "pod migration off NotReady nodes running");
+    loop {
+        let next = migrator.sweep().await;
+        let wait = next.map(|due| {
+            let left = due.duration_since(Timestamp::now());
+            // A due time already past is a sweep right away.
+            Duration::try_from(left).unwrap_or(Duration::ZERO) + Duration::from_millis(50)
+        });
+        tokio::select! {
+            _ = stopped(&mut stop) => return,
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = sleep(wait) => {}
+        }
+    }
+}
+
+/// Sleeps `wait`, or forever when `None`.
+async fn sleep(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::api::ObjectMeta;
+
+    fn node(status: &str, since: Timestamp) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    last_transition_time: Some(Time(since)),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).expect("a time")
+    }
+
+    #[test]
+    fn only_a_node_not_ready_past_the_grace_period_counts() {
+        let grace = Duration::from_secs(60);
+        let down = node("Unknown", at(0));
+        assert_eq!(outage_start(&down, at(59), grace), None, "within grace");
+        assert_eq!(outage_start(&down, at(60), grace), Some(at(0)));
+        assert_eq!(
+            outage_start(&node("False", at(0)), at(600), grace),
+            Some(at(0))
+        );
+        assert_eq!(
+            outage_start(&node("True", at(0)), at(600), grace),
+            None,
+            "never while Ready"
+        );
+        assert_eq!(outage_start(&Node::default(), at(600), grace), None);
+    }
+
+    #[test]
+    fn only_the_exact_opt_in_counts() {
+        let pod = |value: Option<&str>| Pod {
+            metadata: ObjectMeta {
+                annotations: value
+                    .map(|v| BTreeMap::from([(POD_MIGRATION.to_string(), v.to_string())])),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        };
+        assert!(allows_migration(&pod(Some("true"))));
+        for other in [None, Some("false"), Some("TRUE"), Some("yes"), Some("")] {
+            assert!(!allows_migration(&pod(other)), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn claims_of_a_pod_include_generic_ephemeral_ones() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}},
+                {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+                {"name": "cfg", "configMap": {"name": "x"}},
+            ]},
+        }))
+        .expect("a pod");
+        assert_eq!(claim_names(&pod), ["data-db-0", "db-0-scratch"]);
+    }
+}

@@ -1,0 +1,440 @@
+//! Pod migration off a dead node with the real upstream control plane:
+//! etcd, kube-apiserver, kube-controller-manager with its node-lifecycle
+//! controller on (it marks a Node whose Lease stops being renewed not
+//! Ready and taints it), kube-scheduler, external-provisioner calling
+//! `carina-controller --mode kube` (migration grace 3 s), and two
+//! `carina-node` processes on LVM loop disks. The controller runs as the
+//! chart's ServiceAccount with the chart's ClusterRole, so the rights it
+//! is given are the rights it needs. The Nodes have no kubelet:
+//! this test renews their Leases in `kube-node-lease` as kubelets would.
+//!
+//! Two StatefulSets with a Carina claim each start on `node-a` (the other
+//! node is cordoned until then); one opts in with
+//! `carina.storage.io/allow-pod-migration-if-node-notready: "true"`. Then
+//! `node-a` dies (its carina-node is killed and its Lease is no longer
+//! renewed). It proves:
+//! - nothing happens while the node is Ready;
+//! - the opted-in pod is deleted with its claim once the node has been
+//!   NotReady past the grace period; its StatefulSet makes both again and
+//!   the new pod runs on `node-b` with a new volume there;
+//! - Warning Events on the pod and on the claim say the data on `node-a`
+//!   is given up;
+//! - the pod without the annotation and its claim are untouched, and the
+//!   moved pod is not moved again.
+//!
+//! Needs root and loop devices, `tests/tools/build.sh etcd kube helm
+//! csi-provisioner`, and `cargo build --workspace --bins`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use carina_csi::params::POD_MIGRATION;
+use carina_tests::cluster::{
+    KubeControllerArgs, NodeArgs, Pki, Service, add_topology, await_capacity, csi_provisioner,
+    register_node,
+};
+use carina_tests::kube::KubeCluster;
+use carina_tests::manifests::{Chart, find, objects};
+use carina_tests::workload::{WAIT, add_class, add_namespace};
+use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, unique};
+use futures::TryStreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const A: &str = "node-a";
+const B: &str = "node-b";
+const GIB: u64 = 1 << 30;
+const CLASS: &str = "carina-migration";
+/// The controller's `--pod-migration-grace-secs`.
+const GRACE_SECS: u64 = 3;
+
+/// Renews the Lease of each node in `kube-node-lease` every second while
+/// its flag is up, as its kubelet would; stops on drop.
+struct Heartbeats {
+    alive: BTreeMap<String, Arc<AtomicBool>>,
+    task: JoinHandle<()>,
+}
+
+impl Heartbeats {
+    fn start(client: Client, nodes: &[&str]) -> Heartbeats {
+        let alive: BTreeMap<String, Arc<AtomicBool>> = nodes
+            .iter()
+            .map(|n| (n.to_string(), Arc::new(AtomicBool::new(true))))
+            .collect();
+        let flags = alive.clone();
+        let task = tokio::spawn(async move {
+            let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+            loop {
+                for (node, up) in &flags {
+                    if !up.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    let lease = json!({
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": node},
+                        "spec": {
+                            "holderIdentity": node,
+                            "leaseDurationSeconds": 40,
+                            "renewTime": MicroTime(Timestamp::now()),
+                        },
+                    });
+                    if let Err(e) = leases
+                        .patch(
+                            node,
+                            &PatchParams::apply("carina-tests-kubelet").force(),
+                            &Patch::Apply(lease),
+                        )
+                        .await
+                    {
+                        eprintln!("renewing the Lease of {node}: {e}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Heartbeats { alive, task }
+    }
+
+    fn stop(&self, node: &str) {
+        if let Some(up) = self.alive.get(node) {
+            up.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Heartbeats {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A StatefulSet `name` of one pause pod with a 64 MiB Carina claim
+/// `data`; `migrate` adds the opt-in. The pod tolerates an unreachable
+/// node for an hour, so only Carina moves it.
+fn stateful_set(ns: &str, name: &str, migrate: bool) -> Result<StatefulSet> {
+    let annotations = if migrate {
+        json!({POD_MIGRATION: "true"})
+    } else {
+        json!({})
+    };
+    let toleration = |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 3600});
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations},
+                "spec": {
+                    "containers": [{
+                        "name": "app",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                    "tolerations": [
+                        toleration("node.kubernetes.io/unreachable"),
+                        toleration("node.kubernetes.io/not-ready"),
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": CLASS,
+                    "resources": {"requests": {"storage": "64Mi"}},
+                },
+            }],
+        },
+    }))?)
+}
+
+/// A kubeconfig that authenticates as the chart's controller
+/// ServiceAccount (a client certificate of its user name and group), after
+/// applying the chart's ClusterRole and ClusterRoleBinding for it.
+async fn as_chart_service_account(cluster: &KubeCluster, dir: &Path) -> Result<PathBuf> {
+    let chart = Chart::new()?;
+    let objs = objects(&chart.template("kube-system", None)?)?;
+    let role: ClusterRole =
+        serde_json::from_value(find(&objs, "ClusterRole", "carina-controller")?.clone())?;
+    let binding: ClusterRoleBinding =
+        serde_json::from_value(find(&objs, "ClusterRoleBinding", "carina-controller")?.clone())?;
+    let client = cluster.client();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<ClusterRoleBinding>::all(client)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let (cert, key) = cluster.write_client_cert(
+        dir,
+        "carina-controller-sa",
+        "system:serviceaccount:kube-system:carina-controller",
+        "system:serviceaccounts",
+    )?;
+    let path = dir.join("carina-controller-sa.kubeconfig");
+    cluster.write_kubeconfig(&path, &cert, &key)?;
+    Ok(path)
+}
+
+fn uid(o: &impl ResourceExt) -> String {
+    o.uid().unwrap_or_default()
+}
+
+/// Waits, by watch, until pod `name` is a new one (not `old_uid`) bound
+/// to a node; returns it.
+async fn new_pod_on_a_node(pods: &Api<Pod>, name: &str, old_uid: &str) -> Result<Pod> {
+    let old = old_uid.to_string();
+    let pod = tokio::time::timeout(
+        WAIT,
+        await_condition(pods.clone(), name, move |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                uid(p) != old && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            })
+        }),
+    )
+    .await
+    .with_context(|| format!("pod {name} not made again on a node within {WAIT:?}"))??;
+    pod.context("pod gone")
+}
+
+/// The Events of the object `name` (reason `reason`), by watch, until
+/// one whose message contains `part`.
+async fn event_with(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    part: &str,
+) -> Result<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let config =
+        watcher::Config::default().fields(&format!("involvedObject.name={name},reason={reason}"));
+    let stream = watcher(events, config).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    tokio::time::timeout(WAIT, async {
+        while let Some(e) = stream.try_next().await? {
+            if e.message.as_deref().unwrap_or_default().contains(part) {
+                return Ok(e);
+            }
+        }
+        bail!("event stream ended")
+    })
+    .await
+    .with_context(|| format!("no {reason} Event on {ns}/{name} with {part:?}"))?
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
+    if !have_root("an_opted_in_pod_leaves_a_dead_node_and_others_stay") {
+        return Ok(());
+    }
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    let dir = tempfile::Builder::new()
+        .prefix("carina-migration-")
+        .tempdir()?;
+    let pki = Pki::write(&dir.path().join("pki"))?;
+    let group = unique("mig");
+    let heartbeats = Heartbeats::start(client.clone(), &[A, B]);
+
+    struct LvmNode {
+        service: Service,
+        _vg: VgGuard,
+        _disk: LoopDisk,
+    }
+    let mut nodes = BTreeMap::new();
+    for name in [A, B] {
+        let disk = LoopDisk::new(GIB)?;
+        let vg = VgGuard::new(&group, &[&disk]);
+        let config = disk_group_config(&group, "LVM", &[&disk], 0);
+        let args = NodeArgs::new(
+            name,
+            &pki,
+            &config,
+            &dir.path().join(name),
+            &cluster.log_dir().join(format!("{name}.log")),
+        )?;
+        let service = args.start().await?;
+        register_node(&client, name, &args.endpoint()).await?;
+        add_topology(&client, name).await?;
+        nodes.insert(
+            name,
+            LvmNode {
+                service,
+                _vg: vg,
+                _disk: disk,
+            },
+        );
+    }
+    let kubeconfig = as_chart_service_account(&cluster, dir.path()).await?;
+    let mut controller_args = KubeControllerArgs::new(
+        "carina-controller",
+        &unique("carina-controller"),
+        &kubeconfig,
+        &pki,
+        dir.path(),
+        &cluster.log_dir().join("carina-controller.log"),
+    );
+    controller_args.extra = vec![format!("--pod-migration-grace-secs={GRACE_SECS}")];
+    let mut controller = controller_args.start().await?;
+    for n in [A, B] {
+        await_capacity(&client, n, WAIT).await?;
+    }
+    let mut provisioner = csi_provisioner(&cluster, controller.socket(), &[], &[])?;
+    // The node-lifecycle controller on, with short periods: a Node whose
+    // Lease is not renewed for 8 s is not Ready.
+    let _controllers = cluster
+        .start_controller_manager(&[
+            "--controllers=*",
+            "--node-monitor-period=1s",
+            "--node-monitor-grace-period=8s",
+        ])
+        .await?;
+    let _scheduler = cluster.start_scheduler(&[]).await?;
+
+    let ns = unique("migration");
+    add_namespace(&client, &ns).await?;
+    add_class(&client, CLASS, &group).await?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let cordon = |on: bool| {
+        let node_api = node_api.clone();
+        async move {
+            node_api
+                .patch(
+                    B,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+                )
+                .await
+        }
+    };
+    cordon(true).await?;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    for (name, migrate) in [("moving", true), ("staying", false)] {
+        sets.create(&PostParams::default(), &stateful_set(&ns, name, migrate)?)
+            .await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let moving = new_pod_on_a_node(&pods, "moving-0", "").await?;
+    let staying = new_pod_on_a_node(&pods, "staying-0", "").await?;
+    assert_eq!((node_of(&moving), node_of(&staying)), (A.into(), A.into()));
+    let moving_claim = claims.get("data-moving-0").await?;
+    let staying_claim = claims.get("data-staying-0").await?;
+    cordon(false).await?;
+
+    // Nothing moves while node-a is Ready.
+    tokio::time::sleep(Duration::from_secs(GRACE_SECS + 2)).await;
+    assert_eq!(uid(&pods.get("moving-0").await?), uid(&moving));
+
+    // node-a dies.
+    nodes.get_mut(A).context("node-a")?.service.kill();
+    heartbeats.stop(A);
+    let down = tokio::time::timeout(
+        WAIT,
+        await_condition(node_api.clone(), A, |n: Option<&Node>| {
+            n.and_then(|n| n.status.as_ref())
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status != "True"))
+        }),
+    )
+    .await
+    .context("node-a not marked NotReady by the node-lifecycle controller")??;
+    assert!(down.is_some());
+
+    // The opted-in pod and its claim are made again on node-b.
+    let moved = new_pod_on_a_node(&pods, "moving-0", &uid(&moving)).await?;
+    assert_eq!(node_of(&moved), B, "the new pod runs on the live node");
+    let new_claim = tokio::time::timeout(
+        WAIT,
+        await_condition(claims.clone(), "data-moving-0", {
+            let old = uid(&moving_claim);
+            move |c: Option<&PersistentVolumeClaim>| {
+                c.is_some_and(|c| {
+                    uid(c) != old
+                        && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                })
+            }
+        }),
+    )
+    .await
+    .context("the new claim is not bound")??
+    .context("claim gone")?;
+    let old_volume = moving_claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .context("the first claim was bound")?;
+    let new_volume = new_claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .context("bound")?;
+    assert_ne!(old_volume, new_volume);
+    let lv: carina_api::LogicVolume = Api::all(client.clone())
+        .get(&carina_csi::names::local_name(&new_volume))
+        .await?;
+    assert_eq!(lv.spec.node_name, B, "the new volume is on node-b");
+
+    // The Events say what was given up.
+    let e = event_with(&client, &ns, "moving-0", "PodMigration", &old_volume).await?;
+    let message = e.message.unwrap_or_default();
+    assert!(
+        message.contains(&format!("node {A} has not been Ready since"))
+            && message.contains("is given up"),
+        "{message}"
+    );
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    event_with(
+        &client,
+        &ns,
+        "data-moving-0",
+        "VolumeDataGivenUp",
+        &old_volume,
+    )
+    .await?;
+
+    // The pod without the opt-in, its claim, and the moved pod stay.
+    tokio::time::sleep(Duration::from_secs(GRACE_SECS + 2)).await;
+    let still = pods.get("staying-0").await?;
+    assert_eq!(
+        uid(&still),
+        uid(&staying),
+        "the unannotated pod is untouched"
+    );
+    assert_eq!(node_of(&still), A);
+    assert!(still.metadata.deletion_timestamp.is_none());
+    let claim = claims.get("data-staying-0").await?;
+    assert_eq!(uid(&claim), uid(&staying_claim));
+    assert!(claim.metadata.deletion_timestamp.is_none());
+    assert_eq!(uid(&pods.get("moving-0").await?), uid(&moved), "moved once");
+
+    provisioner.check_running()?;
+    controller.check_running()?;
+    Ok(())
+}
