@@ -268,6 +268,16 @@ impl<P: Provisioner> ControllerService<P> {
             .ok_or_else(|| CsiError::Aborted(busy_message(volume)))
     }
 
+    /// The volume `volume_id` names: `NOT_FOUND` when there is none or the
+    /// id is not of a form this driver issues.
+    async fn existing(&self, volume_id: &str) -> Result<ProvisionedVolume, CsiError> {
+        VolumeId::parse(volume_id)?;
+        self.provisioner
+            .get_volume(volume_id)
+            .await?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id:?} does not exist")))
+    }
+
     #[tracing::instrument(name = "Controller/CreateVolume", skip_all, err(level = "info"), fields(carina.volume.name = %req.name))]
     async fn create(
         &self,
@@ -353,14 +363,7 @@ impl<P: Provisioner> ControllerService<P> {
                 "at least one capability is required",
             ));
         }
-        VolumeId::parse(&req.volume_id)?;
-        let volume = self
-            .provisioner
-            .get_volume(&req.volume_id)
-            .await?
-            .ok_or_else(|| {
-                CsiError::NotFound(format!("volume {:?} does not exist", req.volume_id))
-            })?;
+        let volume = self.existing(&req.volume_id).await?;
         Ok(match unsupported(&req, &volume) {
             Some(message) => csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
@@ -432,14 +435,7 @@ impl<P: Provisioner> ControllerService<P> {
         if req.volume_id.is_empty() {
             return Err(CsiError::invalid("volume_id", "is required"));
         }
-        VolumeId::parse(&req.volume_id)?;
-        let volume = self
-            .provisioner
-            .get_volume(&req.volume_id)
-            .await?
-            .ok_or_else(|| {
-                CsiError::NotFound(format!("volume {:?} does not exist", req.volume_id))
-            })?;
+        let volume = self.existing(&req.volume_id).await?;
         let health = self
             .provisioner
             .volume_health(std::slice::from_ref(&volume))

@@ -46,7 +46,7 @@ use crate::grpc::{self, unix_channel};
 use crate::kube::KubeCluster;
 use crate::local::carina::tool_path;
 use crate::process::{ChildGuard, tail, workspace_binary};
-use crate::unique;
+use crate::{LoopDisk, VgGuard, disk_group_config, unique};
 
 /// How long a process may take to open its socket.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -720,4 +720,48 @@ pub fn csi_provisioner(
             .log_dir()
             .join(format!("{}.log", unique("csi-provisioner"))),
     )
+}
+
+/// A `carina-node` process registered as Node `name`, with one LVM group
+/// `group` on a loop disk of its own. Dropped in field order: the process,
+/// then the volume group, then the disk.
+#[derive(Debug)]
+pub struct LvmNode {
+    pub args: NodeArgs,
+    pub service: Service,
+    pub vg: VgGuard,
+    pub disk: LoopDisk,
+}
+
+impl LvmNode {
+    /// Starts node `name` (files under `dir/<name>`, log `<name>.log` in
+    /// the cluster's log directory) on a new `disk_bytes` loop disk and
+    /// registers its Node with the endpoint annotation.
+    pub async fn start(
+        cluster: &KubeCluster,
+        pki: &Pki,
+        dir: &Path,
+        name: &str,
+        group: &str,
+        disk_bytes: u64,
+    ) -> Result<LvmNode> {
+        let disk = LoopDisk::new(disk_bytes)?;
+        let vg = VgGuard::new(group, &[&disk]);
+        let config = disk_group_config(group, "LVM", &[&disk], 0);
+        let args = NodeArgs::new(
+            name,
+            pki,
+            &config,
+            &dir.join(name),
+            &cluster.log_dir().join(format!("{name}.log")),
+        )?;
+        let service = args.start().await?;
+        register_node(&cluster.client(), name, &args.endpoint()).await?;
+        Ok(LvmNode {
+            args,
+            service,
+            vg,
+            disk,
+        })
+    }
 }

@@ -28,13 +28,12 @@ use carina_api::LogicVolume;
 use carina_csi::TOPOLOGY_KEY;
 use carina_csi::names::local_name;
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, Service, add_topology, await_capacity, csi_provisioner,
-    register_node,
+    KubeControllerArgs, LvmNode, Pki, add_topology, await_capacity, csi_provisioner,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::manifests::{Chart, objects};
 use carina_tests::workload::{self, add_class, add_namespace, failed_scheduling, scheduled_node};
-use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, unique};
+use carina_tests::{have_root, unique};
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity};
@@ -49,13 +48,6 @@ const WAIT: Duration = Duration::from_secs(90);
 const CLASS: &str = "carina-capacity";
 /// Where external-provisioner writes its CSIStorageCapacity objects.
 const CAPACITY_NAMESPACE: &str = "kube-system";
-
-/// One node's process with its volume group and disk (dropped in that order).
-struct LvmNode {
-    _service: Service,
-    _vg: VgGuard,
-    _disk: LoopDisk,
-}
 
 /// The CSIDriver object of the chart with its default values.
 fn chart_csidriver() -> Result<serde_json::Value> {
@@ -159,24 +151,8 @@ async fn kube_scheduler_places_claims_by_published_capacity() -> Result<()> {
     // A 1 GiB node and a 4 GiB node, one LVM group of the same name.
     let mut nodes = Vec::new();
     for (name, bytes) in [(SMALL, GIB), (LARGE, 4 * GIB)] {
-        let disk = LoopDisk::new(bytes)?;
-        let vg = VgGuard::new(&group, &[&disk]);
-        let config = disk_group_config(&group, "LVM", &[&disk], 0);
-        let args = NodeArgs::new(
-            name,
-            &pki,
-            &config,
-            &dir.path().join(name),
-            &cluster.log_dir().join(format!("{name}.log")),
-        )?;
-        let service = args.start().await?;
-        register_node(&client, name, &args.endpoint()).await?;
+        nodes.push(LvmNode::start(&cluster, &pki, dir.path(), name, &group, bytes).await?);
         add_topology(&client, name).await?;
-        nodes.push(LvmNode {
-            _service: service,
-            _vg: vg,
-            _disk: disk,
-        });
     }
     let controller = KubeControllerArgs::new(
         "carina-controller",

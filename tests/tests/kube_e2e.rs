@@ -38,12 +38,12 @@ use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, await_object, register_node,
+    KubeControllerArgs, LvmNode, Pki, Service, await_capacity, await_object,
 };
 use carina_tests::csi::{Csi, delete, make, mount_cap, on};
 use carina_tests::grpc::get_lv;
 use carina_tests::kube::KubeCluster;
-use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, lvm, unique};
+use carina_tests::{have_root, lvm, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -57,15 +57,6 @@ const DISK_BYTES: u64 = 2 << 30;
 const WAIT: Duration = Duration::from_secs(60);
 /// The Lease of the replicas (namespace `kube-system`).
 const LEASE: &str = "carina-controller";
-
-/// One node: its process, its volume group and the disk under it (dropped
-/// in that order).
-struct LvmNode {
-    args: NodeArgs,
-    service: Service,
-    _vg: VgGuard,
-    disk: LoopDisk,
-}
 
 /// The cluster, the nodes and the files of one test. Controllers are the
 /// test's own; drop them before this.
@@ -91,24 +82,7 @@ impl E2e {
         let group = unique("e2e");
         let mut nodes = Vec::new();
         for name in names {
-            let disk = LoopDisk::new(DISK_BYTES)?;
-            let vg = VgGuard::new(&group, &[&disk]);
-            let config = disk_group_config(&group, "LVM", &[&disk], 0);
-            let args = NodeArgs::new(
-                name,
-                &pki,
-                &config,
-                &dir.path().join(name),
-                &cluster.log_dir().join(format!("{name}.log")),
-            )?;
-            let service = args.start().await?;
-            register_node(&cluster.client(), name, &args.endpoint()).await?;
-            nodes.push(LvmNode {
-                args,
-                service,
-                _vg: vg,
-                disk,
-            });
+            nodes.push(LvmNode::start(&cluster, &pki, dir.path(), name, &group, DISK_BYTES).await?);
         }
         Ok(Some(E2e {
             nodes,

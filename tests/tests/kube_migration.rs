@@ -34,13 +34,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use carina_csi::params::POD_MIGRATION;
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, Service, add_topology, await_capacity, csi_provisioner,
-    register_node,
+    KubeControllerArgs, LvmNode, Pki, add_topology, await_capacity, csi_provisioner,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::manifests::{Chart, find, objects};
 use carina_tests::workload::{WAIT, add_class, add_namespace};
-use carina_tests::{LoopDisk, VgGuard, disk_group_config, have_root, unique};
+use carina_tests::{have_root, unique};
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -262,34 +261,11 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
     let group = unique("mig");
     let heartbeats = Heartbeats::start(client.clone(), &[A, B]);
 
-    struct LvmNode {
-        service: Service,
-        _vg: VgGuard,
-        _disk: LoopDisk,
-    }
     let mut nodes = BTreeMap::new();
     for name in [A, B] {
-        let disk = LoopDisk::new(GIB)?;
-        let vg = VgGuard::new(&group, &[&disk]);
-        let config = disk_group_config(&group, "LVM", &[&disk], 0);
-        let args = NodeArgs::new(
-            name,
-            &pki,
-            &config,
-            &dir.path().join(name),
-            &cluster.log_dir().join(format!("{name}.log")),
-        )?;
-        let service = args.start().await?;
-        register_node(&client, name, &args.endpoint()).await?;
+        let node = LvmNode::start(&cluster, &pki, dir.path(), name, &group, GIB).await?;
         add_topology(&client, name).await?;
-        nodes.insert(
-            name,
-            LvmNode {
-                service,
-                _vg: vg,
-                _disk: disk,
-            },
-        );
+        nodes.insert(name, node);
     }
     let kubeconfig = as_chart_service_account(&cluster, dir.path()).await?;
     let mut controller_args = KubeControllerArgs::new(
