@@ -260,6 +260,83 @@ async fn binpack_fills_the_fullest_node_that_fits() -> Result<()> {
     placements(Strategy::Binpack, 8, &[A, A, B, B, B, B, B, "-"]).await
 }
 
+/// The condition `ControllerGetVolume` reports for `volume_id`.
+async fn condition_of(csi: &mut Csi, volume_id: &str) -> Result<csi::VolumeCondition> {
+    csi.controller_get_volume(csi::ControllerGetVolumeRequest {
+        volume_id: volume_id.to_string(),
+    })
+    .await?
+    .into_inner()
+    .status
+    .and_then(|s| s.volume_condition)
+    .context("no volume_condition")
+}
+
+/// The direct control plane asks each volume's node for its condition:
+/// a HOST volume whose directory is removed is abnormal, in
+/// `ControllerGetVolume` and in `ListVolumes`, and the other node's volume
+/// is not.
+#[tokio::test]
+async fn conditions_come_from_the_volumes_nodes() -> Result<()> {
+    if !have_root("conditions_come_from_the_volumes_nodes") {
+        return Ok(());
+    }
+    let mut c = Cluster::start(Strategy::Spreadout, false).await?;
+    let mut ids = Vec::new();
+    for (name, node) in [("cond-a", A), ("cond-b", B)] {
+        let mut req = create(name, MIB);
+        req.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![on(node)],
+            preferred: vec![on(node)],
+        });
+        ids.push(make(&mut c.controller.csi, req).await?.volume_id);
+    }
+    let sound = csi::VolumeCondition {
+        abnormal: false,
+        message: String::new(),
+    };
+    for id in &ids {
+        assert_eq!(
+            condition_of(&mut c.controller.csi, id).await?,
+            sound,
+            "{id}"
+        );
+    }
+    let dir = c.roots[0].join("cond-a");
+    std::fs::remove_dir_all(&dir)?;
+    let broken = condition_of(&mut c.controller.csi, &ids[0]).await?;
+    assert!(broken.abnormal, "{broken:?}");
+    assert_eq!(
+        broken.message,
+        format!(
+            "node {A}, volume \"cond-a\": directory {} is gone",
+            dir.display()
+        )
+    );
+    assert_eq!(condition_of(&mut c.controller.csi, &ids[1]).await?, sound);
+    let listed = c
+        .controller
+        .csi
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await?
+        .into_inner();
+    let by_id: HashMap<String, csi::VolumeCondition> = listed
+        .entries
+        .into_iter()
+        .filter_map(|e| {
+            let id = e.volume?.volume_id;
+            Some((id, e.status?.volume_condition?))
+        })
+        .collect();
+    assert_eq!(by_id.get(&ids[0]), Some(&broken));
+    assert_eq!(by_id.get(&ids[1]), Some(&sound));
+    for id in &ids {
+        delete(&mut c.controller.csi, id).await?;
+    }
+    assert!(c.lvs().await?.iter().all(Vec::is_empty));
+    Ok(())
+}
+
 #[tokio::test]
 async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
     if !have_root("carina_parameters_idempotency_sizes_and_lifecycle") {
@@ -905,9 +982,23 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
             Unimplemented,
         ),
         (
-            "ControllerGetVolume",
+            "get without id",
             Call::Get(Default::default()),
-            Unimplemented,
+            InvalidArgument,
+        ),
+        (
+            "get unknown volume",
+            Call::Get(csi::ControllerGetVolumeRequest {
+                volume_id: "nope@node-b".into(),
+            }),
+            NotFound,
+        ),
+        (
+            "get an id this driver never issues",
+            Call::Get(csi::ControllerGetVolumeRequest {
+                volume_id: "no-node-in-it".into(),
+            }),
+            NotFound,
         ),
     ];
     assert!(table.len() >= 20);

@@ -2,7 +2,8 @@
 //! a WaitForFirstConsumer claim is provisioned for the pod the scheduler
 //! placed, the kubelet stages and publishes it, the pod writes; a second
 //! pod reads the data back; deleting the claim deletes the volume and
-//! leaves nothing on the node.
+//! leaves nothing on the node. The chart's capacity tracking publishes
+//! `CSIStorageCapacity` objects owned by the controller Deployment.
 //!
 //! Runs a LocalCluster (etcd, kube-apiserver, kube-controller-manager,
 //! kube-scheduler, containerd, runc, kube-proxy, kubelet) with Carina
@@ -10,11 +11,18 @@
 //! root and `tests/tools/build.sh etcd kube kubelet containerd crictl cni
 //! helm test-images`.
 
+use std::time::Duration;
+
 use anyhow::{Result, ensure};
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
 use carina_tests::local::carina::{Carina, Layout, explained, local_options, partitions};
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
+use futures::TryStreamExt;
+use k8s_openapi::api::storage::v1::CSIStorageCapacity;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
 
 /// Writes a token through one pod and reads it back through another, then
 /// deletes the claim; returns the cluster for the caller's checks of what
@@ -83,13 +91,59 @@ async fn lvm_ext4_round_trip() -> Result<()> {
     if !have_root("lvm_ext4_round_trip") {
         return Ok(());
     }
-    let (_cluster, carina) = round_trip("csi-carina-lvm-ext4", "256Mi", false).await?;
+    let (cluster, carina) = round_trip("csi-carina-lvm-ext4", "256Mi", false).await?;
     let left = carina.logical_volumes("carina-vg-ssd")?;
     ensure!(
         left.is_empty(),
         "LVs left after the claim was deleted: {left:?}"
     );
-    Ok(())
+    published_capacity_is_owned_by_the_controller(&cluster, "csi-carina-lvm-ext4").await
+}
+
+/// The chart's external-provisioner publishes the class's capacity on the
+/// node, owned (pod, ReplicaSet, then) by the controller Deployment, so
+/// the objects go with the release.
+async fn published_capacity_is_owned_by_the_controller(
+    cluster: &LocalCluster,
+    class: &str,
+) -> Result<()> {
+    let api: Api<CSIStorageCapacity> = Api::namespaced(cluster.client(), "kube-system");
+    let wanted = |c: &CSIStorageCapacity| {
+        c.storage_class_name == class
+            && c.owner_references()
+                .iter()
+                .any(|o| o.kind == "Deployment" && o.name == "carina-controller")
+            && c.capacity.is_some()
+    };
+    let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let found = tokio::time::timeout(Duration::from_secs(120), async {
+        while stream.try_next().await?.is_some() {
+            if api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(wanted)
+            {
+                return Ok::<_, anyhow::Error>(());
+            }
+        }
+        anyhow::bail!("the watch of CSIStorageCapacity ended")
+    })
+    .await;
+    match found {
+        Ok(r) => r,
+        Err(_) => {
+            let all = api.list(&ListParams::default()).await?.items;
+            anyhow::bail!(
+                "no CSIStorageCapacity of {class} owned by Deployment carina-controller; have {:?}",
+                all.iter()
+                    .map(|c| (c.storage_class_name.clone(), c.owner_references().to_vec()))
+                    .collect::<Vec<_>>()
+            )
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

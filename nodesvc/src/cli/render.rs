@@ -114,7 +114,7 @@ pub fn volume_json(v: &LogicVolume) -> VolumeView<'_> {
 }
 
 /// `ok`, the problem the node names, or `-` where the answer carries no
-/// condition (the mutating RPCs).
+/// condition (an older node).
 fn condition_cell(v: &LogicVolume) -> String {
     match &v.condition {
         Some(c) if c.abnormal => format!("abnormal: {}", c.message),

@@ -47,7 +47,8 @@ pub fn reason(r: ChangeReason) -> pb::ChangeReason {
     }
 }
 
-pub fn volume(v: &Volume) -> pb::LogicVolume {
+/// The wire form of `v`, with its `condition` as the node sees it now.
+pub fn volume(v: &Volume, condition: &Condition) -> pb::LogicVolume {
     pb::LogicVolume {
         name: v.name.clone(),
         device_group: v.group.clone(),
@@ -59,18 +60,10 @@ pub fn volume(v: &Volume) -> pb::LogicVolume {
         minor: v.minor,
         exclusive: v.exclusive,
         disk: v.disk.clone().unwrap_or_default(),
-        condition: None,
-    }
-}
-
-/// [`volume`] with its condition, as GetLV and ListLVs answer.
-pub fn volume_in(v: &Volume, condition: &Condition) -> pb::LogicVolume {
-    pb::LogicVolume {
         condition: Some(pb::VolumeCondition {
             abnormal: condition.abnormal,
             message: condition.message.clone(),
         }),
-        ..volume(v)
     }
 }
 
@@ -430,8 +423,15 @@ mod tests {
             exclusive: false,
             disk: None,
         };
-        let p = volume(&v);
+        let p = volume(&v, &Condition::default());
         assert_eq!(p.policy, pb::Policy::Host as i32);
+        assert_eq!(
+            p.condition,
+            Some(pb::VolumeCondition {
+                abnormal: false,
+                message: String::new()
+            })
+        );
         assert_eq!(p.host_path, "/srv/g/v");
         assert_eq!(p.device_path, "");
         assert_eq!(p.device_group, "g");

@@ -83,7 +83,7 @@ impl NodeStorageService {
         let req = convert::create_request(req)?;
         let (volume, created) = self.engine.ensure_volume(req).await?;
         Ok(pb::CreateLvResponse {
-            volume: Some(convert::volume(&volume)),
+            volume: Some(wire(&volume).await),
             created,
             capacity: Some(self.capacity_version()),
         })
@@ -111,13 +111,8 @@ impl NodeStorageService {
             (true, Some(last)) => convert::page_token(&last.name),
             _ => String::new(),
         };
-        let conditions = join_all(page.iter().map(|v| health::condition(v))).await;
         Ok(pb::ListLVsResponse {
-            volumes: page
-                .iter()
-                .zip(&conditions)
-                .map(|(v, c)| convert::volume_in(v, c))
-                .collect(),
+            volumes: join_all(page.iter().map(|v| wire(v))).await,
             next_page_token,
         })
     }
@@ -244,7 +239,7 @@ impl NodeStorage for NodeStorageService {
             convert::size("size_bytes", req.size_bytes)?;
             let volume = self.engine.resize_volume(&req.name, req.size_bytes).await?;
             Ok(pb::ResizeLvResponse {
-                volume: Some(convert::volume(&volume)),
+                volume: Some(wire(&volume).await),
                 capacity: Some(self.capacity_version()),
             })
         }
@@ -266,9 +261,8 @@ impl NodeStorage for NodeStorageService {
         let result = async {
             convert::volume_name(&name)?;
             let volume = self.engine.get_volume(&name).await?;
-            let condition = health::condition(&volume).await;
             Ok(pb::GetLvResponse {
-                volume: Some(convert::volume_in(&volume, &condition)),
+                volume: Some(wire(&volume).await),
             })
         }
         .await;
@@ -513,4 +507,10 @@ impl NodeStorage for NodeStorageService {
         .await;
         self.done("ListPodIOLimits", result)
     }
+}
+
+/// The wire form of `volume` with its condition checked now (every answer
+/// that carries a volume says how it is).
+async fn wire(volume: &crate::engine::Volume) -> pb::LogicVolume {
+    convert::volume(volume, &health::condition(volume).await)
 }
