@@ -16,7 +16,9 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
-use carina_tests::local::carina::{Carina, Layout, explained, local_options, partitions};
+use carina_tests::local::carina::{
+    Carina, Layout, NAMESPACE, explained, local_options, partitions,
+};
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
 use futures::TryStreamExt;
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
@@ -107,7 +109,7 @@ async fn published_capacity_is_owned_by_the_controller(
     cluster: &LocalCluster,
     class: &str,
 ) -> Result<()> {
-    let api: Api<CSIStorageCapacity> = Api::namespaced(cluster.client(), "kube-system");
+    let api: Api<CSIStorageCapacity> = Api::namespaced(cluster.client(), NAMESPACE);
     let wanted = |c: &CSIStorageCapacity| {
         c.storage_class_name == class
             && c.owner_references()
