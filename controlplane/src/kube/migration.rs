@@ -70,6 +70,14 @@ fn not_ready_since(node: &Node) -> Option<Timestamp> {
     Some(ready.last_transition_time.as_ref()?.0)
 }
 
+/// The earlier of two optional times.
+fn earlier(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Whether the Pod opted in.
 pub fn allows_migration(pod: &Pod) -> bool {
     pod.annotations().get(POD_MIGRATION).map(String::as_str) == Some("true")
@@ -126,20 +134,10 @@ impl Migrator {
             match outage_start(&node, now, self.grace) {
                 Some(since) => {
                     if !self.migrate_from(&name, since).await {
-                        let retry = now.checked_add(RETRY).ok();
-                        next = match (next, retry) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
+                        next = earlier(next, now.checked_add(RETRY).ok());
                     }
                 }
-                None => {
-                    let due = since.checked_add(self.grace).ok();
-                    next = match (next, due) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
+                None => next = earlier(next, since.checked_add(self.grace).ok()),
             }
         }
         next
