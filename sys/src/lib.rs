@@ -15,6 +15,8 @@
 //!   grown in place and detached (the ioctls and `coprocess`'s `fcntl` are
 //!   the workspace's only `unsafe` code, allowed at each call site).
 //! - [`blockdev`]: whether a block device is mounted or held open.
+//! - [`fsctl`]: a mounted filesystem frozen and thawed, special files made
+//!   (calls with no safe wrapper, allowed `unsafe` at each call site).
 //! - [`IoError`]: the failed file or device operation all of them report.
 //!
 //! Callers give these modules plain values (paths, sizes, options) and get
@@ -24,6 +26,7 @@
 pub mod blockdev;
 pub mod command;
 pub mod coprocess;
+pub mod fsctl;
 pub mod format;
 mod io_error;
 pub mod loopdev;

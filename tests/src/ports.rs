@@ -9,8 +9,16 @@
 //! wildcard address (the one a pod's `0.0.0.0:<port>` listener needs),
 //! starting at a point that differs per process and call so parallel test
 //! processes do not walk the same sequence.
+//!
+//! A port is free again the moment it is handed out, until the child
+//! binds it, which can be seconds later (a node scans its disks first).
+//! Tests of one process run in parallel, so each port is handed out at
+//! most once per process: two tests never get the same port, however
+//! their windows overlap.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, TcpListener};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Result, bail};
@@ -46,10 +54,15 @@ pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
         );
     let total = candidates.len();
     let start = seed as usize % total;
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     // Hold each free port while looking for the next, so the N differ.
     let mut held = Vec::with_capacity(N);
     for i in 0..total {
         let port = candidates[(start + i) % total];
+        if handed_out.contains(&port) {
+            continue;
+        }
         if let Ok(listener) = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)) {
             held.push((port, listener));
             if held.len() == N {
@@ -66,6 +79,7 @@ pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
     let mut ports = [0; N];
     for (slot, (port, _)) in ports.iter_mut().zip(&held) {
         *slot = *port;
+        handed_out.insert(*port);
     }
     Ok(ports)
 }
@@ -123,6 +137,17 @@ mod tests {
             assert!(*port < low || *port > high, "{port} in {low}..={high}");
             assert!(!ports[..i].contains(port), "{port} twice in {ports:?}");
             drop(TcpListener::bind((Ipv4Addr::UNSPECIFIED, *port))?);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_port_is_handed_out_once_per_process() -> Result<()> {
+        let first = free_ports::<8>()?;
+        // Still free (nothing bound them), yet never handed out again.
+        for _ in 0..64 {
+            let again = free_port()?;
+            assert!(!first.contains(&again), "{again} handed out twice");
         }
         Ok(())
     }

@@ -190,9 +190,46 @@ pub fn wait_for_path(path: &Path, child: &mut ChildGuard, timeout: Duration) -> 
     )
 }
 
-/// The last `n` lines of a file.
+/// The last `n` lines of a file, leaving out the frames of Rust
+/// backtraces: a process that failed with `RUST_BACKTRACE` set ends its
+/// log with dozens of frames, which would push the error itself out.
 pub fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
+    let lines: Vec<&str> = text.lines().filter(|l| !is_backtrace_frame(l)).collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// `  12: crate::function` or `             at src/file.rs:1:2`.
+fn is_backtrace_frame(line: &str) -> bool {
+    let trimmed = line.trim_start();
+    if trimmed.len() == line.len() {
+        return false;
+    }
+    if trimmed.starts_with("at ") {
+        return true;
+    }
+    match trimmed.split_once(": ") {
+        Some((index, _)) => !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backtrace_frames_are_left_out_of_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        std::fs::write(
+            &log,
+            "start\nError: listen on 127.0.0.1:1 (metrics)\n\nStack backtrace:\n   0: anyhow::error\n             at /src/error.rs:1:2\n  12: carina_node::main\nlast: words\n",
+        )
+        .unwrap();
+        assert_eq!(
+            tail(&log, 4),
+            "Error: listen on 127.0.0.1:1 (metrics)\n\nStack backtrace:\nlast: words"
+        );
+    }
 }

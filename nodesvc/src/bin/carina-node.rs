@@ -144,6 +144,12 @@ struct Args {
     /// written into their cgroups there (cgroup v1 blkio or v2 io).
     #[arg(long, env = "CARINA_CGROUP_ROOT", default_value = carina_node::engine::iolimits::DEFAULT_CGROUP_ROOT)]
     cgroup_root: PathBuf,
+
+    /// Seconds a copy (CopyLV: a clone or a snapshot) may keep its
+    /// source's mounted filesystem frozen; the copy is stopped and the
+    /// filesystem thawed when they are up.
+    #[arg(long, env = "CARINA_COPY_FREEZE_TIMEOUT_SECS", default_value_t = carina_node::engine::copy::DEFAULT_FREEZE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    copy_freeze_timeout_secs: u64,
 }
 
 #[tokio::main]
@@ -202,6 +208,8 @@ async fn run(args: Args) -> Result<()> {
             },
             cgroup_root: Some(args.cgroup_root.clone()),
             trace_dir: Some(args.state_dir.join("traces")),
+            copy_dir: Some(args.state_dir.join("copies")),
+            freeze_timeout: Some(Duration::from_secs(args.copy_freeze_timeout_secs)),
         },
     )
     .await
@@ -213,6 +221,21 @@ async fn run(args: Args) -> Result<()> {
     let stop_tx = Arc::new(stop_tx);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // The TCP ports are taken before the CSI socket appears: kubelet (and
+    // anyone else) takes that socket as "the node is up", so a port that
+    // is already in use must fail the start before it, not after.
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("listen on {} (metrics)", args.metrics_listen))?;
+    // With certificate files NodeStorage is served at once, so its port is
+    // taken now too. With an issuer it is taken once the certificate
+    // arrives: until then a client is refused, not left in a handshake
+    // nobody answers.
+    let mut storage_listener = match &file_tls {
+        Some(_) => Some(listen_storage(args.listen).await?),
+        None => None,
     };
 
     let csi_task = match &args.csi_endpoint {
@@ -238,10 +261,6 @@ async fn run(args: Args) -> Result<()> {
             None
         }
     };
-
-    let metrics_listener = TcpListener::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("listen on {} (metrics)", args.metrics_listen))?;
 
     let server = NodeServer::new(engine.clone(), args.node_name.clone())
         .trust_domain(args.trust_domain.clone())
@@ -293,9 +312,10 @@ async fn run(args: Args) -> Result<()> {
         (None, None) => anyhow::bail!("give --tls-cert and --tls-key, or --identity-issuer"),
     };
     if let Some(tls) = tls {
-        let listener = TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listen on {}", args.listen))?;
+        let listener = match storage_listener.take() {
+            Some(listener) => listener,
+            None => listen_storage(args.listen).await?,
+        };
         server.serve(listener, tls, stopped(stop_rx)).await?;
     } else {
         tracing::info!("stopped before a certificate arrived: NodeStorage was never served");
@@ -309,6 +329,13 @@ async fn run(args: Args) -> Result<()> {
     }
     tracing::info!("carina-node exits");
     Ok(())
+}
+
+/// The NodeStorage listener on `addr`.
+async fn listen_storage(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listen on {addr} (NodeStorage)"))
 }
 
 /// The first certificate from the issuer (asked for until it comes, or

@@ -487,6 +487,7 @@ mod tests {
                 abnormal: false,
                 message: String::new(),
             }),
+            origin: None,
         }
     }
 

@@ -95,6 +95,22 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A copy's target already holds something else: a complete copy of
+    /// another source, or a snapshot.
+    #[error("volume {target:?} already holds {holds}")]
+    CopyConflict { target: String, holds: String },
+
+    /// The caller cancelled the operation before it completed.
+    #[error("{what} was cancelled")]
+    Cancelled { what: String },
+
+    /// The operation ran into its own time limit and was stopped.
+    #[error("{what} stopped after {waited:?}")]
+    TimedOut {
+        what: String,
+        waited: std::time::Duration,
+    },
+
     /// Another operation on the same volume is in progress.
     #[error("an operation on volume {name:?} is already in progress")]
     Busy { name: String },

@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod bcache;
 pub mod config;
+pub mod copy;
 pub mod devnum;
 pub mod disks;
 pub mod error;
@@ -62,6 +63,12 @@ pub struct EngineOptions {
     /// Where each volume's creation trace is kept
     /// ([`trace_links::TraceLinks`]); `None` keeps none.
     pub trace_dir: Option<std::path::PathBuf>,
+    /// Where the records of copied volumes are kept
+    /// ([`copy::record::CopyRecords`]); `None` keeps them in memory.
+    pub copy_dir: Option<std::path::PathBuf>,
+    /// How long a copy may keep its source's filesystem frozen; `None`
+    /// is [`copy::DEFAULT_FREEZE_TIMEOUT`].
+    pub freeze_timeout: Option<std::time::Duration>,
 }
 
 /// The span of one backend mutation, the same for every policy:
@@ -149,6 +156,8 @@ struct Inner {
     /// Where pods' cgroups are looked for.
     cgroup_root: std::path::PathBuf,
     trace_links: Option<trace_links::TraceLinks>,
+    copies: copy::record::CopyRecords,
+    freeze_timeout: std::time::Duration,
 }
 
 #[derive(Debug)]
@@ -226,11 +235,16 @@ impl Engine {
                 empty: StdMutex::new(BTreeMap::new()),
                 bcache,
                 trace_links: options.trace_dir.clone().map(trace_links::TraceLinks::new),
+                copies: copy::record::CopyRecords::new(options.copy_dir.clone()),
+                freeze_timeout: options
+                    .freeze_timeout
+                    .unwrap_or(copy::DEFAULT_FREEZE_TIMEOUT),
                 cgroup_root: options
                     .cgroup_root
                     .unwrap_or_else(|| iolimits::DEFAULT_CGROUP_ROOT.into()),
             }),
         };
+        engine.thaw_leftover_freezes();
         engine.rescan_with(ChangeReason::Start).await?;
         engine.recover_bcache().await;
         Ok(engine)
@@ -406,6 +420,13 @@ impl Engine {
                 ),
             });
         }
+        if size_bytes > existing.size_bytes && self.is_snapshot(name)? {
+            return Err(Error::FailedPrecondition {
+                operation: "resize",
+                name: name.to_string(),
+                reason: "the volume is a snapshot, which is read-only".to_string(),
+            });
+        }
         let slot = self.slot(&existing.group).await?;
         let rounded = slot.backend.round_size(size_bytes).ok_or_else(|| {
             Error::invalid(
@@ -475,6 +496,7 @@ impl Engine {
             if let Some(links) = &self.inner.trace_links {
                 links.forget(name);
             }
+            self.inner.copies.remove(name);
         };
         let slot = match self.indexed_group(name) {
             Some(group) => self.slot(&group).await.ok(),

@@ -17,7 +17,12 @@ const LVM_RESERVED: &[&str] = &[
 
 /// Checks a volume name; the error names the field `name`.
 pub fn check_volume_name(name: &str) -> Result<()> {
-    name_rules(name, MAX_VOLUME_NAME).map_err(|reason| Error::invalid("name", reason))
+    check_volume_name_field("name", name)
+}
+
+/// [`check_volume_name`] of a request field named otherwise (`source`).
+pub fn check_volume_name_field(field: &str, name: &str) -> Result<()> {
+    name_rules(name, MAX_VOLUME_NAME).map_err(|reason| Error::invalid(field, reason))
 }
 
 /// Checks a device-group name (it becomes the VG name).

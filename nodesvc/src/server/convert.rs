@@ -8,6 +8,8 @@ use carina_proto::nodestorage as pb;
 
 use crate::engine::bcache::record::OwnedVolumes;
 use crate::engine::bcache::{BcacheDevice, BcacheRequest, CacheMode};
+use crate::engine::copy::record::CopyRecord;
+use crate::engine::copy::{CopyRequest, Progress};
 use crate::engine::health::Condition;
 use crate::engine::iolimits::{Limits, PodLimit};
 use crate::engine::{
@@ -48,7 +50,7 @@ pub fn reason(r: ChangeReason) -> pb::ChangeReason {
 }
 
 /// The wire form of `v`, with its `condition` as the node sees it now.
-pub fn volume(v: &Volume, condition: &Condition) -> pb::LogicVolume {
+pub fn volume(v: &Volume, condition: &Condition, origin: Option<&CopyRecord>) -> pb::LogicVolume {
     pb::LogicVolume {
         name: v.name.clone(),
         device_group: v.group.clone(),
@@ -64,6 +66,35 @@ pub fn volume(v: &Volume, condition: &Condition) -> pb::LogicVolume {
             abnormal: condition.abnormal,
             message: condition.message.clone(),
         }),
+        origin: origin.map(|r| pb::CopyOrigin {
+            source: r.source.clone(),
+            snapshot: r.snapshot,
+            complete: r.complete,
+            completed_unix_nanos: r.completed_unix_nanos,
+            source_size_bytes: r.source_size_bytes,
+        }),
+    }
+}
+
+/// A validated `CopyLVRequest` (the names; the rest is the engine's).
+pub fn copy_request(req: pb::CopyLvRequest) -> Result<CopyRequest, Error> {
+    names::check_volume_name_field("source", &req.source)?;
+    names::check_volume_name_field("target", &req.target)?;
+    Ok(CopyRequest {
+        source: req.source,
+        target: req.target,
+        snapshot: req.snapshot,
+    })
+}
+
+/// A running copy's progress message.
+pub fn copy_progress(p: &Progress) -> pb::CopyLvProgress {
+    pb::CopyLvProgress {
+        copied_bytes: p.copied_bytes,
+        total_bytes: p.total_bytes,
+        done: false,
+        target: None,
+        frozen: p.frozen,
     }
 }
 
@@ -423,8 +454,28 @@ mod tests {
             exclusive: false,
             disk: None,
         };
-        let p = volume(&v, &Condition::default());
+        let p = volume(&v, &Condition::default(), None);
         assert_eq!(p.policy, pb::Policy::Host as i32);
+        assert_eq!(p.origin, None);
+        let record = CopyRecord {
+            source: "s".into(),
+            snapshot: true,
+            complete: true,
+            completed_unix_nanos: 5,
+            source_size_bytes: 4096,
+            frozen_at: None,
+        };
+        let origin = volume(&v, &Condition::default(), Some(&record)).origin;
+        assert_eq!(
+            origin,
+            Some(pb::CopyOrigin {
+                source: "s".into(),
+                snapshot: true,
+                complete: true,
+                completed_unix_nanos: 5,
+                source_size_bytes: 4096,
+            })
+        );
         assert_eq!(
             p.condition,
             Some(pb::VolumeCondition {

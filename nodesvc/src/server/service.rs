@@ -12,12 +12,13 @@ use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_server::NodeStorage;
 use futures::Stream;
 use futures::future::join_all;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status};
-use tracing::instrument;
+use tracing::{Instrument, instrument};
 
 use super::convert;
 use super::metrics::Metrics;
+use crate::engine::copy::{Progress, Stop};
 use crate::engine::{Config, Engine, Error, health};
 
 /// Default and largest `ListLVs` page.
@@ -79,11 +80,81 @@ impl NodeStorageService {
         }
     }
 
+    /// The wire form of `volume` with its condition checked now (every
+    /// answer that carries a volume says how it is) and its copy origin.
+    async fn wire(&self, volume: &crate::engine::Volume) -> pb::LogicVolume {
+        let origin = self.engine.copy_record(&volume.name);
+        convert::volume(volume, &health::condition(volume).await, origin.as_ref())
+    }
+
+    /// Starts the copy `req` asks for and streams its progress: a message
+    /// every [`PROGRESS_EVERY`] while it runs, then the last one (done,
+    /// with the target) or the error. The copy stops when the client goes
+    /// away (the stream is dropped) or the server stops.
+    fn copy(&self, req: pb::CopyLvRequest) -> Result<CopyStream, Status> {
+        let req = convert::copy_request(req)?;
+        let (tx, rx) = mpsc::channel::<Result<pb::CopyLvProgress, Status>>(8);
+        let (progress_tx, progress) = watch::channel(Progress::default());
+        let stop = Stop::default();
+        let service = self.clone();
+        let mut stopping = self.stopping.clone();
+        let task = async move {
+            let copy = service
+                .engine
+                .copy_volume(req, Arc::new(progress_tx), stop.clone());
+            tokio::pin!(copy);
+            let mut ticker = tokio::time::interval(PROGRESS_EVERY);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut stopped = false;
+            let outcome = loop {
+                tokio::select! {
+                    result = &mut copy => break result,
+                    _ = ticker.tick() => {
+                        // Never waits on the client: a slow reader misses
+                        // a progress message, it does not hold the copy
+                        // (and a frozen filesystem) up.
+                        let _ = tx.try_send(Ok(convert::copy_progress(&progress.borrow())));
+                    }
+                    _ = tx.closed(), if !stopped => {
+                        tracing::info!("the client went away; stopping the copy");
+                        stopped = true;
+                        stop.set();
+                    }
+                    _ = stopping.wait_for(|s| *s), if !stopped => {
+                        tracing::info!("the server is stopping; stopping the copy");
+                        stopped = true;
+                        stop.set();
+                    }
+                }
+            };
+            let last = match outcome {
+                Ok(copied) => {
+                    let total = progress.borrow().total_bytes;
+                    Ok(pb::CopyLvProgress {
+                        copied_bytes: total,
+                        total_bytes: total,
+                        done: true,
+                        target: Some(service.wire(&copied.volume).await),
+                        frozen: false,
+                    })
+                }
+                Err(e) => Err(Status::from(e)),
+            };
+            // Counted (and a node failure logged) like every call's end.
+            let _ = service.done("CopyLV", last.as_ref().map(|_| ()).map_err(Clone::clone));
+            let _ = tx.send(last).await;
+        };
+        tokio::spawn(task.instrument(tracing::Span::current()));
+        Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })))
+    }
+
     async fn create(&self, req: pb::CreateLvRequest) -> Result<pb::CreateLvResponse, Status> {
         let req = convert::create_request(req)?;
         let (volume, created) = self.engine.ensure_volume(req).await?;
         Ok(pb::CreateLvResponse {
-            volume: Some(wire(&volume).await),
+            volume: Some(self.wire(&volume).await),
             created,
             capacity: Some(self.capacity_version()),
         })
@@ -112,7 +183,7 @@ impl NodeStorageService {
             _ => String::new(),
         };
         Ok(pb::ListLVsResponse {
-            volumes: join_all(page.iter().map(|v| wire(v))).await,
+            volumes: join_all(page.iter().map(|v| self.wire(v))).await,
             next_page_token,
         })
     }
@@ -147,6 +218,12 @@ impl NodeStorageService {
 }
 
 /// The stream of `WatchCapacity`.
+/// How often a running copy reports its progress.
+pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The progress messages of one copy.
+pub type CopyStream = Pin<Box<dyn Stream<Item = Result<pb::CopyLvProgress, Status>> + Send>>;
+
 pub type CapacityStream = Pin<Box<dyn Stream<Item = Result<pb::CapacityResponse, Status>> + Send>>;
 
 /// The current snapshot at once (reason CURRENT), then one message per
@@ -239,12 +316,34 @@ impl NodeStorage for NodeStorageService {
             convert::size("size_bytes", req.size_bytes)?;
             let volume = self.engine.resize_volume(&req.name, req.size_bytes).await?;
             Ok(pb::ResizeLvResponse {
-                volume: Some(wire(&volume).await),
+                volume: Some(self.wire(&volume).await),
                 capacity: Some(self.capacity_version()),
             })
         }
         .await;
         self.done("ResizeLV", result)
+    }
+
+    type CopyLVStream = CopyStream;
+
+    #[instrument(
+        name = "NodeStorage/CopyLV",
+        skip(self, request),
+        err(level = "info"),
+        fields(
+            carina.copy.source = %request.get_ref().source,
+            carina.volume.name = %request.get_ref().target,
+            carina.copy.snapshot = request.get_ref().snapshot,
+        )
+    )]
+    async fn copy_lv(
+        &self,
+        request: Request<pb::CopyLvRequest>,
+    ) -> Result<Response<Self::CopyLVStream>, Status> {
+        match self.copy(request.into_inner()) {
+            Ok(stream) => Ok(Response::new(stream)),
+            Err(status) => self.done("CopyLV", Err(status)),
+        }
     }
 
     #[instrument(
@@ -262,7 +361,7 @@ impl NodeStorage for NodeStorageService {
             convert::volume_name(&name)?;
             let volume = self.engine.get_volume(&name).await?;
             Ok(pb::GetLvResponse {
-                volume: Some(wire(&volume).await),
+                volume: Some(self.wire(&volume).await),
             })
         }
         .await;
@@ -509,8 +608,4 @@ impl NodeStorage for NodeStorageService {
     }
 }
 
-/// The wire form of `volume` with its condition checked now (every answer
-/// that carries a volume says how it is).
-async fn wire(volume: &crate::engine::Volume) -> pb::LogicVolume {
-    convert::volume(volume, &health::condition(volume).await)
-}
+

@@ -31,13 +31,16 @@ pub fn code(e: &Error) -> Code {
         Error::VolumeNotFound { .. } | Error::BcacheNotFound { .. } | Error::PodNotFound { .. } => {
             Code::NotFound
         }
-        Error::AlreadyExists { .. } | Error::BcacheConflict { .. } => Code::AlreadyExists,
+        Error::AlreadyExists { .. }
+        | Error::BcacheConflict { .. }
+        | Error::CopyConflict { .. } => Code::AlreadyExists,
+        Error::Cancelled { .. } => Code::Cancelled,
         Error::ResourceExhausted { .. } => Code::ResourceExhausted,
         Error::FailedPrecondition { .. } | Error::Unsupported { .. } => Code::FailedPrecondition,
         Error::Busy { .. } => Code::Aborted,
-        Error::Command(CommandError::TimedOut { .. }) | Error::KernelTimeout { .. } => {
-            Code::DeadlineExceeded
-        }
+        Error::Command(CommandError::TimedOut { .. })
+        | Error::KernelTimeout { .. }
+        | Error::TimedOut { .. } => Code::DeadlineExceeded,
         // Its outcome is unknown and a retry runs on a fresh shell.
         Error::Command(CommandError::Interrupted { .. }) => Code::Unavailable,
         Error::Command(CommandError::Spawn { .. } | CommandError::Failed { .. })
@@ -129,6 +132,29 @@ mod tests {
                 "HOST",
             ),
             (Error::Busy { name: "v".into() }, Code::Aborted, "\"v\""),
+            (
+                Error::CopyConflict {
+                    target: "t".into(),
+                    holds: "a snapshot of \"s\"".into(),
+                },
+                Code::AlreadyExists,
+                "snapshot of \"s\"",
+            ),
+            (
+                Error::Cancelled {
+                    what: "the copy of \"s\"".into(),
+                },
+                Code::Cancelled,
+                "copy of \"s\"",
+            ),
+            (
+                Error::TimedOut {
+                    what: "the copy of \"s\"".into(),
+                    waited: Duration::from_secs(3),
+                },
+                Code::DeadlineExceeded,
+                "3s",
+            ),
             (
                 Error::BcacheNotFound { name: "b".into() },
                 Code::NotFound,
