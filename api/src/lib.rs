@@ -23,7 +23,9 @@ mod schema;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub use logicvolume::{LogicVolume, LogicVolumeCache, LogicVolumeSpec, LogicVolumeStatus};
+pub use logicvolume::{
+    LogicVolume, LogicVolumeCache, LogicVolumeSource, LogicVolumeSpec, LogicVolumeStatus,
+};
 pub use nodestorageresource::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceSpec,
     NodeStorageResourceStatus, PvInfo, VgGroup,

@@ -64,6 +64,23 @@ pub struct LogicVolumeSpec {
     /// Absent for a plain volume. Fixed once the volume is made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<LogicVolumeCache>,
+    /// The volume is filled with a copy of another volume on the same node
+    /// (a clone, or a snapshot when `source.snapshot`). Absent for an
+    /// empty volume. Fixed once the volume is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<LogicVolumeSource>,
+}
+
+/// What a copied `LogicVolume` is filled from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LogicVolumeSource {
+    /// The name of the source volume on the same node (a `LogicVolume`
+    /// name).
+    pub volume: String,
+    /// The volume is a read-only snapshot of the source.
+    #[serde(default)]
+    pub snapshot: bool,
 }
 
 /// The cache of a tiered `LogicVolume` (Carina's StorageClass parameters
@@ -160,6 +177,7 @@ mod tests {
         let mut lv = LogicVolume::new(
             "pvc-1",
             LogicVolumeSpec {
+                source: None,
                 node_name: "node-a".into(),
                 size: Quantity("10Gi".into()),
                 device_group: "carina-vg-ssd".into(),

@@ -38,9 +38,10 @@ use crate::error::CsiError;
 use crate::names::local_name;
 use crate::params::Parameters;
 use crate::sizes;
+use crate::snapshot_id::{self, local_snapshot_name};
 use crate::types::{
-    Accessibility, CapacityInfo, ProvisionedVolume, Provisioner, Topology, VolumeHealth,
-    VolumeRequest,
+    Accessibility, CapacityInfo, ContentSource, ProvisionedSnapshot, ProvisionedVolume,
+    Provisioner, SnapshotRequest, Topology, VolumeHealth, VolumeRequest,
 };
 use crate::volume_id::VolumeId;
 use crate::{TOPOLOGY_KEY, context};
@@ -86,17 +87,33 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
             "deprecated StorageClass parameter; use {new}"
         );
     }
-    if let Some(source) = &req.volume_content_source {
-        let what = match source.r#type {
-            Some(csi::volume_content_source::Type::Snapshot(_)) => "snapshots",
-            Some(csi::volume_content_source::Type::Volume(_)) => "other volumes (clones)",
-            None => "a content source",
-        };
-        return Err(CsiError::invalid(
-            "volume_content_source",
-            format!("creating volumes from {what} is not supported"),
-        ));
-    }
+    let source = match req.volume_content_source.as_ref().map(|s| &s.r#type) {
+        None => None,
+        Some(Some(csi::volume_content_source::Type::Snapshot(s))) => {
+            if s.snapshot_id.is_empty() {
+                return Err(CsiError::invalid(
+                    "volume_content_source.snapshot.snapshot_id",
+                    "is required",
+                ));
+            }
+            Some(ContentSource::Snapshot(s.snapshot_id.clone()))
+        }
+        Some(Some(csi::volume_content_source::Type::Volume(v))) => {
+            if v.volume_id.is_empty() {
+                return Err(CsiError::invalid(
+                    "volume_content_source.volume.volume_id",
+                    "is required",
+                ));
+            }
+            Some(ContentSource::Volume(v.volume_id.clone()))
+        }
+        Some(None) => {
+            return Err(CsiError::invalid(
+                "volume_content_source",
+                "names neither a snapshot nor a volume",
+            ));
+        }
+    };
     if !req.mutable_parameters.is_empty() {
         return Err(CsiError::invalid(
             "mutable_parameters",
@@ -137,7 +154,48 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
         parameters,
         accessibility,
         block: access == Access::Block,
+        source,
     })
+}
+
+/// The capabilities a provisioner that makes copies adds to
+/// [`CAPABILITIES`].
+pub const COPY_CAPABILITIES: [Capability; 4] = [
+    Capability::CreateDeleteSnapshot,
+    Capability::ListSnapshots,
+    Capability::GetSnapshot,
+    Capability::CloneVolume,
+];
+
+/// Validates a CreateSnapshot request. Nothing is created for a request
+/// that fails here.
+pub fn snapshot_request(req: &csi::CreateSnapshotRequest) -> Result<SnapshotRequest, CsiError> {
+    if req.name.is_empty() {
+        return Err(CsiError::invalid("name", "is required"));
+    }
+    if req.source_volume_id.is_empty() {
+        return Err(CsiError::invalid("source_volume_id", "is required"));
+    }
+    Ok(SnapshotRequest {
+        name: req.name.clone(),
+        local_name: local_snapshot_name(&req.name),
+        source_volume_id: req.source_volume_id.clone(),
+    })
+}
+
+/// The wire form of a snapshot.
+pub fn wire_snapshot(s: &ProvisionedSnapshot) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: wire_bytes(s.size_bytes),
+        snapshot_id: s.snapshot_id.clone(),
+        source_volume_id: s.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: s.created_unix_nanos.div_euclid(1_000_000_000),
+            nanos: s.created_unix_nanos.rem_euclid(1_000_000_000) as i32,
+        }),
+        ready_to_use: s.ready,
+        group_snapshot_id: String::new(),
+    }
 }
 
 fn topology(t: &csi::Topology) -> Topology {
@@ -284,12 +342,130 @@ impl<P: Provisioner> ControllerService<P> {
         req: csi::CreateVolumeRequest,
     ) -> Result<csi::CreateVolumeResponse, CsiError> {
         let request = volume_request(&req)?;
+        if request.source.is_some() && !self.provisioner.copies() {
+            return Err(CsiError::invalid(
+                "volume_content_source",
+                "this control plane does not create volumes from snapshots or other volumes",
+            ));
+        }
         let _claim = self.claim(&request.local_name)?;
         let volume = self.provisioner.create_volume(&request).await?;
         tracing::info!(carina.volume.id = %volume.volume_id, carina.volume.size_bytes = volume.capacity_bytes, "volume ready");
-        Ok(csi::CreateVolumeResponse {
-            volume: Some(wire_volume(&volume)),
+        let mut wire = wire_volume(&volume);
+        // Filled from it: the answer says so.
+        wire.content_source = req.volume_content_source;
+        Ok(csi::CreateVolumeResponse { volume: Some(wire) })
+    }
+
+    #[tracing::instrument(name = "Controller/CreateSnapshot", skip_all, err(level = "info"), fields(carina.snapshot.name = %req.name, carina.volume.id = %req.source_volume_id))]
+    async fn create_snapshot(
+        &self,
+        req: csi::CreateSnapshotRequest,
+    ) -> Result<csi::CreateSnapshotResponse, CsiError> {
+        self.copies_offered("CreateSnapshot")?;
+        let request = snapshot_request(&req)?;
+        let _claim = self.claim(&request.local_name)?;
+        let snapshot = self.provisioner.create_snapshot(&request).await?;
+        tracing::info!(carina.snapshot.id = %snapshot.snapshot_id, size_bytes = snapshot.size_bytes, "snapshot ready");
+        Ok(csi::CreateSnapshotResponse {
+            snapshot: Some(wire_snapshot(&snapshot)),
         })
+    }
+
+    #[tracing::instrument(name = "Controller/DeleteSnapshot", skip_all, err(level = "info"), fields(carina.snapshot.id = %req.snapshot_id))]
+    async fn delete_snapshot(
+        &self,
+        req: csi::DeleteSnapshotRequest,
+    ) -> Result<csi::DeleteSnapshotResponse, CsiError> {
+        self.copies_offered("DeleteSnapshot")?;
+        // No snapshot can have a malformed id: deleting it is done.
+        let id = match snapshot_id::parse("snapshot_id", &req.snapshot_id) {
+            Ok(id) => id,
+            Err(CsiError::NotFound(_)) => return Ok(csi::DeleteSnapshotResponse {}),
+            Err(e) => return Err(e),
+        };
+        let _claim = self.claim(&id.volume)?;
+        match self.provisioner.delete_snapshot(&req.snapshot_id).await {
+            Err(e) if e.code() != Code::NotFound => Err(e),
+            _ => Ok(csi::DeleteSnapshotResponse {}),
+        }
+    }
+
+    #[tracing::instrument(name = "Controller/ListSnapshots", skip_all, err(level = "info"), fields(max_entries = req.max_entries))]
+    async fn list_snapshots(
+        &self,
+        req: csi::ListSnapshotsRequest,
+    ) -> Result<csi::ListSnapshotsResponse, CsiError> {
+        self.copies_offered("ListSnapshots")?;
+        if req.max_entries < 0 {
+            return Err(CsiError::invalid(
+                "max_entries",
+                format!("{} is negative", req.max_entries),
+            ));
+        }
+        let after = match req.starting_token.as_str() {
+            "" => None,
+            token => Some(decode_token(token)?),
+        };
+        let mut snapshots = self.provisioner.list_snapshots().await?;
+        snapshots.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+        snapshots.retain(|s| {
+            (req.snapshot_id.is_empty() || s.snapshot_id == req.snapshot_id)
+                && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
+                && after
+                    .as_ref()
+                    .is_none_or(|a| s.snapshot_id.as_str() > a.as_str())
+        });
+        let max = match usize::try_from(req.max_entries) {
+            Ok(0) | Err(_) => usize::MAX,
+            Ok(n) => n,
+        };
+        let next_token = match snapshots.get(max.saturating_sub(1)) {
+            Some(last) if snapshots.len() > max => encode_token(&last.snapshot_id),
+            _ => String::new(),
+        };
+        snapshots.truncate(max);
+        Ok(csi::ListSnapshotsResponse {
+            entries: snapshots
+                .iter()
+                .map(|s| csi::list_snapshots_response::Entry {
+                    snapshot: Some(wire_snapshot(s)),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+
+    #[tracing::instrument(name = "Controller/GetSnapshot", skip_all, err(level = "info"), fields(carina.snapshot.id = %req.snapshot_id))]
+    async fn get_snapshot(
+        &self,
+        req: csi::GetSnapshotRequest,
+    ) -> Result<csi::GetSnapshotResponse, CsiError> {
+        self.copies_offered("GetSnapshot")?;
+        snapshot_id::parse("snapshot_id", &req.snapshot_id)?;
+        let snapshot = self
+            .provisioner
+            .list_snapshots()
+            .await?
+            .into_iter()
+            .find(|s| s.snapshot_id == req.snapshot_id)
+            .ok_or_else(|| {
+                CsiError::NotFound(format!("snapshot {:?} does not exist", req.snapshot_id))
+            })?;
+        Ok(csi::GetSnapshotResponse {
+            snapshot: Some(wire_snapshot(&snapshot)),
+        })
+    }
+
+    /// `UNIMPLEMENTED` for `rpc` when the provisioner makes no copies.
+    fn copies_offered(&self, rpc: &str) -> Result<(), CsiError> {
+        if self.provisioner.copies() {
+            Ok(())
+        } else {
+            Err(CsiError::Unimplemented(format!(
+                "{rpc} is not offered by this control plane"
+            )))
+        }
     }
 
     #[tracing::instrument(name = "Controller/DeleteVolume", skip_all, err(level = "info"), fields(carina.volume.id = %req.volume_id))]
@@ -611,6 +787,11 @@ impl<P: Provisioner> Controller for ControllerService<P> {
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: CAPABILITIES
                 .iter()
+                .chain(if self.provisioner.copies() {
+                    COPY_CAPABILITIES.iter()
+                } else {
+                    [].iter()
+                })
                 .map(|c| csi::ControllerServiceCapability {
                     r#type: Some(Type::Rpc(Rpc { r#type: *c as i32 })),
                 })
@@ -620,30 +801,30 @@ impl<P: Provisioner> Controller for ControllerService<P> {
 
     async fn create_snapshot(
         &self,
-        _request: Request<csi::CreateSnapshotRequest>,
+        request: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        unimplemented("CreateSnapshot")
+        answer(ControllerService::create_snapshot(self, request.into_inner()).await)
     }
 
     async fn delete_snapshot(
         &self,
-        _request: Request<csi::DeleteSnapshotRequest>,
+        request: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        unimplemented("DeleteSnapshot")
+        answer(ControllerService::delete_snapshot(self, request.into_inner()).await)
     }
 
     async fn list_snapshots(
         &self,
-        _request: Request<csi::ListSnapshotsRequest>,
+        request: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        unimplemented("ListSnapshots")
+        answer(ControllerService::list_snapshots(self, request.into_inner()).await)
     }
 
     async fn get_snapshot(
         &self,
-        _request: Request<csi::GetSnapshotRequest>,
+        request: Request<csi::GetSnapshotRequest>,
     ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        unimplemented("GetSnapshot")
+        answer(ControllerService::get_snapshot(self, request.into_inner()).await)
     }
 
     async fn controller_expand_volume(
@@ -832,6 +1013,24 @@ mod tests {
                 },
             )),
         });
+        assert_eq!(
+            volume_request(&r).expect("valid").source,
+            Some(ContentSource::Snapshot("s".into()))
+        );
+        r.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: String::new(),
+                },
+            )),
+        });
+        match volume_request(&r) {
+            Err(CsiError::InvalidArgument { field, .. }) => {
+                assert_eq!(field, "volume_content_source.volume.volume_id")
+            }
+            other => panic!("{other:?}"),
+        }
+        r.volume_content_source = Some(csi::VolumeContentSource { r#type: None });
         assert!(matches!(
             volume_request(&r),
             Err(CsiError::InvalidArgument { .. })
@@ -929,6 +1128,83 @@ mod tests {
         })
         .await
         .expect("deleted");
+    }
+
+    #[tokio::test]
+    async fn without_copies_no_snapshot_capability_and_no_content_source() {
+        let svc = ControllerService::new(Arc::new(Fake::default()));
+        let caps = Controller::controller_get_capabilities(
+            &svc,
+            Request::new(csi::ControllerGetCapabilitiesRequest {}),
+        )
+        .await
+        .expect("capabilities")
+        .into_inner()
+        .capabilities;
+        assert_eq!(caps.len(), CAPABILITIES.len());
+        let err = svc
+            .create_snapshot(csi::CreateSnapshotRequest {
+                name: "s".into(),
+                source_volume_id: "pvc-1@n".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("not offered");
+        assert_eq!(err.code(), Code::Unimplemented);
+        let mut req = create_req("pvc-1");
+        req.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: "pvc-0@n".into(),
+                },
+            )),
+        });
+        let err = svc.create(req).await.expect_err("no clones");
+        assert_eq!(err.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn snapshot_requests_name_their_fields_and_ids_are_apart_from_volumes() {
+        let field = |req: csi::CreateSnapshotRequest| match snapshot_request(&req) {
+            Err(CsiError::InvalidArgument { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            field(csi::CreateSnapshotRequest {
+                source_volume_id: "v@n".into(),
+                ..Default::default()
+            }),
+            "name"
+        );
+        assert_eq!(
+            field(csi::CreateSnapshotRequest {
+                name: "s".into(),
+                ..Default::default()
+            }),
+            "source_volume_id"
+        );
+        let ok = snapshot_request(&csi::CreateSnapshotRequest {
+            name: "pvc-1".into(),
+            source_volume_id: "pvc-1@n".into(),
+            ..Default::default()
+        })
+        .expect("valid");
+        // Even a name a volume could keep is hashed: never a volume's name.
+        assert_ne!(ok.local_name, "pvc-1");
+        let id = format!("{}@n", ok.local_name);
+        assert_eq!(
+            VolumeId::parse(&id).expect_err("a snapshot id").code(),
+            Code::NotFound
+        );
+        let wire = wire_snapshot(&ProvisionedSnapshot {
+            snapshot_id: id.clone(),
+            source_volume_id: "pvc-1@n".into(),
+            size_bytes: 4096,
+            created_unix_nanos: 1_500_000_000,
+            ready: true,
+        });
+        let t = wire.creation_time.expect("time");
+        assert_eq!((t.seconds, t.nanos), (1, 500_000_000));
     }
 
     #[tokio::test]

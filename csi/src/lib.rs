@@ -17,6 +17,7 @@ pub mod names;
 pub mod node;
 pub mod params;
 pub mod sizes;
+pub mod snapshot_id;
 pub mod socket;
 pub mod strategy;
 pub mod types;
@@ -24,8 +25,9 @@ pub mod volume_id;
 
 pub use error::CsiError;
 pub use types::{
-    Accessibility, CapacityInfo, CapacityRange, LocalKind, LocalVolume, LocalVolumes,
-    ProvisionedVolume, Provisioner, Topology, VolumeHealth, VolumeRequest,
+    Accessibility, CapacityInfo, CapacityRange, ContentSource, LocalKind, LocalVolume,
+    LocalVolumes, ProvisionedSnapshot, ProvisionedVolume, Provisioner, SnapshotRequest, Topology,
+    VolumeHealth, VolumeRequest,
 };
 
 /// The CSI driver name, as Carina has it.

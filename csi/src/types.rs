@@ -30,6 +30,39 @@ pub struct Accessibility {
     pub preferred: Vec<Topology>,
 }
 
+/// What a new volume is filled from (CreateVolume's
+/// `volume_content_source`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentSource {
+    /// A snapshot id.
+    Snapshot(String),
+    /// A volume id (a clone).
+    Volume(String),
+}
+
+/// A validated CreateSnapshot request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRequest {
+    /// The CSI name (idempotency key).
+    pub name: String,
+    /// The node-local name ([`crate::snapshot_id::local_snapshot_name`]).
+    pub local_name: String,
+    pub source_volume_id: String,
+}
+
+/// A snapshot as a control plane knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvisionedSnapshot {
+    pub snapshot_id: String,
+    pub source_volume_id: String,
+    /// The source's size when the snapshot was taken.
+    pub size_bytes: u64,
+    /// When it was taken, nanoseconds since the Unix epoch.
+    pub created_unix_nanos: i64,
+    /// The copy is complete.
+    pub ready: bool,
+}
+
 /// A validated CreateVolume request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRequest {
@@ -42,6 +75,8 @@ pub struct VolumeRequest {
     pub accessibility: Accessibility,
     /// Block access was requested (no filesystem).
     pub block: bool,
+    /// Fill the volume from this snapshot or volume.
+    pub source: Option<ContentSource>,
 }
 
 /// A volume as a control plane knows it.
@@ -111,6 +146,42 @@ pub trait Provisioner: Send + Sync + 'static {
     /// that no longer has the volume, makes the volume abnormal with a
     /// message that says so.
     async fn volume_health(&self, volumes: &[ProvisionedVolume]) -> Vec<VolumeHealth>;
+
+    /// Whether snapshots and clones are made ([`Self::create_snapshot`],
+    /// [`Self::delete_snapshot`], [`Self::list_snapshots`] and requests
+    /// with a [`ContentSource`]); the controller advertises them only
+    /// then.
+    fn copies(&self) -> bool {
+        false
+    }
+
+    /// Takes a snapshot of the request's source volume, or returns the
+    /// existing one of that name and source (`AlreadyExists` for another
+    /// source).
+    async fn create_snapshot(
+        &self,
+        req: &SnapshotRequest,
+    ) -> Result<ProvisionedSnapshot, CsiError> {
+        let _ = req;
+        Err(CsiError::Unimplemented(
+            "snapshots are not supported".into(),
+        ))
+    }
+
+    /// Deletes the snapshot; one that does not exist is success.
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), CsiError> {
+        let _ = snapshot_id;
+        Err(CsiError::Unimplemented(
+            "snapshots are not supported".into(),
+        ))
+    }
+
+    /// Every snapshot, sorted by id.
+    async fn list_snapshots(&self) -> Result<Vec<ProvisionedSnapshot>, CsiError> {
+        Err(CsiError::Unimplemented(
+            "snapshots are not supported".into(),
+        ))
+    }
 
     /// Capacity available in `topology` (all nodes when `None`) and
     /// `group` (all groups when `None`).

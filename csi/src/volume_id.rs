@@ -31,8 +31,12 @@ impl VolumeId {
             return Err(CsiError::invalid("volume_id", "must not be empty"));
         }
         match id.rsplit_once('@') {
+            // A snapshot's id has the same shape; it names no volume.
             Some((volume, node))
-                if !volume.is_empty() && !node.is_empty() && !volume.contains('@') =>
+                if !volume.is_empty()
+                    && !node.is_empty()
+                    && !volume.contains('@')
+                    && !crate::snapshot_id::is_snapshot_name(volume) =>
             {
                 Ok(VolumeId::new(volume, node))
             }

@@ -234,6 +234,7 @@ pub fn lv(name: &str, node: &str, group: &str, size: &str) -> LogicVolume {
     LogicVolume::new(
         name,
         LogicVolumeSpec {
+            source: None,
             node_name: node.into(),
             size: quantity_of(size),
             device_group: group.into(),

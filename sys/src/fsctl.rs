@@ -58,10 +58,10 @@ mod tests {
 
     #[test]
     fn a_fifo_is_made_and_an_unfrozen_filesystem_thaws_with_einval() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         let fifo = dir.path().join("fifo");
-        mknod(&fifo, libc::S_IFIFO | 0o600, 0).unwrap();
-        let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+        mknod(&fifo, libc::S_IFIFO | 0o600, 0).expect("works");
+        let kind = std::fs::symlink_metadata(&fifo).expect("works").file_type();
         assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind));
         assert!(mknod(&fifo, libc::S_IFIFO | 0o600, 0).is_err());
         if let Err(e) = thaw(dir.path()) {

@@ -26,8 +26,8 @@
 pub mod blockdev;
 pub mod command;
 pub mod coprocess;
-pub mod fsctl;
 pub mod format;
+pub mod fsctl;
 mod io_error;
 pub mod loopdev;
 pub mod mount;

@@ -60,6 +60,7 @@ fn tiered(name: &str, hdd: &str, ssd: &str, size: &str, ratio: u32) -> LogicVolu
     let mut lv = LogicVolume::new(
         name,
         LogicVolumeSpec {
+            source: None,
             node_name: NODE.to_string(),
             size: Quantity(size.to_string()),
             device_group: hdd.to_string(),

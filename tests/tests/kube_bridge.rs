@@ -138,6 +138,7 @@ fn logic_volume(name: &str, node: &str, group: &str, size: &str, finalizer: bool
     let mut lv = LogicVolume::new(
         name,
         LogicVolumeSpec {
+            source: None,
             node_name: node.to_string(),
             size: Quantity(size.to_string()),
             device_group: group.to_string(),

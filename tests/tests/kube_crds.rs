@@ -109,6 +109,7 @@ fn status_patch<K: Resource<DynamicType = ()>>(status: &impl serde::Serialize) -
 async fn logic_volume_round_trip(client: &Client) -> Result<()> {
     let lvs: Api<LogicVolume> = Api::all(client.clone());
     let spec = LogicVolumeSpec {
+        source: None,
         node_name: "node-a".into(),
         size: Quantity("10Gi".into()),
         device_group: "carina-vg-ssd".into(),

@@ -274,6 +274,7 @@ async fn provision(client: &Client, pvc: &PersistentVolumeClaim) -> Result<()> {
     let lv = LogicVolume::new(
         &volume,
         LogicVolumeSpec {
+            source: None,
             node_name: node.clone(),
             size: size.clone(),
             device_group: group.into(),

@@ -7,8 +7,10 @@
 //!   `binpack`/`spreadout`), pure functions over the nodes' capacities;
 //! - [`pool`]: one NodeStorage client per node, over mutual TLS;
 //! - [`health`]: the condition of provisioned volumes, asked of their
-//!   nodes.
+//!   nodes;
+//! - [`copy`]: a clone or snapshot made on a node, its progress followed.
 
+pub mod copy;
 pub mod health;
 pub mod placement;
 pub mod pool;

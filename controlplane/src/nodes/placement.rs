@@ -294,6 +294,7 @@ mod tests {
             parameters: Parameters::default(),
             accessibility: Accessibility::default(),
             block: false,
+            source: None,
         }
     }
 

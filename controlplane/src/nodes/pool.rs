@@ -88,6 +88,11 @@ impl NodeClients {
         self
     }
 
+    /// The time limit of each call.
+    pub fn timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
     /// The client kept for `node` if it was connected to `endpoint`.
     fn cached(&self, node: &str, endpoint: &str) -> Option<Client> {
         // Map reads and inserts cannot leave it half-changed.

@@ -607,5 +607,3 @@ impl NodeStorage for NodeStorageService {
         self.done("ListPodIOLimits", result)
     }
 }
-
-

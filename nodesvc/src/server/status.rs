@@ -31,9 +31,9 @@ pub fn code(e: &Error) -> Code {
         Error::VolumeNotFound { .. } | Error::BcacheNotFound { .. } | Error::PodNotFound { .. } => {
             Code::NotFound
         }
-        Error::AlreadyExists { .. }
-        | Error::BcacheConflict { .. }
-        | Error::CopyConflict { .. } => Code::AlreadyExists,
+        Error::AlreadyExists { .. } | Error::BcacheConflict { .. } | Error::CopyConflict { .. } => {
+            Code::AlreadyExists
+        }
         Error::Cancelled { .. } => Code::Cancelled,
         Error::ResourceExhausted { .. } => Code::ResourceExhausted,
         Error::FailedPrecondition { .. } | Error::Unsupported { .. } => Code::FailedPrecondition,

@@ -285,6 +285,7 @@ mod tests {
         let mut lv = LogicVolume::new(
             "v",
             carina_api::LogicVolumeSpec {
+                source: None,
                 node_name: "n".into(),
                 size: Quantity(size.into()),
                 device_group: "g".into(),
@@ -302,6 +303,7 @@ mod tests {
         let mut lv = LogicVolume::new(
             "v",
             carina_api::LogicVolumeSpec {
+                source: None,
                 node_name: "n".into(),
                 size: Quantity("1Gi".into()),
                 device_group: "g".into(),

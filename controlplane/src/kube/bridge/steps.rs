@@ -1,5 +1,6 @@
-//! The reconcile steps carried out: [`apply`] (`CreateLV`, `CreateBcache`
-//! for a tiered volume, or `ResizeLV` on the node, then the status and an
+//! The reconcile steps carried out: [`apply`] (`CreateLV`, then `CopyLV`
+//! for a volume filled from another, `CreateBcache` for a tiered volume,
+//! or `ResizeLV` on the node, then the status and an
 //! Event), [`cleanup`] (`DeleteLV` or `DeleteBcache`), and
 //! [`fail`] (the failure into the status and a Warning Event). Each node
 //! call runs in a span that continues the object's trace. What to do and
@@ -23,6 +24,7 @@ use super::decide::{
 };
 use super::error::Error;
 use crate::kube::endpoints::{EndpointError, NodeEndpoint};
+use crate::nodes::copy::copy;
 
 /// Makes `span` a child of the W3C `traceparent` (ignored when
 /// malformed, or when no OpenTelemetry layer is installed).
@@ -101,14 +103,25 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
                         .is_some_and(|v| v == "true"),
                 };
                 let what = format!("CreateLV {name}");
-                clients
+                let made = clients
                     .call(
                         &endpoint,
                         &what,
                         |mut c| async move { c.create_lv(req).await },
                     )
-                    .await
-                    .map(|r| (r.volume, r.capacity))
+                    .await?;
+                match &lv.spec.source {
+                    // Filled before it counts as made: the status (and so
+                    // the provisioner) sees the volume once its copy is
+                    // complete. A failed copy leaves the volume marked
+                    // incomplete on the node; the retry copies again.
+                    Some(source) => {
+                        copy(clients, &endpoint, &source.volume, &name, source.snapshot)
+                            .await
+                            .map(|v| (Some(v), made.capacity))
+                    }
+                    None => Ok((made.volume, made.capacity)),
+                }
             }
             _ => {
                 let req = pb::ResizeLvRequest {

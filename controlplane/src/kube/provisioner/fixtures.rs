@@ -20,6 +20,7 @@ pub(super) fn request(required: u64) -> VolumeRequest {
         parameters: Parameters::default(),
         accessibility: Accessibility::default(),
         block: false,
+        source: None,
     }
 }
 
@@ -33,6 +34,7 @@ pub(super) fn lv(node: &str, group: &str, size: u64) -> LogicVolume {
     let mut lv = LogicVolume::new(
         "pvc-1",
         LogicVolumeSpec {
+            source: None,
             node_name: node.into(),
             size: Quantity(size.to_string()),
             device_group: group.into(),

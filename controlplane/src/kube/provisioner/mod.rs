@@ -92,8 +92,8 @@ use async_trait::async_trait;
 use carina_csi::names;
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
-    CapacityInfo, CapacityRange, CsiError, ProvisionedVolume, Provisioner, Topology, VolumeHealth,
-    VolumeRequest, sizes,
+    CapacityInfo, CapacityRange, CsiError, ProvisionedSnapshot, ProvisionedVolume, Provisioner,
+    SnapshotRequest, Topology, VolumeHealth, VolumeRequest, sizes,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
@@ -108,6 +108,7 @@ use crate::nodes::health;
 use crate::nodes::pool::NodeClients;
 
 mod cache;
+mod copies;
 mod error;
 #[cfg(test)]
 mod fixtures;
@@ -220,6 +221,23 @@ impl KubeProvisioner {
         policy: Option<String>,
     ) -> Result<ProvisionedVolume, CsiError> {
         let name = lv.name_any();
+        let made = self.await_made(lv).await?;
+        let volume = provisioned(&made, fs_type(req), policy.as_deref());
+        if !sizes::satisfies(&req.capacity, volume.capacity_bytes) {
+            // A whole disk larger than limit_bytes.
+            self.discard(&made).await;
+            return Err(CsiError::OutOfRange(format!(
+                "volume {:?} on node {} is {} bytes, above limit_bytes {}",
+                name, volume.node, volume.capacity_bytes, req.capacity.limit_bytes
+            )));
+        }
+        Ok(volume)
+    }
+
+    /// Waits until the bridge made `lv` (returned as made), or its create
+    /// failed (the object removed when it failed for good).
+    async fn await_made(&self, lv: LogicVolume) -> Result<LogicVolume, CsiError> {
+        let name = lv.name_any();
         let uid = lv.uid();
         let judged = match create_outcome(Some(&lv), uid.as_deref()) {
             Some(o) => o,
@@ -246,18 +264,7 @@ impl KubeProvisioner {
             }
         };
         match judged {
-            Made(made) => {
-                let volume = provisioned(&made, fs_type(req), policy.as_deref());
-                if !sizes::satisfies(&req.capacity, volume.capacity_bytes) {
-                    // A whole disk larger than limit_bytes.
-                    self.discard(&made).await;
-                    return Err(CsiError::OutOfRange(format!(
-                        "volume {:?} on node {} is {} bytes, above limit_bytes {}",
-                        name, volume.node, volume.capacity_bytes, req.capacity.limit_bytes
-                    )));
-                }
-                Ok(volume)
-            }
+            Made(made) => Ok(made),
             Failed { lv: failed, error } => {
                 if !retryable(error.code()) {
                     self.discard(&failed).await;
@@ -268,6 +275,50 @@ impl KubeProvisioner {
                 "LogicVolume {name:?} was deleted while CreateVolume waited for it"
             ))),
         }
+    }
+
+    /// Deletes the object `lv` (that exact one) and waits until the bridge
+    /// deleted its volume and released it.
+    async fn delete_object(&self, lv: LogicVolume) -> Result<(), CsiError> {
+        let name = lv.name_any();
+        if lv.metadata.deletion_timestamp.is_none() {
+            // The bridge's DeleteLV continues the trace the object names:
+            // name this delete's, as an expand does. Bookkeeping: a failure
+            // is logged and the delete goes on.
+            if let Some(tp) = traceparent() {
+                let patch = serde_json::json!({
+                    "metadata": {"uid": lv.uid(), "annotations": { TRACEPARENT_ANNOTATION: tp }},
+                });
+                match self
+                    .lvs
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+                    // The uid precondition failed: a newer object took the name.
+                    Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(()),
+                    Err(e) => {
+                        tracing::info!(error = %e, "could not name the delete's trace on the LogicVolume")
+                    }
+                }
+            }
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: lv.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.lvs.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+                // The uid precondition failed: a newer object took the name.
+                Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(()),
+                Err(e) => return Err(api_error("delete LogicVolume", e)),
+            }
+        }
+        self.wait_gone(&name, lv.uid()).await
     }
 
     /// Deletes `lv` (that exact object), so a retry can start over; a
@@ -331,6 +382,9 @@ impl KubeProvisioner {
 impl Provisioner for KubeProvisioner {
     #[tracing::instrument(name = "kube.create_volume", skip_all, err(level = "info"), fields(carina.volume.name = %req.name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
+        if let Some(source) = &req.source {
+            return self.create_from(req, source).await;
+        }
         let name = req.local_name.clone();
         // The cache misses only objects made a moment ago, which the create
         // below runs into; an object it holds may be gone or changed, so
@@ -398,51 +452,35 @@ impl Provisioner for KubeProvisioner {
         }
     }
 
+    fn copies(&self) -> bool {
+        true
+    }
+
+    #[tracing::instrument(name = "kube.create_snapshot", skip_all, err(level = "info"), fields(carina.snapshot.name = %req.local_name, carina.volume.id = %req.source_volume_id))]
+    async fn create_snapshot(
+        &self,
+        req: &SnapshotRequest,
+    ) -> Result<ProvisionedSnapshot, CsiError> {
+        self.snapshot(req).await
+    }
+
+    #[tracing::instrument(name = "kube.delete_snapshot", skip_all, err(level = "info"), fields(carina.snapshot.id = %snapshot_id))]
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), CsiError> {
+        self.remove_snapshot(snapshot_id).await
+    }
+
+    #[tracing::instrument(name = "kube.list_snapshots", skip_all, err(level = "info"))]
+    async fn list_snapshots(&self) -> Result<Vec<ProvisionedSnapshot>, CsiError> {
+        self.snapshots().await
+    }
+
     #[tracing::instrument(name = "kube.delete_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id))]
     async fn delete_volume(&self, volume_id: &str) -> Result<(), CsiError> {
         let Some(lv) = self.find(volume_id).await? else {
             tracing::info!("no such LogicVolume: nothing to delete");
             return Ok(());
         };
-        let name = lv.name_any();
-        if lv.metadata.deletion_timestamp.is_none() {
-            // The bridge's DeleteLV continues the trace the object names:
-            // name this delete's, as an expand does. Bookkeeping: a failure
-            // is logged and the delete goes on.
-            if let Some(tp) = traceparent() {
-                let patch = serde_json::json!({
-                    "metadata": {"uid": lv.uid(), "annotations": { TRACEPARENT_ANNOTATION: tp }},
-                });
-                match self
-                    .lvs
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
-                    // The uid precondition failed: a newer object took the name.
-                    Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(()),
-                    Err(e) => {
-                        tracing::info!(error = %e, "could not name the delete's trace on the LogicVolume")
-                    }
-                }
-            }
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: lv.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match self.lvs.delete(&name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
-                // The uid precondition failed: a newer object took the name.
-                Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(()),
-                Err(e) => return Err(api_error("delete LogicVolume", e)),
-            }
-        }
-        self.wait_gone(&name, lv.uid()).await
+        self.delete_object(lv).await
     }
 
     #[tracing::instrument(name = "kube.expand_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id, carina.volume.size_bytes = range.required_bytes))]
@@ -574,6 +612,7 @@ impl Provisioner for KubeProvisioner {
                     .as_ref()
                     .and_then(|s| s.volume_id.as_ref())
                     .is_some()
+                    && copies::snapshot_of(lv).is_none()
             })
             .map(|lv| {
                 let key = (lv.spec.node_name.clone(), lv.spec.device_group.clone());

@@ -46,6 +46,7 @@ pub(super) fn new_object(name: &str, req: &VolumeRequest, target: &Target) -> Lo
     let mut lv = LogicVolume::new(
         name,
         LogicVolumeSpec {
+            source: None,
             node_name: target.node.clone(),
             size: Quantity(target.size_bytes.to_string()),
             device_group: target.group.clone(),

@@ -91,6 +91,7 @@ mod tests {
         let mut lv = LogicVolume::new(
             "pvc-1",
             LogicVolumeSpec {
+                source: None,
                 node_name: "a".into(),
                 size: Quantity("1Mi".into()),
                 device_group: "ssd".into(),

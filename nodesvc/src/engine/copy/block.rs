@@ -82,7 +82,7 @@ pub fn copy_device(
 ) -> Result<(), CopyError> {
     // Direct IO needs every request aligned; a length that is not (never
     // for volumes, which are whole extents or sectors) goes buffered.
-    let direct = len % ALIGN as u64 == 0;
+    let direct = len.is_multiple_of(ALIGN as u64);
     let (src, _) = open(source, false, direct).map_err(io("open the source", source))?;
     let (dst, _) = open(target, true, direct).map_err(io("open the target", target))?;
     let mut buf = Aligned::new();
@@ -114,17 +114,17 @@ mod tests {
 
     #[test]
     fn copies_exactly_len_bytes_and_reports_progress() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
         let data = pattern(CHUNK * 2 + 8192);
-        std::fs::write(&src, &data).unwrap();
-        std::fs::write(&dst, vec![0xffu8; data.len() + 4096]).unwrap();
+        std::fs::write(&src, &data).expect("works");
+        std::fs::write(&dst, vec![0xffu8; data.len() + 4096]).expect("works");
         let mut seen = Vec::new();
         copy_device(&src, &dst, data.len() as u64, &Stop::default(), |n| {
             seen.push(n)
         })
-        .unwrap();
-        let out = std::fs::read(&dst).unwrap();
+        .expect("works");
+        let out = std::fs::read(&dst).expect("works");
         assert_eq!(&out[..data.len()], &data[..]);
         // Beyond the source's length the target is left as it was.
         assert!(out[data.len()..].iter().all(|b| *b == 0xff));
@@ -136,10 +136,10 @@ mod tests {
 
     #[test]
     fn a_stop_ends_the_copy_between_chunks() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
-        std::fs::write(&src, pattern(CHUNK * 3)).unwrap();
-        std::fs::write(&dst, vec![0u8; CHUNK * 3]).unwrap();
+        std::fs::write(&src, pattern(CHUNK * 3)).expect("works");
+        std::fs::write(&dst, vec![0u8; CHUNK * 3]).expect("works");
         let stop = Stop::default();
         let mut chunks = 0;
         let result = copy_device(&src, &dst, (CHUNK * 3) as u64, &stop, |_| {
@@ -152,10 +152,10 @@ mod tests {
 
     #[test]
     fn a_short_source_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
-        std::fs::write(&src, pattern(4096)).unwrap();
-        std::fs::write(&dst, vec![0u8; 8192]).unwrap();
+        std::fs::write(&src, pattern(4096)).expect("works");
+        std::fs::write(&dst, vec![0u8; 8192]).expect("works");
         match copy_device(&src, &dst, 8192, &Stop::default(), |_| {}) {
             Err(CopyError::Io { action, path, .. }) => {
                 assert_eq!(action, "read the source");

@@ -39,7 +39,7 @@ pub struct Freeze {
 impl Freeze {
     /// Freezes the filesystem mounted at `mount_point` (blocks until its
     /// dirty data is written).
-    pub fn freeze(mount_point: &Path) -> std::io::Result<Freeze> {
+    pub fn new(mount_point: &Path) -> std::io::Result<Freeze> {
         carina_sys::fsctl::freeze(mount_point)?;
         tracing::info!(mount_point = %mount_point.display(), "filesystem frozen for a copy");
         Ok(Freeze {
@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn thawing_what_is_not_frozen_is_harmless() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         thaw(dir.path());
         thaw(&dir.path().join("gone"));
     }

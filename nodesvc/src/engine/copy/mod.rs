@@ -197,7 +197,11 @@ impl Engine {
                     copied: false,
                 });
             }
-            let kind = if done.snapshot { "a snapshot" } else { "a copy" };
+            let kind = if done.snapshot {
+                "a snapshot"
+            } else {
+                "a copy"
+            };
             return Err(Error::CopyConflict {
                 target: req.target.clone(),
                 holds: format!("{kind} of {:?}", done.source),
@@ -261,9 +265,9 @@ impl Engine {
         match (host(source), host(target)) {
             (true, true) => {
                 let dir = |v: &Volume| {
-                    v.host_path.clone().ok_or_else(|| {
-                        precondition(&v.name, "the HOST volume has no directory")
-                    })
+                    v.host_path
+                        .clone()
+                        .ok_or_else(|| precondition(&v.name, "the HOST volume has no directory"))
                 };
                 Ok(Plan::Tree {
                     source: dir(source)?,
@@ -345,7 +349,7 @@ impl Engine {
                 let frozen = match freeze_at {
                     Some(mount_point) => Some(
                         tokio::task::spawn_blocking(move || {
-                            Freeze::freeze(&mount_point)
+                            Freeze::new(&mount_point)
                                 .map_err(|e| Error::io("freeze the filesystem at", mount_point, e))
                         })
                         .await

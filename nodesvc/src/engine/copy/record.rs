@@ -181,28 +181,28 @@ mod tests {
 
     #[test]
     fn records_round_trip_on_disk_and_in_memory() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         for records in [
             CopyRecords::new(Some(dir.path().join("copies"))),
             CopyRecords::new(None),
         ] {
-            assert_eq!(records.get("t").unwrap(), None);
-            records.put("t", &record(false)).unwrap();
-            records.put("t", &record(true)).unwrap();
-            assert_eq!(records.get("t").unwrap(), Some(record(true)));
+            assert_eq!(records.get("t").expect("works"), None);
+            records.put("t", &record(false)).expect("works");
+            records.put("t", &record(true)).expect("works");
+            assert_eq!(records.get("t").expect("works"), Some(record(true)));
             assert_eq!(records.all(), vec![("t".to_string(), record(true))]);
             records.remove("t");
             records.remove("t");
-            assert_eq!(records.get("t").unwrap(), None);
+            assert_eq!(records.get("t").expect("works"), None);
         }
     }
 
     #[test]
     fn an_unreadable_record_is_an_error_not_an_absence() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("t.json"), "{not json").unwrap();
+        let dir = tempfile::tempdir().expect("works");
+        std::fs::write(dir.path().join("t.json"), "{not json").expect("works");
         let records = CopyRecords::new(Some(dir.path().to_path_buf()));
-        let err = records.get("t").unwrap_err();
+        let err = records.get("t").expect_err("refused");
         assert!(err.to_string().contains("t.json"), "{err}");
     }
 }

@@ -170,39 +170,49 @@ mod tests {
 
     #[test]
     fn a_tree_is_copied_with_links_modes_and_times() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
-        std::fs::create_dir_all(src.join("a/b")).unwrap();
-        std::fs::write(src.join("a/b/file"), vec![5u8; CHUNK + 3]).unwrap();
-        std::fs::write(src.join("top"), b"top").unwrap();
-        std::fs::set_permissions(src.join("top"), std::fs::Permissions::from_mode(0o640)).unwrap();
-        std::os::unix::fs::symlink("a/b/file", src.join("link")).unwrap();
-        std::fs::create_dir(&dst).unwrap();
-        std::fs::write(dst.join("stale"), b"old").unwrap();
+        std::fs::create_dir_all(src.join("a/b")).expect("works");
+        std::fs::write(src.join("a/b/file"), vec![5u8; CHUNK + 3]).expect("works");
+        std::fs::write(src.join("top"), b"top").expect("works");
+        std::fs::set_permissions(src.join("top"), std::fs::Permissions::from_mode(0o640))
+            .expect("works");
+        std::os::unix::fs::symlink("a/b/file", src.join("link")).expect("works");
+        std::fs::create_dir(&dst).expect("works");
+        std::fs::write(dst.join("stale"), b"old").expect("works");
 
-        assert_eq!(file_bytes(&src).unwrap(), CHUNK as u64 + 6);
-        empty_dir(&dst).unwrap();
+        assert_eq!(file_bytes(&src).expect("works"), CHUNK as u64 + 6);
+        empty_dir(&dst).expect("works");
         let mut last = 0;
-        copy_tree(&src, &dst, &Stop::default(), &mut |n| last = n).unwrap();
+        copy_tree(&src, &dst, &Stop::default(), &mut |n| last = n).expect("works");
         assert_eq!(last, CHUNK as u64 + 6);
         assert!(!dst.join("stale").exists());
-        assert_eq!(std::fs::read(dst.join("a/b/file")).unwrap(), vec![5u8; CHUNK + 3]);
-        assert_eq!(std::fs::read_link(dst.join("link")).unwrap(), Path::new("a/b/file"));
-        let top = std::fs::metadata(dst.join("top")).unwrap();
+        assert_eq!(
+            std::fs::read(dst.join("a/b/file")).expect("works"),
+            vec![5u8; CHUNK + 3]
+        );
+        assert_eq!(
+            std::fs::read_link(dst.join("link")).expect("works"),
+            Path::new("a/b/file")
+        );
+        let top = std::fs::metadata(dst.join("top")).expect("works");
         assert_eq!(top.mode() & 0o777, 0o640);
         assert_eq!(
-            top.modified().unwrap(),
-            std::fs::metadata(src.join("top")).unwrap().modified().unwrap()
+            top.modified().expect("works"),
+            std::fs::metadata(src.join("top"))
+                .expect("works")
+                .modified()
+                .expect("works")
         );
     }
 
     #[test]
     fn a_stop_ends_the_copy() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("works");
         let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
-        std::fs::create_dir_all(&src).unwrap();
-        std::fs::create_dir_all(&dst).unwrap();
-        std::fs::write(src.join("f"), b"x").unwrap();
+        std::fs::create_dir_all(&src).expect("works");
+        std::fs::create_dir_all(&dst).expect("works");
+        std::fs::write(src.join("f"), b"x").expect("works");
         let stop = Stop::default();
         stop.set();
         let result = copy_tree(&src, &dst, &stop, &mut |_| {});

@@ -1,0 +1,95 @@
+//! Snapshots' names and ids. A snapshot is a volume on its source's node
+//! (a complete, read-only copy), named `csi-s` plus 32 hex digits of the
+//! SHA-256 of its CSI name: never a name [`crate::names::local_name`]
+//! gives a volume (a hashed volume name has only hex digits after
+//! `csi-`), so a snapshot id cannot be taken for a volume id nor the
+//! other way round. The id is `<snapshot>@<node>`, like a volume id.
+
+use sha2::{Digest, Sha256};
+
+use crate::error::CsiError;
+use crate::volume_id::VolumeId;
+
+const PREFIX: &str = "csi-s";
+const HASH_HEX: usize = 32;
+
+/// The node-local volume name of the snapshot named `csi_name`.
+pub fn local_snapshot_name(csi_name: &str) -> String {
+    let digest = Sha256::digest(csi_name.as_bytes());
+    let hex: String = digest
+        .iter()
+        .take(HASH_HEX / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{PREFIX}{hex}")
+}
+
+/// Whether `name` is a name [`local_snapshot_name`] can return.
+pub fn is_snapshot_name(name: &str) -> bool {
+    name.strip_prefix(PREFIX).is_some_and(|h| {
+        h.len() == HASH_HEX
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Parses a snapshot id: empty is `InvalidArgument` naming `field`, and
+/// an id no snapshot of ours can have is `NotFound`.
+pub fn parse(field: &str, id: &str) -> Result<VolumeId, CsiError> {
+    if id.is_empty() {
+        return Err(CsiError::invalid(field, "must not be empty"));
+    }
+    let not_found = || {
+        CsiError::NotFound(format!(
+            "snapshot {id:?} does not exist (ids look like csi-s<32 hex digits>@<node>)"
+        ))
+    };
+    match id.rsplit_once('@') {
+        Some((name, node)) if is_snapshot_name(name) && !node.is_empty() => {
+            Ok(VolumeId::new(name, node))
+        }
+        _ => Err(not_found()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::{is_local_name, local_name};
+
+    proptest::proptest! {
+        /// No CSI name gives a snapshot the name a volume can have.
+        #[test]
+        fn snapshot_and_volume_names_never_meet(a in ".{0,200}", b in ".{0,200}") {
+            let snap = local_snapshot_name(&a);
+            proptest::prop_assert!(is_snapshot_name(&snap));
+            proptest::prop_assert!(!is_local_name(&snap));
+            proptest::prop_assert!(!is_snapshot_name(&local_name(&b)));
+            proptest::prop_assert_eq!(snap, local_snapshot_name(&a));
+        }
+    }
+
+    #[test]
+    fn ids_parse_and_refuse() {
+        let id = format!("{}@node-a", local_snapshot_name("snap-1"));
+        let parsed = parse("snapshot_id", &id).expect("works");
+        assert_eq!(parsed.node, "node-a");
+        assert_eq!(parsed.encode(), id);
+        assert_eq!(
+            parse("snapshot_id", "").expect_err("refused").code(),
+            tonic::Code::InvalidArgument
+        );
+        for bad in [
+            "pvc-1@node-a",
+            "csi-s12@node-a",
+            "x",
+            &format!("{}@", local_snapshot_name("a")),
+        ] {
+            assert_eq!(
+                parse("snapshot_id", bad).expect_err("refused").code(),
+                tonic::Code::NotFound,
+                "{bad}"
+            );
+        }
+    }
+}
