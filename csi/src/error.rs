@@ -116,7 +116,9 @@ impl From<FormatError> for CsiError {
             FormatError::Occupied { .. } | FormatError::TooSmall { .. } => {
                 CsiError::FailedPrecondition(e.to_string())
             }
-            FormatError::Io(_) => CsiError::Internal(e.to_string()),
+            FormatError::Io(_) | FormatError::Unreadable { .. } => {
+                CsiError::Internal(e.to_string())
+            }
         }
     }
 }

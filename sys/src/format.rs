@@ -71,6 +71,13 @@ pub enum FormatError {
     },
     #[error(transparent)]
     Io(#[from] IoError),
+    /// A tool's report could not be read.
+    #[error("cannot read the {what} of {}: {output:?}", device.display())]
+    Unreadable {
+        device: PathBuf,
+        what: &'static str,
+        output: String,
+    },
 }
 
 /// What `blkid -p` found on a device that is not blank.
@@ -214,6 +221,60 @@ pub async fn grow_filesystem(
     Ok(())
 }
 
+/// The bytes the `fs` filesystem on `device` spans, by its own
+/// superblock (read-only; mounted or not).
+pub async fn filesystem_bytes(fs: FsType, device: &Path) -> Result<u64, FormatError> {
+    let (out, count_key, size_key) = match fs {
+        FsType::Ext4 => (
+            Cmd::new("dumpe2fs").arg("-h").arg(device).run().await?,
+            "Block count:",
+            "Block size:",
+        ),
+        FsType::Xfs => (
+            Cmd::new("xfs_db")
+                .args(["-r", "-c", "sb 0", "-c", "p dblocks blocksize"])
+                .arg(device)
+                .run()
+                .await?,
+            "dblocks =",
+            "blocksize =",
+        ),
+    };
+    parse_fs_bytes(&out.stdout, count_key, size_key).ok_or_else(|| FormatError::Unreadable {
+        device: device.to_path_buf(),
+        what: "filesystem size",
+        output: out.stdout.chars().take(400).collect(),
+    })
+}
+
+/// `<count_key> N` times `<size_key> M` from a tool's report.
+fn parse_fs_bytes(text: &str, count_key: &str, size_key: &str) -> Option<u64> {
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    field(count_key)?.checked_mul(field(size_key)?)
+}
+
+/// Grows an unmounted ext4 filesystem on `device` to fill it, checking
+/// it first (`resize2fs` asks for a fresh `e2fsck -f` before an offline
+/// resize). xfs grows only mounted: [`grow_filesystem`].
+pub async fn grow_unmounted_ext4(device: &Path) -> Result<(), FormatError> {
+    Cmd::new("e2fsck")
+        .args(["-f", "-p"])
+        .arg(device)
+        .timeout(LONG_TIMEOUT)
+        .run()
+        .await?;
+    Cmd::new("resize2fs")
+        .arg(device)
+        .timeout(LONG_TIMEOUT)
+        .run()
+        .await?;
+    Ok(())
+}
+
 /// The size of a block device (or file) in bytes.
 pub async fn device_size(device: &Path) -> Result<u64, FormatError> {
     let path = device.to_path_buf();
@@ -228,6 +289,25 @@ pub async fn device_size(device: &Path) -> Result<u64, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filesystem_sizes_are_read_from_the_tools_reports() {
+        let ext4 = "Filesystem volume name:   <none>\nBlock count:              409600\nReserved block count:     0\nBlock size:               1024\n";
+        assert_eq!(
+            parse_fs_bytes(ext4, "Block count:", "Block size:"),
+            Some(400 << 20)
+        );
+        let xfs = "dblocks = 102400\nblocksize = 4096\n";
+        assert_eq!(
+            parse_fs_bytes(xfs, "dblocks =", "blocksize ="),
+            Some(400 << 20)
+        );
+        assert_eq!(
+            parse_fs_bytes("dblocks = x\n", "dblocks =", "blocksize ="),
+            None
+        );
+        assert_eq!(parse_fs_bytes("", "Block count:", "Block size:"), None);
+    }
 
     #[test]
     fn parses_blkid_export() {

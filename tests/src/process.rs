@@ -220,13 +220,13 @@ mod tests {
 
     #[test]
     fn backtrace_frames_are_left_out_of_the_tail() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("log");
         std::fs::write(
             &log,
             "start\nError: listen on 127.0.0.1:1 (metrics)\n\nStack backtrace:\n   0: anyhow::error\n             at /src/error.rs:1:2\n  12: carina_node::main\nlast: words\n",
         )
-        .unwrap();
+        .expect("write the log");
         assert_eq!(
             tail(&log, 4),
             "Error: listen on 127.0.0.1:1 (metrics)\n\nStack backtrace:\nlast: words"

@@ -970,3 +970,58 @@ async fn raw_partition_is_formatted_when_blank() {
     csi.unpublish_and_unstage(&id, &staging, &[&target]).await;
     assert!(work.mounts().is_empty());
 }
+
+/// A volume filled from a smaller snapshot or volume holds a filesystem
+/// smaller than itself: staging grows it to fill the volume (ext4 before
+/// mounting, as an offline resize; xfs once mounted), keeping its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filesystem_smaller_than_its_volume_is_grown_at_stage() {
+    let Some(lvm) = lvm(
+        "a_filesystem_smaller_than_its_volume_is_grown_at_stage",
+        2048 * MIB,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut csi = CsiNode::start(lvm.engine.clone()).await;
+    let work = WorkDir::new();
+    for (fs, mkfs) in [
+        ("xfs", vec!["mkfs.xfs", "-q", "-f", "-d", "size=320m"]),
+        ("ext4", vec!["mkfs.ext4", "-q", "-F", "-m0"]),
+    ] {
+        let (id, device) = lvm.volume(640 * MIB).await;
+        let dev = device.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = mkfs[1..].to_vec();
+        args.push(&dev);
+        if fs == "ext4" {
+            args.push("320M");
+        }
+        run(mkfs[0], &args).expect("mkfs on part of the device");
+        // A file in the small filesystem, as a copy would bring it.
+        let seed = work.path(&format!("seed-{fs}"));
+        std::fs::create_dir_all(&seed).expect("seed dir");
+        run("mount", &[&dev, &seed.to_string_lossy()]).expect("mount seed");
+        std::fs::write(seed.join("kept"), b"from the source").expect("write");
+        run("umount", &[&seed.to_string_lossy()]).expect("umount seed");
+
+        let staging = work.path(&format!("staging-{fs}"));
+        let cap = mount_cap(Mode::SingleNodeWriter, fs);
+        csi.stage(&id, &staging, cap.clone()).await.expect("stage");
+        let (total, _) = statfs(&staging);
+        assert!(
+            total.0 > 560 * MIB as i64,
+            "{fs}: the staged filesystem spans {} bytes of a 640 MiB volume",
+            total.0
+        );
+        assert_eq!(
+            std::fs::read(staging.join("kept")).expect("read"),
+            b"from the source",
+            "{fs}"
+        );
+        // Staging again finds nothing to grow.
+        csi.stage(&id, &staging, cap).await.expect("stage again");
+        csi.unstage(&id, &staging).await.expect("unstage");
+    }
+    assert!(work.mounts().is_empty());
+}

@@ -27,11 +27,30 @@ pub(super) async fn stage_device(
     let created = create && create_dir(staging).await?;
     let result = async {
         let fs = format::ensure_filesystem(device, fs).await?;
+        let grow = !fs.formatted && smaller_than_device(fs.fs, device).await?;
+        if grow && fs.fs == FsType::Ext4 {
+            format::grow_unmounted_ext4(device).await?;
+        }
         mount::mount(device, staging, fs.fs.as_str(), flags).await?;
+        if grow && fs.fs == FsType::Xfs {
+            format::grow_filesystem(fs.fs, device, staging).await?;
+        }
+        if grow {
+            tracing::info!(device = %device.display(), fs = fs.fs.as_str(), "filesystem grown to fill its volume (it was copied from a smaller one)");
+        }
         Ok::<_, CsiError>(())
     }
     .await;
     undo_create_on_error(result, staging, created).await
+}
+
+/// Whether the `fs` filesystem on `device` leaves at least 1 MiB of it
+/// unused: a volume filled from a smaller snapshot or volume (a clone
+/// may be larger than its source), whose filesystem is grown to fill it.
+async fn smaller_than_device(fs: FsType, device: &Path) -> Result<bool, CsiError> {
+    let fs_bytes = format::filesystem_bytes(fs, device).await?;
+    let device_bytes = format::device_size(device).await?;
+    Ok(fs_bytes.saturating_add(1 << 20) <= device_bytes)
 }
 
 /// Bind-mounts the directory volume `dir` at `staging` with `flags`.

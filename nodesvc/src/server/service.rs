@@ -90,7 +90,8 @@ impl NodeStorageService {
     /// Starts the copy `req` asks for and streams its progress: a message
     /// every [`PROGRESS_EVERY`] while it runs, then the last one (done,
     /// with the target) or the error. The copy stops when the client goes
-    /// away (the stream is dropped) or the server stops.
+    /// away (the stream is dropped) or the server stops (the call then
+    /// ends UNAVAILABLE: the caller did not cancel it, a retry works).
     fn copy(&self, req: pb::CopyLvRequest) -> Result<CopyStream, Status> {
         let req = convert::copy_request(req)?;
         let (tx, rx) = mpsc::channel::<Result<pb::CopyLvProgress, Status>>(8);
@@ -106,6 +107,7 @@ impl NodeStorageService {
             let mut ticker = tokio::time::interval(PROGRESS_EVERY);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut stopped = false;
+            let mut shutting_down = false;
             let outcome = loop {
                 tokio::select! {
                     result = &mut copy => break result,
@@ -123,6 +125,7 @@ impl NodeStorageService {
                     _ = stopping.wait_for(|s| *s), if !stopped => {
                         tracing::info!("the server is stopping; stopping the copy");
                         stopped = true;
+                        shutting_down = true;
                         stop.set();
                     }
                 }
@@ -138,6 +141,11 @@ impl NodeStorageService {
                         frozen: false,
                     })
                 }
+                // Stopped by the node going down, not by the caller: a
+                // retry (once the node is back) works.
+                Err(e @ Error::Cancelled { .. }) if shutting_down => Err(Status::unavailable(
+                    format!("{e}: the node is shutting down"),
+                )),
                 Err(e) => Err(Status::from(e)),
             };
             // Counted (and a node failure logged) like every call's end.

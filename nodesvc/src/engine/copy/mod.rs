@@ -242,7 +242,16 @@ impl Engine {
             },
         };
         copies.put(&req.target, &record)?;
-        self.run_copy(plan, progress, stop, &what).await?;
+        if let Err(e) = self.run_copy(plan, progress, stop, &what).await {
+            // Thawed by now: a later start must not thaw a freeze someone
+            // else set there since.
+            if record.frozen_at.take().is_some()
+                && let Err(put) = copies.put(&req.target, &record)
+            {
+                tracing::warn!(error = %put, "could not record that the source was thawed");
+            }
+            return Err(e);
+        }
         record.complete = true;
         record.completed_unix_nanos = nanos_now();
         record.frozen_at = None;
