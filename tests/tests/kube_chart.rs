@@ -5,8 +5,8 @@
 //! `deploy/` are what the chart renders (`hack/render-manifests.sh
 //! --check`).
 //!
-//! Needs helm, etcd, kube-apiserver and csi-provisioner from
-//! `tests/tools/build.sh helm etcd kube csi-provisioner`.
+//! Needs helm, etcd, kube-apiserver, csi-provisioner and csi-snapshotter
+//! from `tests/tools/build.sh helm etcd kube csi-provisioner csi-snapshotter`.
 
 use std::process::Command;
 
@@ -251,7 +251,7 @@ fn default_values_issue_identities_and_register_with_kubelet() -> Result<()> {
     assert!(!a.iter().any(|a| a.starts_with("--tls-")), "{a:?}");
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
-    for sidecar in ["csi-provisioner", "csi-resizer"] {
+    for sidecar in ["csi-provisioner", "csi-resizer", "csi-snapshotter"] {
         let s = container(controller, sidecar)?;
         assert!(has(&args(s), "--leader-election"), "{sidecar}");
     }
@@ -549,7 +549,7 @@ fn another_kubelet_dir_and_namespace_reach_every_path_and_name() -> Result<()> {
     ] {
         assert!(has(&a, want), "controller args {a:?} lack {want}");
     }
-    for sidecar in ["csi-provisioner", "csi-resizer"] {
+    for sidecar in ["csi-provisioner", "csi-resizer", "csi-snapshotter"] {
         let s = container(controller, sidecar)?;
         assert!(
             has(&args(s), "--leader-election-namespace=carina-storage"),
@@ -628,6 +628,95 @@ fn capacity_tracking_is_on_by_default_and_can_be_turned_off() -> Result<()> {
     Ok(())
 }
 
+/// The snapshot rules of the controller's ClusterRole: (resource, verbs).
+fn snapshot_rules(objs: &[Value]) -> Result<Vec<(String, Vec<String>)>> {
+    let role = find(objs, "ClusterRole", "carina-controller")?;
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    };
+    Ok(role["rules"]
+        .as_array()
+        .context("rules")?
+        .iter()
+        .filter(|r| {
+            strings(&r["apiGroups"])
+                .iter()
+                .any(|g| g.contains("snapshot"))
+        })
+        .flat_map(|r| {
+            let verbs = strings(&r["verbs"]);
+            strings(&r["resources"])
+                .into_iter()
+                .map(move |res| (res, verbs.clone()))
+        })
+        .collect())
+}
+
+/// external-snapshotter's sidecar runs beside the controller by default,
+/// on its CSI socket, with the rights upstream's RBAC gives it (none for
+/// volume group snapshots, which it runs without); turned off, neither the
+/// container nor the rules are rendered.
+#[test]
+fn the_snapshotter_sidecar_is_on_by_default_and_can_be_turned_off() -> Result<()> {
+    let chart = Chart::new()?;
+    let objs = render(&chart, &DEFAULTS)?;
+    let controller = find(&objs, "Deployment", "carina-controller")?;
+    let s = container(controller, "csi-snapshotter")?;
+    assert_eq!(
+        s["image"],
+        "registry.k8s.io/sig-storage/csi-snapshotter:v8.7.0"
+    );
+    let a = args(s);
+    for want in [
+        "--csi-address=/csi/csi-controller.sock",
+        "--leader-election",
+        "--leader-election-namespace=kube-system",
+        "--timeout=120s",
+        "--feature-gates=CSIVolumeGroupSnapshot=false",
+    ] {
+        assert!(has(&a, want), "csi-snapshotter args {a:?} lack {want}");
+    }
+    mount(s, "/csi")?;
+    assert_eq!(s["securityContext"]["readOnlyRootFilesystem"], true);
+    let rules = snapshot_rules(&objs)?;
+    let verbs = |resource: &str| -> Vec<String> {
+        let mut v: Vec<String> = rules
+            .iter()
+            .filter(|(r, _)| r == resource)
+            .flat_map(|(_, v)| v.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(verbs("volumesnapshotclasses"), ["get", "list", "watch"]);
+    assert_eq!(
+        verbs("volumesnapshotcontents"),
+        ["get", "list", "patch", "update", "watch"]
+    );
+    assert_eq!(verbs("volumesnapshotcontents/status"), ["patch", "update"]);
+    // external-provisioner restores from a VolumeSnapshot.
+    assert_eq!(verbs("volumesnapshots"), ["get", "list", "update", "watch"]);
+    assert!(
+        !rules
+            .iter()
+            .any(|(r, _)| r.starts_with("volumegroupsnapshot")),
+        "{rules:?}"
+    );
+
+    let off = objects(&chart.template(
+        "kube-system",
+        Some("controller: {snapshotter: {enabled: false}}\n"),
+    )?)?;
+    let controller = find(&off, "Deployment", "carina-controller")?;
+    assert!(container(controller, "csi-snapshotter").is_err());
+    assert_eq!(snapshot_rules(&off)?, []);
+    Ok(())
+}
+
 #[test]
 fn bad_values_are_refused_by_name() -> Result<()> {
     let chart = Chart::new()?;
@@ -649,6 +738,14 @@ fn bad_values_are_refused_by_name() -> Result<()> {
         (
             "controller: {provisioner: {capacity: {enabled: true, pollInterval: often}}}\n",
             "pollInterval",
+        ),
+        (
+            "controller: {snapshotter: {enabled: true, timeout: soon}}\n",
+            "timeout",
+        ),
+        (
+            "controller: {snapshotter: {enabled: sometimes}}\n",
+            "enabled",
         ),
     ] {
         let err = match chart.template("kube-system", Some(values)) {
@@ -733,8 +830,8 @@ fn checked_in_manifests_are_a_fresh_render_of_the_chart() -> Result<()> {
     Ok(())
 }
 
-/// Every container that runs one of our programs, or external-provisioner,
-/// passes arguments that program takes: each rendering's argument list, run through the built
+/// Every container that runs one of our programs, external-provisioner or
+/// external-snapshotter's sidecar, passes arguments that program takes: each rendering's argument list, run through the built
 /// binary with `--version` added, gets past its argument parser (an
 /// unknown flag or a value that does not parse is refused before the
 /// version is printed).
@@ -755,6 +852,7 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
                     "carina-controller",
                     "carina-scheduler",
                     "csi-provisioner",
+                    "csi-snapshotter",
                 ]
                 .into_iter()
                 .find(|p| image.contains(&format!("/{p}:"))) else {
@@ -763,7 +861,7 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
                 let binary = match program {
                     // The sidecar's flags (capacity tracking and the rest)
                     // through the upstream program itself.
-                    "csi-provisioner" => tool_path("csi-provisioner")?.join(program),
+                    "csi-provisioner" | "csi-snapshotter" => tool_path(program)?.join(program),
                     _ => carina_tests::process::workspace_binary(program)?,
                 };
                 let mut argv = args(&c);
@@ -782,7 +880,7 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
             }
         }
     }
-    assert!(checked >= 9, "only {checked} containers rendered");
+    assert!(checked >= 12, "only {checked} containers rendered");
     Ok(())
 }
 

@@ -9,8 +9,8 @@
 #                                              tools: the archives' dir), no build
 #
 # TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | csi-resizer |
-#       jaeger | promtool | containerd | crictl | cni | helm | e2e | test-images |
-#       e2e-images | all
+#       csi-snapshotter | jaeger | promtool | containerd | crictl | cni | helm |
+#       e2e | test-images | e2e-images | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -18,6 +18,7 @@ CSI_SANITY_VERSION=v5.6.0       # github.com/kubernetes-csi/csi-test/v5
 ETCD_VERSION=v3.6.16            # go.etcd.io/etcd/server/v3
 KUBE_VERSION=v1.36.3            # k8s.io/kubernetes (staging modules v0.36.3)
 CSI_PROVISIONER_VERSION=v6.3.0  # github.com/kubernetes-csi/external-provisioner/v6
+CSI_SNAPSHOTTER_VERSION=v8.7.0  # github.com/kubernetes-csi/external-snapshotter/v8 (and client/v8)
 JAEGER_VERSION=v1.75.0          # github.com/jaegertracing/jaeger (cmd/jaeger)
 PROMTOOL_VERSION=v0.316.0       # github.com/prometheus/prometheus (cmd/promtool; Prometheus 3.16)
 CONTAINERD_VERSION=v2.4.2       # github.com/containerd/containerd/v2
@@ -31,8 +32,8 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 # directories also change with every input version and library they use.
 IMAGES_REVISION=r3
 
-TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer jaeger promtool containerd crictl cni helm
-    e2e test-images e2e-images)
+TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer csi-snapshotter jaeger promtool containerd crictl
+    cni helm e2e test-images e2e-images)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 # Source archives of programs the Go module proxy does not serve.
 SRC_ROOT=${CARINA_UPSTREAM_SRC:-/var/cache/carina-src}
@@ -49,6 +50,7 @@ tool_version() {
     kube | kubelet | e2e) echo "$KUBE_VERSION" ;;
     csi-provisioner) echo "$CSI_PROVISIONER_VERSION" ;;
     csi-resizer) echo "$CSI_RESIZER_VERSION" ;;
+    csi-snapshotter) echo "$CSI_SNAPSHOTTER_VERSION" ;;
     test-images | e2e-images) images_version "$1" ;;
     jaeger) echo "$JAEGER_VERSION" ;;
     promtool) echo "$PROMTOOL_VERSION" ;;
@@ -67,6 +69,7 @@ tool_binaries() {
     containerd) echo containerd containerd-shim-runc-v2 ctr ;;
     cni) echo bridge host-local loopback ;;
     e2e) echo e2e.test agnhost ;;
+    csi-snapshotter) echo csi-snapshotter snapshot-controller ;;
     test-images | e2e-images) ;;
     *) echo "$1" ;;
     esac
@@ -88,10 +91,18 @@ tool_deps() {
     esac
 }
 
+# Other files a tool puts in its dir, beside bin/.
+tool_files() {
+    case $1 in
+    csi-snapshotter) printf 'crds/%s\n' "${SNAPSHOT_CRDS[@]}" ;;
+    esac
+}
+
 # Files (relative to the tool's dir) a complete build has.
 tool_outputs() {
     local b
     for b in $(tool_binaries "$1"); do echo "bin/$b"; done
+    tool_files "$1"
     if [[ -n $(tool_images "$1") ]]; then
         echo images.tsv
         for b in $(tool_images "$1"); do echo "$b.oci.tar"; done
@@ -297,6 +308,37 @@ build_e2e() {
 build_csi_provisioner() {
     kubernetes_csi_build "$1" "$2" github.com/kubernetes-csi/external-provisioner/v6 \
         "$CSI_PROVISIONER_VERSION" version csi-provisioner
+}
+
+# The VolumeSnapshot CRDs (snapshot.storage.k8s.io/v1), from the snapshotter's
+# client module (client/config/crd in its repository).
+SNAPSHOT_CRDS=(snapshot.storage.k8s.io_volumesnapshotclasses.yaml
+    snapshot.storage.k8s.io_volumesnapshotcontents.yaml snapshot.storage.k8s.io_volumesnapshots.yaml)
+
+# external-snapshotter replaces its client module with ./client; the same
+# code is published as github.com/kubernetes-csi/external-snapshotter/client/v8
+# at the same version.
+snapshotter_client() {
+    [[ $1 == github.com/kubernetes-csi/external-snapshotter/client/v8 && $2 == ./client ]] ||
+        die "unexpected local replace in external-snapshotter: $1 => $2"
+    echo "$1@$CSI_SNAPSHOTTER_VERSION"
+}
+
+build_csi_snapshotter() {
+    # The sidecar beside the controller, and the cluster-wide
+    # snapshot-controller; both report main.version.  Their CRDs go to
+    # crds/ of the tool's dir.
+    local dir=$1 out=$2 v=$CSI_SNAPSHOTTER_VERSION m=github.com/kubernetes-csi/external-snapshotter/v8
+    local client crd
+    new_wrapper "$dir" "$m" "$v" snapshotter_client
+    wrapper_build "$dir" -ldflags "-s -w -X main.version=$v" -o "$out/" \
+        "$m/cmd/csi-snapshotter" "$m/cmd/snapshot-controller"
+    client=$(cd "$dir" && go list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8)
+    [[ -d $client/config/crd ]] || die "no config/crd in $client"
+    mkdir -p "$out/../crds"
+    for crd in "${SNAPSHOT_CRDS[@]}"; do
+        install -m 0644 "$client/config/crd/$crd" "$out/../crds/$crd"
+    done
 }
 
 # source_archive NAME VERSION UPSTREAM: the path of NAME-VERSION.tar.xz in

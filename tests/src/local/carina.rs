@@ -345,6 +345,10 @@ fn values(
             // Pods are scheduled to this node only; no disruption budget
             // matters.
             "podDisruptionBudget": {"enabled": false},
+            // The node has no VolumeSnapshot CRDs nor snapshot-controller
+            // (cluster-wide, outside the chart), and test-images has no
+            // csi-snapshotter image.
+            "snapshotter": {"enabled": false},
         },
         "node": {
             "port": crate::cluster::free_port()?,
