@@ -296,3 +296,56 @@ pub async fn unix_channel(path: PathBuf) -> Result<Channel> {
         }))
         .await?)
 }
+
+/// A `CopyLV` call read to its end.
+#[derive(Debug)]
+pub struct CopyRun {
+    /// The progress messages before the last (all with `done` false).
+    pub progress: Vec<pb::CopyLvProgress>,
+    /// The last message (`done`, with the target), or the status the
+    /// call ended with, whether it came from the call itself (a request
+    /// refused up front) or as the stream's item (a copy that failed).
+    pub outcome: std::result::Result<pb::CopyLvProgress, tonic::Status>,
+}
+
+/// Calls `CopyLV` and reads its stream to the end. An error is a broken
+/// stream: a `done` message that is not the last, or an end without one.
+pub async fn copy_lv(client: &mut Client, req: pb::CopyLvRequest) -> Result<CopyRun> {
+    let mut stream = match client.copy_lv(req).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            return Ok(CopyRun {
+                progress: Vec::new(),
+                outcome: Err(status),
+            });
+        }
+    };
+    let mut progress: Vec<pb::CopyLvProgress> = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(m)) => {
+                if let Some(done) = progress.last().filter(|p| p.done) {
+                    anyhow::bail!("a message after the done one: {done:?}, then {m:?}");
+                }
+                progress.push(m);
+            }
+            Ok(None) => break,
+            Err(status) => {
+                if let Some(done) = progress.last().filter(|p| p.done) {
+                    anyhow::bail!("an error after the done message {done:?}: {status:?}");
+                }
+                return Ok(CopyRun {
+                    progress,
+                    outcome: Err(status),
+                });
+            }
+        }
+    }
+    match progress.pop() {
+        Some(last) if last.done => Ok(CopyRun {
+            progress,
+            outcome: Ok(last),
+        }),
+        last => anyhow::bail!("the stream ended without a done message: last {last:?}"),
+    }
+}

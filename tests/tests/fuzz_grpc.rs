@@ -1,7 +1,9 @@
 //! The NodeStorage surface under hostile input: a real `carina-node`
 //! process (one HOST group) gets, for every RPC, messages with random
 //! field values, valid messages with a few bytes changed, and random
-//! bytes, sent over mTLS as the controller would. For every call:
+//! bytes, sent over mTLS as the controller would (a streamed answer,
+//! CopyLV's, is read to its end and judged by the status it ends with).
+//! For every call:
 //!
 //! - the node answers (no panic, no dropped connection) and keeps serving;
 //! - a refusal carries a code that says what was wrong: never `UNKNOWN`,
@@ -22,7 +24,7 @@ use bytes::{Buf, BufMut};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{NodeArgs, Pki};
 use carina_tests::fuzz::{self, Rng};
-use carina_tests::grpc::{Client, host_config};
+use carina_tests::grpc::{Client, create_lv, host_config};
 use carina_tests::{have_root, unique};
 use prost::Message;
 use tonic::Code;
@@ -156,6 +158,20 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
             size_bytes: sizes(rng),
         }
         .encode_to_vec(),
+        "CopyLV" => {
+            // Mostly the volumes `seed_copy_volumes` made, so that copies
+            // get past the names to the sizes, origins and snapshots.
+            let volume = |rng: &mut Rng| match rng.below(2) {
+                0 => format!("fuzz-{}", rng.below(4)),
+                _ => names(rng),
+            };
+            pb::CopyLvRequest {
+                source: volume(rng),
+                target: volume(rng),
+                snapshot: rng.below(2) == 0,
+            }
+            .encode_to_vec()
+        }
         "GetLV" => pb::GetLvRequest { name: names(rng) }.encode_to_vec(),
         "ListLVs" => pb::ListLVsRequest {
             device_group: groups(rng),
@@ -240,6 +256,7 @@ fn decodes(rpc: &str, bytes: &[u8]) -> bool {
         "CreateLV" => pb::CreateLvRequest::decode(bytes).is_ok(),
         "DeleteLV" => pb::DeleteLvRequest::decode(bytes).is_ok(),
         "ResizeLV" => pb::ResizeLvRequest::decode(bytes).is_ok(),
+        "CopyLV" => pb::CopyLvRequest::decode(bytes).is_ok(),
         "GetLV" => pb::GetLvRequest::decode(bytes).is_ok(),
         "ListLVs" => pb::ListLVsRequest::decode(bytes).is_ok(),
         "Capacity" => pb::CapacityRequest::decode(bytes).is_ok(),
@@ -256,16 +273,34 @@ fn decodes(rpc: &str, bytes: &[u8]) -> bool {
     }
 }
 
+/// A volume's copy origin: source, snapshot, complete, completed at,
+/// source size.
+type Origin = (String, bool, bool, i64, u64);
+
+/// A volume as [`state`] sees it: name, group, size and copy origin.
+type VolumeState = (String, String, u64, Option<Origin>);
+
 /// What a refused call must leave as it was: every volume (name, group,
-/// size) and every group.
-async fn state(client: &mut Client) -> Result<(Vec<(String, String, u64)>, Vec<String>)> {
-    let mut volumes: Vec<(String, String, u64)> = client
+/// size, copy origin) and every group.
+async fn state(client: &mut Client) -> Result<(Vec<VolumeState>, Vec<String>)> {
+    let mut volumes: Vec<VolumeState> = client
         .list_l_vs(pb::ListLVsRequest::default())
         .await?
         .into_inner()
         .volumes
         .into_iter()
-        .map(|v| (v.name, v.device_group, v.size_bytes))
+        .map(|v| {
+            let origin = v.origin.map(|o| {
+                (
+                    o.source,
+                    o.snapshot,
+                    o.complete,
+                    o.completed_unix_nanos,
+                    o.source_size_bytes,
+                )
+            });
+            (v.name, v.device_group, v.size_bytes, origin)
+        })
         .collect();
     volumes.sort();
     let mut groups: Vec<String> = client
@@ -280,10 +315,56 @@ async fn state(client: &mut Client) -> Result<(Vec<(String, String, u64)>, Vec<S
     Ok((volumes, groups))
 }
 
+/// Makes the volumes `fuzz-0` to `fuzz-3` the CopyLV messages mostly
+/// name, of different sizes, each holding a file (one the CreateLV cases
+/// made already stays as it is).
+async fn seed_copy_volumes(client: &mut Client, group: &str) -> Result<()> {
+    for (i, size) in [1u64 << 20, 2 << 20, 2 << 20, 4 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("fuzz-{i}");
+        match client.create_lv(create_lv(&name, group, size)).await {
+            Ok(r) => {
+                let v = r.into_inner().volume.context("CreateLV without a volume")?;
+                std::fs::write(Path::new(&v.host_path).join("data"), name.repeat(1000))
+                    .with_context(|| format!("fill {name}"))?;
+            }
+            Err(s) if s.code() == Code::AlreadyExists => {}
+            Err(s) => return Err(s).with_context(|| format!("create {name}")),
+        }
+    }
+    Ok(())
+}
+
+/// Calls `rpc` with `body`: the call's status, for a server-streaming
+/// RPC the status the stream ends with (its messages read and dropped).
+async fn call(
+    raw: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    rpc: &str,
+    body: &[u8],
+    path: &http::uri::PathAndQuery,
+) -> Result<(), tonic::Status> {
+    let request = tonic::Request::new(body.to_vec());
+    if !STREAMING.contains(&rpc) {
+        return raw.unary(request, path.clone(), RawCodec).await.map(drop);
+    }
+    let mut stream = raw
+        .server_streaming(request, path.clone(), RawCodec)
+        .await?
+        .into_inner();
+    while stream.message().await?.is_some() {}
+    Ok(())
+}
+
+/// The server-streaming RPCs among those fuzzed (their streams end).
+const STREAMING: &[&str] = &["CopyLV"];
+
 const MUTATING: &[&str] = &[
     "CreateLV",
     "DeleteLV",
     "ResizeLV",
+    "CopyLV",
     "ApplyConfig",
     "CreateBcache",
     "DeleteBcache",
@@ -319,6 +400,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
         "CreateLV",
         "DeleteLV",
         "ResizeLV",
+        "CopyLV",
         "GetLV",
         "ListLVs",
         "Capacity",
@@ -337,6 +419,9 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
     for rpc in rpcs {
         let path: http::uri::PathAndQuery = format!("{SERVICE}{rpc}").parse()?;
         let (mut accepted, mut refused) = (0usize, 0usize);
+        if rpc == "CopyLV" {
+            seed_copy_volumes(&mut client, &group).await?;
+        }
         for case in 0..cases {
             let body = match case % 3 {
                 0 => random_message(&mut rng, rpc, &group),
@@ -353,9 +438,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
                 None
             };
             raw.ready().await.context("the node stopped taking calls")?;
-            let answer = raw
-                .unary(tonic::Request::new(body.clone()), path.clone(), RawCodec)
-                .await;
+            let answer = call(&mut raw, rpc, &body, &path).await;
             let at = || format!("{rpc} case {case} (seed {seed}), body {body:02x?}");
             match answer {
                 Ok(_) => {
@@ -403,7 +486,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
         std::slice::from_ref(&group),
         "the original configuration is back"
     );
-    for (name, _, _) in volumes {
+    for (name, _, _, _) in volumes {
         client
             .delete_lv(pb::DeleteLvRequest { name: name.clone() })
             .await
