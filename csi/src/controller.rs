@@ -289,6 +289,50 @@ pub fn decode_token(token: &str) -> Result<String, CsiError> {
     String::from_utf8(bytes).map_err(|_| bad())
 }
 
+/// A list request's paging: at most `max` entries, after the id the
+/// starting token names.
+struct Paging {
+    max: usize,
+    after: Option<String>,
+}
+
+impl Paging {
+    /// From `max_entries` (negative is `INVALID_ARGUMENT`, 0 no limit)
+    /// and `starting_token` (`ABORTED` when not ours).
+    fn of(max_entries: i32, starting_token: &str) -> Result<Paging, CsiError> {
+        if max_entries < 0 {
+            return Err(CsiError::invalid(
+                "max_entries",
+                format!("{max_entries} is negative"),
+            ));
+        }
+        let after = match starting_token {
+            "" => None,
+            token => Some(decode_token(token)?),
+        };
+        let max = match usize::try_from(max_entries) {
+            Ok(0) | Err(_) => usize::MAX,
+            Ok(n) => n,
+        };
+        Ok(Paging { max, after })
+    }
+
+    /// The page of `items` (sorted by `id` here) and the token of the
+    /// next one (empty on the last).
+    fn page<T>(&self, mut items: Vec<T>, id: impl Fn(&T) -> &String) -> (Vec<T>, String) {
+        items.sort_by(|a, b| id(a).cmp(id(b)));
+        if let Some(after) = &self.after {
+            items.retain(|i| id(i).as_str() > after.as_str());
+        }
+        let next_token = match items.get(self.max.saturating_sub(1)) {
+            Some(last) if items.len() > self.max => encode_token(id(last)),
+            _ => String::new(),
+        };
+        items.truncate(self.max);
+        (items, next_token)
+    }
+}
+
 /// The CSI Controller service. Cheap to clone; clones share the in-flight
 /// set.
 #[derive(Debug)]
@@ -397,34 +441,13 @@ impl<P: Provisioner> ControllerService<P> {
         req: csi::ListSnapshotsRequest,
     ) -> Result<csi::ListSnapshotsResponse, CsiError> {
         self.copies_offered("ListSnapshots")?;
-        if req.max_entries < 0 {
-            return Err(CsiError::invalid(
-                "max_entries",
-                format!("{} is negative", req.max_entries),
-            ));
-        }
-        let after = match req.starting_token.as_str() {
-            "" => None,
-            token => Some(decode_token(token)?),
-        };
+        let paging = Paging::of(req.max_entries, &req.starting_token)?;
         let mut snapshots = self.provisioner.list_snapshots().await?;
-        snapshots.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
         snapshots.retain(|s| {
             (req.snapshot_id.is_empty() || s.snapshot_id == req.snapshot_id)
                 && (req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
-                && after
-                    .as_ref()
-                    .is_none_or(|a| s.snapshot_id.as_str() > a.as_str())
         });
-        let max = match usize::try_from(req.max_entries) {
-            Ok(0) | Err(_) => usize::MAX,
-            Ok(n) => n,
-        };
-        let next_token = match snapshots.get(max.saturating_sub(1)) {
-            Some(last) if snapshots.len() > max => encode_token(&last.snapshot_id),
-            _ => String::new(),
-        };
-        snapshots.truncate(max);
+        let (snapshots, next_token) = paging.page(snapshots, |s| &s.snapshot_id);
         Ok(csi::ListSnapshotsResponse {
             entries: snapshots
                 .iter()
@@ -562,30 +585,9 @@ impl<P: Provisioner> ControllerService<P> {
         &self,
         req: csi::ListVolumesRequest,
     ) -> Result<csi::ListVolumesResponse, CsiError> {
-        if req.max_entries < 0 {
-            return Err(CsiError::invalid(
-                "max_entries",
-                format!("{} is negative", req.max_entries),
-            ));
-        }
-        let after = match req.starting_token.as_str() {
-            "" => None,
-            token => Some(decode_token(token)?),
-        };
-        let mut volumes = self.provisioner.list_volumes().await?;
-        volumes.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
-        if let Some(after) = &after {
-            volumes.retain(|v| v.volume_id.as_str() > after.as_str());
-        }
-        let max = match usize::try_from(req.max_entries) {
-            Ok(0) | Err(_) => usize::MAX,
-            Ok(n) => n,
-        };
-        let next_token = match volumes.get(max.saturating_sub(1)) {
-            Some(last) if volumes.len() > max => encode_token(&last.volume_id),
-            _ => String::new(),
-        };
-        volumes.truncate(max);
+        let paging = Paging::of(req.max_entries, &req.starting_token)?;
+        let volumes = self.provisioner.list_volumes().await?;
+        let (volumes, next_token) = paging.page(volumes, |v| &v.volume_id);
         let health = self.provisioner.volume_health(&volumes).await;
         Ok(csi::ListVolumesResponse {
             entries: volumes

@@ -26,24 +26,34 @@ pub fn local_name(csi_name: &str) -> String {
     if is_plain(csi_name) {
         return csi_name.to_string();
     }
+    hashed(HASHED_PREFIX, csi_name)
+}
+
+/// `prefix` and the first [`HASH_HEX`] hex digits of the SHA-256 of
+/// `csi_name`.
+pub(crate) fn hashed(prefix: &str, csi_name: &str) -> String {
     let digest = Sha256::digest(csi_name.as_bytes());
     let hex: String = digest
         .iter()
         .take(HASH_HEX / 2)
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("{HASHED_PREFIX}{hex}")
+    format!("{prefix}{hex}")
+}
+
+/// Whether `rest` is [`HASH_HEX`] lower-case hex digits.
+pub(crate) fn is_hash(rest: &str) -> bool {
+    rest.len() == HASH_HEX
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Whether `name` is a name [`local_name`] can return: anything else
 /// cannot name a volume we made, so a lookup can answer "not found"
 /// without asking anyone.
 pub fn is_local_name(name: &str) -> bool {
-    let hashed = name.strip_prefix(HASHED_PREFIX).is_some_and(|h| {
-        h.len() == HASH_HEX
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    });
+    let hashed = name.strip_prefix(HASHED_PREFIX).is_some_and(is_hash);
     hashed || is_plain(name)
 }
 

@@ -5,32 +5,20 @@
 //! `csi-`), so a snapshot id cannot be taken for a volume id nor the
 //! other way round. The id is `<snapshot>@<node>`, like a volume id.
 
-use sha2::{Digest, Sha256};
-
 use crate::error::CsiError;
+use crate::names::{hashed, is_hash};
 use crate::volume_id::VolumeId;
 
 const PREFIX: &str = "csi-s";
-const HASH_HEX: usize = 32;
 
 /// The node-local volume name of the snapshot named `csi_name`.
 pub fn local_snapshot_name(csi_name: &str) -> String {
-    let digest = Sha256::digest(csi_name.as_bytes());
-    let hex: String = digest
-        .iter()
-        .take(HASH_HEX / 2)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{PREFIX}{hex}")
+    hashed(PREFIX, csi_name)
 }
 
 /// Whether `name` is a name [`local_snapshot_name`] can return.
 pub fn is_snapshot_name(name: &str) -> bool {
-    name.strip_prefix(PREFIX).is_some_and(|h| {
-        h.len() == HASH_HEX
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+    name.strip_prefix(PREFIX).is_some_and(is_hash)
 }
 
 /// Parses a snapshot id: empty is `InvalidArgument` naming `field`, and

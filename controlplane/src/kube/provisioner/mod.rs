@@ -303,14 +303,7 @@ impl KubeProvisioner {
                     }
                 }
             }
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: lv.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match self.lvs.delete(&name, &params).await {
+            match self.lvs.delete(&name, &exactly(&lv)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
                 // The uid precondition failed: a newer object took the name.
@@ -325,14 +318,7 @@ impl KubeProvisioner {
     /// failure is only logged (the retry finds the object and says why).
     async fn discard(&self, lv: &LogicVolume) {
         let name = lv.name_any();
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: lv.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match self.lvs.delete(&name, &params).await {
+        match self.lvs.delete(&name, &exactly(lv)).await {
             Ok(_) => {
                 tracing::info!(carina.volume.name = %name, "removed the LogicVolume of a failed create")
             }
@@ -375,6 +361,18 @@ impl KubeProvisioner {
             .await
             .map_err(|e| api_error("get LogicVolume", e))?;
         Ok(lv.filter(|lv| lv.spec.node_name == id.node))
+    }
+}
+
+/// Deletes that very object: a newer one of the same name is left alone
+/// (the API answers a conflict).
+fn exactly(lv: &LogicVolume) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: lv.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
     }
 }
 

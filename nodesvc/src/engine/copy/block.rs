@@ -26,7 +26,8 @@ pub enum CopyError {
     },
 }
 
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CopyError {
+/// The error of `action` on `path`, for `map_err`.
+pub(super) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CopyError {
     let path = path.to_path_buf();
     move |source| CopyError::Io {
         action,

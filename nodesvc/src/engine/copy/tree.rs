@@ -10,16 +10,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use super::Stop;
-use super::block::{CHUNK, CopyError};
-
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CopyError {
-    let path = path.to_path_buf();
-    move |source| CopyError::Io {
-        action,
-        path,
-        source,
-    }
-}
+use super::block::{CHUNK, CopyError, io};
 
 /// The bytes of regular files under `dir` (what a copy of it moves).
 pub fn file_bytes(dir: &Path) -> Result<u64, CopyError> {
