@@ -9,8 +9,10 @@
 //! runs just the scheduler extender's group, which needs neither;
 //! `--only kube` just the Kubernetes control plane's group, `--only
 //! engine` the engine groups (LVM and RAW), `--only raw` the RAW one,
-//! `--only pod` the real node's PVC-to-running-Pod group.
+//! `--only pod` the real node's PVC-to-running-Pod group, `--only copy`
+//! the volume-copy group (LVM, RAW and HOST against `dd` and `cp -a`).
 
+mod copy;
 mod csi;
 mod engine;
 mod grpc;
@@ -30,7 +32,8 @@ use anyhow::{Context, Result, bail};
 struct Args {
     out: PathBuf,
     iterations: usize,
-    /// Run only this group (`scheduler`, `kube`, `engine`, `raw`).
+    /// Run only this group (`scheduler`, `kube`, `engine`, `raw`, `pod`,
+    /// `copy`).
     only: Option<String>,
 }
 
@@ -52,15 +55,15 @@ fn parse_args() -> Result<Args> {
                     .context("--iterations")?
             }
             "--only" => match it.next().as_deref() {
-                Some(group @ ("scheduler" | "kube" | "engine" | "raw" | "pod")) => {
+                Some(group @ ("scheduler" | "kube" | "engine" | "raw" | "pod" | "copy")) => {
                     args.only = Some(group.into())
                 }
                 other => bail!(
-                    "--only {other:?}: only `scheduler`, `kube`, `engine`, `raw` or `pod` can run alone"
+                    "--only {other:?}: only `scheduler`, `kube`, `engine`, `raw`, `pod` or `copy` can run alone"
                 ),
             },
             other => bail!(
-                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube|engine|raw|pod)"
+                "unknown argument {other:?} (expected --out DIR, --iterations N, --only scheduler|kube|engine|raw|pod|copy)"
             ),
         }
     }
@@ -102,10 +105,15 @@ async fn main() -> Result<()> {
             entries.extend(pod::pvc_to_running().await?);
             return finish(&args, &entries);
         }
+        Some("copy") => {
+            entries.extend(copy::copy_volume(args.iterations).await?);
+            return finish(&args, &entries);
+        }
         _ => {}
     }
     entries.extend(engine::lvm_create_delete(args.iterations).await?);
     entries.extend(raw::create_delete(args.iterations).await?);
+    entries.extend(copy::copy_volume(args.iterations).await?);
     entries.extend(grpc::create_delete(args.iterations).await?);
     entries.extend(grpc::capacity_throughput(std::time::Duration::from_secs(5)).await?);
     entries.extend(grpc::node_memory().await?);

@@ -79,6 +79,35 @@ pub fn timed(
     }
 }
 
+/// A throughput entry (MiB/s, higher is better) of `bytes` moved in each
+/// of `samples` against `bytes` moved by the floor in each of
+/// `floor_samples`: p50 is the rate of the median run, p99 that of the p99
+/// (slow) run, and the ratio p50 / floor p50 (above 1 beats the floor).
+pub fn rate(
+    group: &str,
+    name: &str,
+    floor: &str,
+    bytes: u64,
+    samples: &[Duration],
+    floor_samples: &[Duration],
+) -> Entry {
+    let mib = bytes as f64 / (1u64 << 20) as f64;
+    let per_second = |ms: f64| if ms > 0.0 { mib / (ms / 1000.0) } else { 0.0 };
+    let p50 = per_second(percentile_ms(samples, 50.0));
+    let floor_p50 = per_second(percentile_ms(floor_samples, 50.0));
+    Entry {
+        name: name.to_string(),
+        unit: "MiB/s".to_string(),
+        p50: round3(p50),
+        p99: round3(per_second(percentile_ms(samples, 99.0))),
+        floor_p50: Some(round3(floor_p50)),
+        ratio: (floor_p50 > 0.0).then(|| round3(p50 / floor_p50)),
+        iterations: samples.len(),
+        group: group.to_string(),
+        floor: floor.to_string(),
+    }
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -107,7 +136,7 @@ pub fn write(dir: &Path, new: &[Entry], context: &str) -> Result<()> {
 
 fn markdown(all: &[Entry], context: &str) -> String {
     let mut out = String::from("# Benchmarks\n\n");
-    out.push_str("Written by `make bench` and `make bench-scale` (the scale simulation: many `carina-node` processes, the controller and the extender as processes, volumes churned through the kube path); each rewrites only its own rows. Every figure is measured side by side with its physical floor (the raw command) in the same run where one exists; the ratio is p50 / floor p50. Absolute numbers depend on the machine; the ratios are the point.\n\n");
+    out.push_str("Written by `make bench` and `make bench-scale` (the scale simulation: many `carina-node` processes, the controller and the extender as processes, volumes churned through the kube path); each rewrites only its own rows. Every figure is measured side by side with its physical floor (the raw command) in the same run where one exists; the ratio is p50 / floor p50, so for times (ms, s) below 1 beats the floor and for rates (req/s, MiB/s) above 1 does. Absolute numbers depend on the machine; the ratios are the point.\n\n");
     out.push_str(context);
     out.push_str("\n\n");
     let mut groups: Vec<&str> = Vec::new();
@@ -159,6 +188,24 @@ mod tests {
         assert_eq!(e.floor_p50, Some(10.0));
         let e = timed("g", "n", "", &a, None);
         assert_eq!(e.ratio, None);
+    }
+
+    #[test]
+    fn rates_in_mib_per_second() {
+        // 100 MiB in 1 s (median) and 2 s (slowest), against 0.5 s.
+        let a = [
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        ];
+        let f = [Duration::from_millis(500); 3];
+        let e = rate("g", "n", "dd", 100 << 20, &a, &f);
+        assert_eq!(e.unit, "MiB/s");
+        assert_eq!(e.p50, 100.0);
+        assert_eq!(e.p99, 50.0);
+        assert_eq!(e.floor_p50, Some(200.0));
+        assert_eq!(e.ratio, Some(0.5));
+        assert_eq!(e.iterations, 3);
     }
 
     #[test]
