@@ -825,7 +825,7 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
             Unimplemented,
         ),
         (
-            "snapshot source",
+            "from a snapshot id no snapshot can have",
             with(&|r| {
                 r.volume_content_source = Some(csi::VolumeContentSource {
                     r#type: Some(csi::volume_content_source::Type::Snapshot(
@@ -835,19 +835,37 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
                     )),
                 })
             }),
-            InvalidArgument,
+            NotFound,
         ),
         (
-            "clone source",
+            "from a snapshot without id",
             with(&|r| {
                 r.volume_content_source = Some(csi::VolumeContentSource {
-                    r#type: Some(csi::volume_content_source::Type::Volume(
-                        csi::volume_content_source::VolumeSource {
-                            volume_id: "pvc-existing@node-a".into(),
+                    r#type: Some(csi::volume_content_source::Type::Snapshot(
+                        csi::volume_content_source::SnapshotSource {
+                            snapshot_id: String::new(),
                         },
                     )),
                 })
             }),
+            InvalidArgument,
+        ),
+        (
+            "clone of a volume that does not exist",
+            with(&|r| {
+                r.volume_content_source = Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Volume(
+                        csi::volume_content_source::VolumeSource {
+                            volume_id: "pvc-missing@node-a".into(),
+                        },
+                    )),
+                })
+            }),
+            NotFound,
+        ),
+        (
+            "a content source naming nothing",
+            with(&|r| r.volume_content_source = Some(csi::VolumeContentSource { r#type: None })),
             InvalidArgument,
         ),
         (
@@ -977,9 +995,29 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
             Unimplemented,
         ),
         (
-            "CreateSnapshot",
-            Call::Snapshot(Default::default()),
-            Unimplemented,
+            "CreateSnapshot without name",
+            Call::Snapshot(csi::CreateSnapshotRequest {
+                source_volume_id: "pvc-missing@node-a".into(),
+                ..Default::default()
+            }),
+            InvalidArgument,
+        ),
+        (
+            "CreateSnapshot without source",
+            Call::Snapshot(csi::CreateSnapshotRequest {
+                name: "snap".into(),
+                ..Default::default()
+            }),
+            InvalidArgument,
+        ),
+        (
+            "CreateSnapshot of a volume that does not exist",
+            Call::Snapshot(csi::CreateSnapshotRequest {
+                name: "snap".into(),
+                source_volume_id: "pvc-missing@node-a".into(),
+                ..Default::default()
+            }),
+            NotFound,
         ),
         (
             "get without id",
