@@ -358,6 +358,44 @@ async fn csi_sanity_host_mount() {
     .await;
 }
 
+/// The other volume types through the Kubernetes control plane, so each
+/// type runs every spec (snapshots and clones among them) in both planes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_kube_lvm_block() {
+    sanity(Case {
+        label: "kube-lvm-block",
+        policy: "LVM",
+        block: true,
+        fs_type: None,
+        mode: Mode::Kube,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_kube_raw_mount() {
+    sanity(Case {
+        label: "kube-raw-mount",
+        policy: "RAW",
+        block: false,
+        fs_type: Some("xfs"),
+        mode: Mode::Kube,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_sanity_kube_host_mount() {
+    sanity(Case {
+        label: "kube-host-mount",
+        policy: "HOST",
+        block: false,
+        fs_type: None,
+        mode: Mode::Kube,
+    })
+    .await;
+}
+
 #[test]
 fn ginkgo_summary_parses() {
     let log = "...\nRan 62 of 91 Specs in 30.120 seconds\nSUCCESS! -- 62 Passed | 0 Failed | 0 Pending | 29 Skipped\nPASS\n";
