@@ -69,6 +69,7 @@ fn carina_layout() -> Layout {
         storage_classes: serde_json::json!([]),
         extender: false,
         carina_keys_only: true,
+        capacity_tracking: true,
     }
 }
 

@@ -67,6 +67,12 @@ pub struct Layout {
     /// them. Otherwise each group keeps nothing free (`reserveBytes: 0`)
     /// and disks are not rescanned.
     pub carina_keys_only: bool,
+    /// Whether external-provisioner publishes CSIStorageCapacity (the
+    /// chart's default), so kube-scheduler itself keeps pods off a node
+    /// without room. Off where a test is about the extender's own answer:
+    /// kube-scheduler's check would run first once the capacity is
+    /// published, and whether it is yet depends on timing.
+    pub capacity_tracking: bool,
 }
 
 const MIB: u64 = 1 << 20;
@@ -108,6 +114,7 @@ impl Layout {
             ]),
             extender: false,
             carina_keys_only: false,
+            capacity_tracking: true,
         }
     }
 }
@@ -125,6 +132,7 @@ impl Layout {
             storage_classes: serde_json::json!([]),
             extender: false,
             carina_keys_only: false,
+            capacity_tracking: true,
         }
     }
 }
@@ -349,6 +357,7 @@ fn values(
             // (cluster-wide, outside the chart), and test-images has no
             // csi-snapshotter image.
             "snapshotter": {"enabled": false},
+            "provisioner": {"capacity": {"enabled": layout.capacity_tracking}},
         },
         "node": {
             "port": crate::cluster::free_port()?,
