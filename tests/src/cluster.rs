@@ -765,3 +765,37 @@ impl LvmNode {
         })
     }
 }
+
+/// A kubeconfig that authenticates as the chart's controller
+/// ServiceAccount (a client certificate of its user name and group), after
+/// applying the ClusterRole and ClusterRoleBinding for it from `objs` (the
+/// chart rendered into `kube-system`), so what runs with it has the chart's
+/// permissions and no more.
+pub async fn as_chart_service_account(
+    cluster: &KubeCluster,
+    objs: &[serde_json::Value],
+    dir: &Path,
+) -> Result<PathBuf> {
+    use crate::manifests::find;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let role: ClusterRole =
+        serde_json::from_value(find(objs, "ClusterRole", "carina-controller")?.clone())?;
+    let binding: ClusterRoleBinding =
+        serde_json::from_value(find(objs, "ClusterRoleBinding", "carina-controller")?.clone())?;
+    let client = cluster.client();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<ClusterRoleBinding>::all(client)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let (cert, key) = cluster.write_client_cert(
+        dir,
+        "carina-controller-sa",
+        "system:serviceaccount:kube-system:carina-controller",
+        "system:serviceaccounts",
+    )?;
+    let path = dir.join("carina-controller-sa.kubeconfig");
+    cluster.write_kubeconfig(&path, &cert, &key)?;
+    Ok(path)
+}

@@ -34,17 +34,17 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use carina_csi::params::POD_MIGRATION;
 use carina_tests::cluster::{
-    KubeControllerArgs, LvmNode, Pki, add_topology, await_capacity, csi_provisioner,
+    KubeControllerArgs, LvmNode, Pki, add_topology, as_chart_service_account, await_capacity,
+    csi_provisioner,
 };
 use carina_tests::kube::KubeCluster;
-use carina_tests::manifests::{Chart, find, objects};
+use carina_tests::manifests::{Chart, objects};
 use carina_tests::workload::{WAIT, add_class, add_namespace};
 use carina_tests::{have_root, unique};
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -164,32 +164,10 @@ fn stateful_set(ns: &str, name: &str, migrate: bool) -> Result<StatefulSet> {
     }))?)
 }
 
-/// A kubeconfig that authenticates as the chart's controller
-/// ServiceAccount (a client certificate of its user name and group), after
-/// applying the chart's ClusterRole and ClusterRoleBinding for it.
-async fn as_chart_service_account(cluster: &KubeCluster, dir: &Path) -> Result<PathBuf> {
-    let chart = Chart::new()?;
-    let objs = objects(&chart.template("kube-system", None)?)?;
-    let role: ClusterRole =
-        serde_json::from_value(find(&objs, "ClusterRole", "carina-controller")?.clone())?;
-    let binding: ClusterRoleBinding =
-        serde_json::from_value(find(&objs, "ClusterRoleBinding", "carina-controller")?.clone())?;
-    let client = cluster.client();
-    Api::<ClusterRole>::all(client.clone())
-        .create(&PostParams::default(), &role)
-        .await?;
-    Api::<ClusterRoleBinding>::all(client)
-        .create(&PostParams::default(), &binding)
-        .await?;
-    let (cert, key) = cluster.write_client_cert(
-        dir,
-        "carina-controller-sa",
-        "system:serviceaccount:kube-system:carina-controller",
-        "system:serviceaccounts",
-    )?;
-    let path = dir.join("carina-controller-sa.kubeconfig");
-    cluster.write_kubeconfig(&path, &cert, &key)?;
-    Ok(path)
+/// [`as_chart_service_account`] with the chart rendered into `kube-system`.
+async fn chart_service_account(cluster: &KubeCluster, dir: &Path) -> Result<PathBuf> {
+    let objs = objects(&Chart::new()?.template("kube-system", None)?)?;
+    as_chart_service_account(cluster, &objs, dir).await
 }
 
 fn uid(o: &impl ResourceExt) -> String {
@@ -267,7 +245,7 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
         add_topology(&client, name).await?;
         nodes.insert(name, node);
     }
-    let kubeconfig = as_chart_service_account(&cluster, dir.path()).await?;
+    let kubeconfig = chart_service_account(&cluster, dir.path()).await?;
     let mut controller_args = KubeControllerArgs::new(
         "carina-controller",
         &unique("carina-controller"),

@@ -40,7 +40,8 @@ use carina_csi::names::local_name;
 use carina_csi::snapshot_id::{self, local_snapshot_name};
 use carina_csi::{DRIVER_NAME, context};
 use carina_tests::cluster::{
-    KubeControllerArgs, LvmNode, Pki, add_topology, await_capacity, await_object, csi_provisioner,
+    KubeControllerArgs, LvmNode, Pki, add_topology, as_chart_service_account, await_capacity,
+    await_object, csi_provisioner,
 };
 use carina_tests::kube::{KubeCluster, gone};
 use carina_tests::local::carina::tool_path;
@@ -49,7 +50,6 @@ use carina_tests::process::ChildGuard;
 use carina_tests::workload::add_namespace;
 use carina_tests::{have_root, lvm, unique};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -129,36 +129,6 @@ fn chart_container(objs: &[Value], name: &str) -> Result<Value> {
         .find(|c| c["name"] == name)
         .cloned()
         .with_context(|| format!("the chart renders no container {name}"))
-}
-
-/// A kubeconfig that authenticates as the chart's controller
-/// ServiceAccount (a client certificate of its user name and group), after
-/// applying the chart's ClusterRole and ClusterRoleBinding for it.
-async fn as_chart_service_account(
-    cluster: &KubeCluster,
-    objs: &[Value],
-    dir: &Path,
-) -> Result<PathBuf> {
-    let role: ClusterRole =
-        serde_json::from_value(find(objs, "ClusterRole", "carina-controller")?.clone())?;
-    let binding: ClusterRoleBinding =
-        serde_json::from_value(find(objs, "ClusterRoleBinding", "carina-controller")?.clone())?;
-    let client = cluster.client();
-    Api::<ClusterRole>::all(client.clone())
-        .create(&PostParams::default(), &role)
-        .await?;
-    Api::<ClusterRoleBinding>::all(client)
-        .create(&PostParams::default(), &binding)
-        .await?;
-    let (cert, key) = cluster.write_client_cert(
-        dir,
-        "carina-controller-sa",
-        "system:serviceaccount:kube-system:carina-controller",
-        "system:serviceaccounts",
-    )?;
-    let path = dir.join("carina-controller-sa.kubeconfig");
-    cluster.write_kubeconfig(&path, &cert, &key)?;
-    Ok(path)
 }
 
 /// A program of the `csi-snapshotter` tool as a process, its log in the
