@@ -1,12 +1,10 @@
-//! Filesystem calls without a safe wrapper in std: freezing and thawing a
+//! Filesystem calls std has no wrapper for: freezing and thawing a
 //! mounted filesystem (the FIFREEZE and FITHAW ioctls, what `fsfreeze`
-//! does) and making a special file (`mknod`). Each `unsafe` call site is
-//! allowed on its own.
+//! does; the `unsafe` call site is allowed on its own) and making a
+//! special file (`mknod`, through rustix).
 
-use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` from linux/fs.h.
@@ -41,15 +39,15 @@ pub fn thaw(mount_point: &Path) -> std::io::Result<()> {
 /// Makes the special file `path` (a FIFO, socket or device node) with
 /// `mode` (type and permission bits) and device number `rdev`.
 pub fn mknod(path: &Path, mode: u32, rdev: u64) -> std::io::Result<()> {
-    let c_path = CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: a NUL-terminated path that outlives the call.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::mknod(c_path.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    use rustix::fs::{CWD, FileType, Mode, mknodat};
+    mknodat(
+        CWD,
+        path,
+        FileType::from_raw_mode(mode),
+        Mode::from_raw_mode(mode),
+        rdev,
+    )
+    .map_err(std::io::Error::from)
 }
 
 #[cfg(test)]

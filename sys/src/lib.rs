@@ -15,8 +15,8 @@
 //!   grown in place and detached (the ioctls and `coprocess`'s `fcntl` are
 //!   the workspace's only `unsafe` code, allowed at each call site).
 //! - [`blockdev`]: whether a block device is mounted or held open.
-//! - [`fsctl`]: a mounted filesystem frozen and thawed, special files made
-//!   (calls with no safe wrapper, allowed `unsafe` at each call site).
+//! - [`fsctl`]: a mounted filesystem frozen and thawed (an ioctl, its
+//!   `unsafe` allowed at the call site), special files made.
 //! - [`IoError`]: the failed file or device operation all of them report.
 //!
 //! Callers give these modules plain values (paths, sizes, options) and get
