@@ -482,14 +482,9 @@ async fn refusals_have_precise_codes_and_name_the_field() {
     node.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
-async fn a_copy_stops_when_the_client_goes_away() {
-    let group = unique("g");
-    let (node, _dirs) = node(&group).await;
-    let mut c = node.client("controller").await.expect("client");
-    let src_dir = big_source(&mut c, &group).await;
-    let tgt = create(&mut c, "tgt", &group, BIG_VOLUME).await;
-
+/// CopyLV of "src" into "tgt" started; its first progress message must
+/// show the copy under way (not done).
+async fn copy_under_way(c: &mut Client) -> tonic::Streaming<pb::CopyLvProgress> {
     let mut stream = c
         .copy_lv(copy_req("src", "tgt", false))
         .await
@@ -504,7 +499,18 @@ async fn a_copy_stops_when_the_client_goes_away() {
         !first.done,
         "{BIG_BYTES} bytes were copied before the first progress message; the source is too small to stop the copy midway"
     );
-    drop(stream);
+    stream
+}
+
+#[tokio::test]
+async fn a_copy_stops_when_the_client_goes_away() {
+    let group = unique("g");
+    let (node, _dirs) = node(&group).await;
+    let mut c = node.client("controller").await.expect("client");
+    let src_dir = big_source(&mut c, &group).await;
+    let tgt = create(&mut c, "tgt", &group, BIG_VOLUME).await;
+
+    drop(copy_under_way(&mut c).await);
 
     // The node sees the client go away and stops the copy. It counts the
     // call's end after the copy has let go of both volumes.
@@ -584,20 +590,7 @@ async fn a_copy_stopped_by_the_node_shutting_down_is_unavailable() {
     let mut c = node.client("controller").await.expect("client");
     let src_dir = big_source(&mut c, &group).await;
     let tgt = create(&mut c, "tgt", &group, BIG_VOLUME).await;
-    let mut stream = c
-        .copy_lv(copy_req("src", "tgt", false))
-        .await
-        .expect("CopyLV")
-        .into_inner();
-    let first = tokio::time::timeout(HANG_GUARD, stream.message())
-        .await
-        .expect("a progress message in time")
-        .expect("the copy runs")
-        .expect("a message");
-    assert!(
-        !first.done,
-        "{BIG_BYTES} bytes were copied before the first progress message; the source is too small to stop the copy midway"
-    );
+    let mut stream = copy_under_way(&mut c).await;
 
     // The node stops; the call in flight ends with a status, not a hang.
     let engine = node.engine.clone();
