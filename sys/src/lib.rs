@@ -6,6 +6,8 @@
 //! - [`coprocess`]: a long-lived helper process fed commands on stdin that
 //!   answers on a pipe of its own (one `unsafe` call site: the child-side
 //!   `fcntl` that hands it the pipe).
+//! - [`crashpoint`]: named points where a test asks the process to die
+//!   by SIGKILL (`CARINA_TEST_KILL_AT`), to check recovery at start.
 //! - [`mount`]: `/proc/self/mountinfo` parsed and queried, mount, bind
 //!   mount and unmount.
 //! - [`format`]: what a block device holds (`blkid -p`), a filesystem made
@@ -26,6 +28,7 @@
 pub mod blockdev;
 pub mod command;
 pub mod coprocess;
+pub mod crashpoint;
 pub mod format;
 pub mod fsctl;
 mod io_error;

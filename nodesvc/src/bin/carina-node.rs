@@ -209,6 +209,7 @@ async fn run(args: Args) -> Result<()> {
             cgroup_root: Some(args.cgroup_root.clone()),
             trace_dir: Some(args.state_dir.join("traces")),
             copy_dir: Some(args.state_dir.join("copies")),
+            intent_dir: Some(args.state_dir.join("intents")),
             freeze_timeout: Some(Duration::from_secs(args.copy_freeze_timeout_secs)),
         },
     )

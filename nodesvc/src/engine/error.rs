@@ -115,6 +115,20 @@ pub enum Error {
     #[error("an operation on volume {name:?} is already in progress")]
     Busy { name: String },
 
+    /// The journal of changes in progress could not be written (or read):
+    /// the change is refused before anything is touched, since the node
+    /// could not repair it after a crash.
+    #[error(
+        "cannot {action} {}: {source}; the node records each change there before making it, so its state directory must be writable",
+        path.display()
+    )]
+    Journal {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// An external command failed or timed out.
     #[error(transparent)]
     Command(#[from] CommandError),

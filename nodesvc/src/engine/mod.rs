@@ -17,6 +17,7 @@ pub mod error;
 pub mod gpt;
 pub mod health;
 pub mod host;
+pub mod intents;
 pub mod iolimits;
 pub mod locks;
 pub mod lvm;
@@ -24,6 +25,7 @@ pub mod names;
 pub mod quota;
 pub mod raw;
 mod scan;
+mod synced;
 pub mod trace_links;
 pub mod volume;
 pub mod wipe;
@@ -36,9 +38,11 @@ use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use carina_sys::crashpoint;
 use tokio::sync::{Mutex, RwLock, watch};
 use tracing::{Instrument, instrument};
 
+use self::intents::{Intent, Operation};
 use self::scan::build_groups;
 
 pub use backend::{Backend, GroupLock};
@@ -66,6 +70,10 @@ pub struct EngineOptions {
     /// Where the records of copied volumes are kept
     /// ([`copy::record::CopyRecords`]); `None` keeps them in memory.
     pub copy_dir: Option<std::path::PathBuf>,
+    /// Where the journal of changes in progress is kept
+    /// ([`intents::Intents`]), so a node killed mid-change repairs it at
+    /// its next start; `None` keeps it in memory (no repair after a crash).
+    pub intent_dir: Option<std::path::PathBuf>,
     /// How long a copy may keep its source's filesystem frozen; `None`
     /// is [`copy::DEFAULT_FREEZE_TIMEOUT`].
     pub freeze_timeout: Option<std::time::Duration>,
@@ -157,6 +165,8 @@ struct Inner {
     cgroup_root: std::path::PathBuf,
     trace_links: Option<trace_links::TraceLinks>,
     copies: copy::record::CopyRecords,
+    /// The journal of changes in progress, settled at start.
+    intents: intents::Intents,
     freeze_timeout: std::time::Duration,
 }
 
@@ -236,6 +246,7 @@ impl Engine {
                 bcache,
                 trace_links: options.trace_dir.clone().map(trace_links::TraceLinks::new),
                 copies: copy::record::CopyRecords::new(options.copy_dir.clone()),
+                intents: intents::Intents::new(options.intent_dir.clone()),
                 freeze_timeout: options
                     .freeze_timeout
                     .unwrap_or(copy::DEFAULT_FREEZE_TIMEOUT),
@@ -246,6 +257,7 @@ impl Engine {
         };
         engine.thaw_leftover_freezes();
         engine.rescan_with(ChangeReason::Start).await?;
+        engine.settle_interrupted().await;
         engine.recover_bcache().await;
         Ok(engine)
     }
@@ -295,6 +307,7 @@ impl Engine {
             return Err(Error::invalid("group", "must not be empty"));
         }
         let _guard = self.inner.locks.try_lock(&req.name)?;
+        self.settle(&req.name).await?;
         let slot = self.slot(&req.group).await?;
         let backend = &slot.backend;
         if req.exclusive && backend.config().policy != Policy::Raw {
@@ -339,12 +352,45 @@ impl Engine {
             if backend.round_size(rounded_req.size_bytes) != Some(rounded_req.size_bytes) {
                 return Err(changed_unit());
             }
-            let volume = backend_call(
+            let name = &rounded_req.name;
+            self.inner.intents.begin(
+                name,
+                &Intent {
+                    operation: Operation::Create,
+                    group: rounded_req.group.clone(),
+                    size_bytes: rounded_req.size_bytes,
+                },
+            )?;
+            crashpoint::reach("create.begun", name);
+            let created = backend_call(
                 backend.as_ref(),
                 "create",
                 backend.create_releasing(&rounded_req, &lock),
             )
-            .await?;
+            .await;
+            let volume = match created {
+                Ok(volume) => volume,
+                Err(e) => {
+                    self.end_failed_create(backend.as_ref(), name).await;
+                    return Err(e);
+                }
+            };
+            crashpoint::reach("create.made", name);
+            if let Err(e) = self.inner.intents.end(name) {
+                // Answered, the volume would be rolled back at the next
+                // start: it goes now, or then if this fails too.
+                tracing::warn!(carina.volume.name = %name, error = %e, "the create cannot be recorded as done; rolling it back");
+                // The backend may have handed the group's lock back for
+                // its last steps.
+                lock.reacquire().await;
+                if backend_call(backend.as_ref(), "delete", backend.delete(name))
+                    .await
+                    .is_ok()
+                {
+                    let _ = self.inner.intents.end(name);
+                }
+                return Err(e);
+            }
             // Indexed under the group's lock, like a rescan's listing.
             self.index_insert(&volume.name, &volume.group);
             volume
@@ -406,6 +452,7 @@ impl Engine {
         names::check_volume_name(name)?;
         names::check_size("size_bytes", size_bytes)?;
         let _guard = self.inner.locks.try_lock(name)?;
+        self.settle(name).await?;
         let existing = self.existing(name).await?;
         if let Some(device) = self.inner.bcache.user_of(name)
             && size_bytes > existing.size_bytes
@@ -453,12 +500,24 @@ impl Engine {
             if slot.backend.round_size(rounded) != Some(rounded) {
                 return Err(changed_unit());
             }
-            backend_call(
+            self.inner.intents.begin(
+                name,
+                &Intent {
+                    operation: Operation::Resize,
+                    group: existing.group.clone(),
+                    size_bytes: rounded,
+                },
+            )?;
+            crashpoint::reach("resize.begun", name);
+            let resized = backend_call(
                 slot.backend.as_ref(),
                 "resize",
                 slot.backend.resize(name, rounded),
             )
-            .await?
+            .await;
+            // Either size is a whole volume: the record only has to go.
+            self.end_quietly(name);
+            resized?
         };
         self.notify(ChangeReason::Resize).await;
         Ok(volume)
@@ -485,6 +544,12 @@ impl Engine {
     /// delete removes its own volumes).
     async fn delete_volume_unchecked(&self, name: &str) -> Result<()> {
         let _guard = self.inner.locks.try_lock(name)?;
+        if self.settle(name).await? == Some(Operation::Delete) {
+            // This is the retry of a delete the node was killed in, and
+            // settling it finished it.
+            self.notify(ChangeReason::Delete).await;
+            return Ok(());
+        }
         // The index names the group and the backend's delete says whether
         // the volume is there: reading it first would read the group twice.
         let not_found = || Error::VolumeNotFound {
@@ -508,14 +573,32 @@ impl Engine {
         };
         let deleted = {
             let (slot, _lock) = self.lock_current(slot).await?;
+            self.inner.intents.begin(
+                name,
+                &Intent {
+                    operation: Operation::Delete,
+                    group: slot.backend.config().name.clone(),
+                    size_bytes: 0,
+                },
+            )?;
+            crashpoint::reach("delete.begun", name);
             backend_call(slot.backend.as_ref(), "delete", slot.backend.delete(name)).await
         };
         match deleted {
-            Ok(()) => {}
+            Ok(()) => self.end_quietly(name),
             Err(e @ Error::VolumeNotFound { .. }) => {
+                self.end_quietly(name);
                 forget();
                 return Err(e);
             }
+            // Refused before anything changed: the volume is whole.
+            Err(e @ (Error::FailedPrecondition { .. } | Error::InvalidArgument { .. })) => {
+                self.end_quietly(name);
+                return Err(e);
+            }
+            // The volume may be half removed: the record stays, and the
+            // delete is finished by the next change of the volume or the
+            // node's next start.
             Err(e) => return Err(e),
         }
         forget();
@@ -598,6 +681,115 @@ impl Engine {
             drop(lock);
             // Waits for the apply to put the new slots in place.
             slot = self.slot(slot.backend.config().name.as_str()).await?;
+        }
+    }
+
+    /// Ends the record of a create that failed, unless the backend could
+    /// not take back what it made (its rollback failed too): then the
+    /// record stays, and the volume is removed by the next change of that
+    /// name or the node's next start.
+    async fn end_failed_create(&self, backend: &dyn Backend, name: &str) {
+        match backend.get(name).await {
+            Ok(None) => self.end_quietly(name),
+            Ok(Some(_)) => {
+                tracing::warn!(carina.volume.name = %name, "a failed create left its volume behind; it is removed before the next change of that name")
+            }
+            Err(e) => {
+                tracing::warn!(carina.volume.name = %name, error = %e, "cannot tell what a failed create left; the journal keeps it")
+            }
+        }
+    }
+
+    /// Ends `name`'s journal record where a record left behind is
+    /// harmless (settling it changes nothing), so a failure is logged.
+    fn end_quietly(&self, name: &str) {
+        if let Err(e) = self.inner.intents.end(name) {
+            tracing::warn!(carina.volume.name = %name, error = %e, "the journal record of a finished change stays");
+        }
+    }
+
+    /// Settles what an interrupted change of `name` left (see
+    /// [`intents`]): rolls back a create, finishes a delete, keeps a
+    /// resize at the size it reached. Returns the operation settled. The
+    /// caller holds `name`'s lock. An error leaves the record, so it is
+    /// tried again.
+    async fn settle(&self, name: &str) -> Result<Option<Operation>> {
+        let Some(intent) = self.inner.intents.get(name)? else {
+            return Ok(None);
+        };
+        let slot = match self.slot(&intent.group).await {
+            Ok(slot) => Some(slot),
+            // The group is no longer configured: nothing of it to settle.
+            Err(Error::UnknownGroup { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(slot) = slot {
+            match intent.operation {
+                Operation::Create | Operation::Delete => {
+                    let (slot, _lock) = self.lock_current(slot).await?;
+                    match backend_call(slot.backend.as_ref(), "delete", slot.backend.delete(name))
+                        .await
+                    {
+                        Ok(()) | Err(Error::VolumeNotFound { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    self.index_remove(name);
+                    if let Some(links) = &self.inner.trace_links {
+                        links.forget(name);
+                    }
+                    self.inner.copies.remove(name);
+                }
+                // Getting it sizes its device from the volume.
+                Operation::Resize => {
+                    slot.backend.get(name).await?;
+                }
+            }
+        }
+        self.inner.intents.end(name)?;
+        tracing::info!(
+            carina.volume.name = %name,
+            carina.group = %intent.group,
+            operation = intent.operation.as_str(),
+            "settled a change the node did not finish: {}",
+            match intent.operation {
+                Operation::Create => "the half-made volume was removed",
+                Operation::Delete => "the delete was finished",
+                Operation::Resize => "the volume keeps the size it reached",
+            }
+        );
+        Ok(Some(intent.operation))
+    }
+
+    /// At start: settles every change an earlier run left unfinished. One
+    /// that cannot be settled now is logged and tried again before the
+    /// next change of its volume.
+    async fn settle_interrupted(&self) {
+        let pending = match self.inner.intents.pending() {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the journal of interrupted changes");
+                return;
+            }
+        };
+        let mut settled = 0;
+        for name in pending {
+            if let Err(e) = names::check_volume_name(&name) {
+                tracing::warn!(volume = %name, error = %e, "a journal record names no volume; left alone");
+                continue;
+            }
+            let Ok(_guard) = self.inner.locks.try_lock(&name) else {
+                continue;
+            };
+            match self.settle(&name).await {
+                Ok(Some(_)) => settled += 1,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(carina.volume.name = %name, error = %e, "cannot settle an interrupted change yet")
+                }
+            }
+        }
+        if settled > 0 {
+            self.notify(ChangeReason::Start).await;
         }
     }
 

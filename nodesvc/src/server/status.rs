@@ -12,6 +12,7 @@
 //! | `Command(Interrupted)` (the lvm shell died or garbled its answer mid-command) | `UNAVAILABLE` |
 //! | `Command(Spawn | Failed)`, `Io`, `Parse`, `Sysfs` (the kernel refused a write) | `INTERNAL` |
 //! | `Task` cancelled (shutting down) | `UNAVAILABLE` |
+//! | `Journal` (the state directory is full or read-only) | `UNAVAILABLE` |
 //! | `Task` panicked | `INTERNAL` |
 //!
 //! The message is the error's `Display`, which names the field, volume or
@@ -51,6 +52,9 @@ pub fn code(e: &Error) -> Code {
         // works. A panic is a bug.
         Error::Task { source, .. } if source.is_cancelled() => Code::Unavailable,
         Error::Task { .. } => Code::Internal,
+        // Nothing was changed, and the change works once the node's state
+        // directory takes writes again.
+        Error::Journal { .. } => Code::Unavailable,
     }
 }
 

@@ -9,13 +9,13 @@
 //! state directory) the records live in memory.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::error::{Error, Result};
+use crate::engine::synced;
 
 /// The copy that filled one volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,7 +87,7 @@ impl CopyRecords {
                 let file = Self::file(dir, volume);
                 let text = serde_json::to_string(record)
                     .map_err(|e| Error::parse("a copy record to write", e))?;
-                write_synced(dir, &file, text.as_bytes())
+                synced::write(dir, &file, text.as_bytes())
                     .map_err(|e| Error::io("write the copy record", file, e))
             }
         }
@@ -145,23 +145,6 @@ impl CopyRecords {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Writes `bytes` to `file` through a synced temporary file in `dir`.
-fn write_synced(dir: &Path, file: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = file.with_extension("json.tmp~");
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, file)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

@@ -215,6 +215,8 @@ impl Backend for HostGroup {
                         name: owned.clone(),
                     })?;
                 s.remove_data(&owned)?;
+                // The data is gone, the marker still there.
+                carina_sys::crashpoint::reach("host.delete.emptied", &owned);
                 Ok(marker)
             })
             .await?;

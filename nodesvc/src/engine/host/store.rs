@@ -309,6 +309,8 @@ impl Store {
             project_id,
         };
         self.write_marker(&marker)?;
+        // The marker is written, the data directory not made.
+        carina_sys::crashpoint::reach("host.create.marked", name);
         if let Err(e) = make_data_dir(&dir).and_then(|()| sync_dir(&self.root)) {
             if let Err(undo) = self.remove_marker(name) {
                 tracing::error!(carina.volume.name = %name, error = %undo, "rollback of the marker failed");

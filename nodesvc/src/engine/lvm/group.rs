@@ -352,6 +352,8 @@ impl Backend for LvmGroup {
         let result = self.change(cmd).await;
         self.invalidate();
         result.map_err(|e| map_lvcreate_error(e, || self.exhausted(growth, &snap)))?;
+        // The LV has grown, its loop device not yet.
+        carina_sys::crashpoint::reach("lvm.resize.extended", name);
         let snap = self.refresh().await?;
         let lv = snap
             .lvs
@@ -380,6 +382,8 @@ impl Backend for LvmGroup {
                         let dev = PathBuf::from(&l.name);
                         ensure_unused(&dev, name)?;
                         loopdev::detach(&dev).await?;
+                        // No device any more, the LV still there.
+                        carina_sys::crashpoint::reach("lvm.delete.detached", name);
                     }
                 }
             }

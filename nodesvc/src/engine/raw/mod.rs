@@ -240,6 +240,9 @@ impl RawGroup {
             }
             return Err(e.into());
         }
+        // The partition is in the table, not yet known to the kernel nor
+        // wiped.
+        carina_sys::crashpoint::reach("raw.create.partitioned", volume);
         // An error or a failed task only means the wipe reads for itself.
         let zeroed = matches!(zeroed.await, Ok(Ok(true)));
         match self
@@ -425,6 +428,18 @@ impl Backend for RawGroup {
             let view = inspect(disk).await?;
             if view.other_label.is_none() && !view.parts.is_empty() {
                 sync_kernel(disk, None, &view.numbers()).await?;
+                // A grow the node did not finish (killed between the table
+                // write and partx) leaves the kernel with the old end.
+                for (part, owner) in view.owned() {
+                    let n = part.entry.number;
+                    let want = view.bytes(part.entry.size);
+                    if let Some(got) = kernel_size(&disk.name, n)
+                        && got != want
+                    {
+                        tracing::info!(carina.volume.name = %owner.volume, disk = %disk.path.display(), partition = n, kernel_bytes = got, table_bytes = want, "the kernel has another size for the partition than its table; updating it");
+                        gpt::partx_update(&disk.path, Some(n)).run().await?;
+                    }
+                }
             }
         }
         Ok(())
@@ -516,6 +531,8 @@ impl Backend for RawGroup {
             type_guid: part.entry.type_id.clone(),
         };
         gpt::sfdisk_replace(&view.disk.path, &grown).run().await?;
+        // The table has the new end, the kernel the old one.
+        carina_sys::crashpoint::reach("raw.resize.replaced", name);
         if let Err(e) = self.finish_grow(view, &grown, name).await {
             let old = gpt::NewPartition {
                 end: part.entry.end(),
@@ -559,6 +576,8 @@ impl Backend for RawGroup {
                 return Err(busy(&node, format!("the kernel keeps it: {e}")));
             }
         }
+        // The kernel has forgotten the partition, the table still has it.
+        carina_sys::crashpoint::reach("raw.delete.forgotten", name);
         // The disk's only entry goes with its table, so it is blank again
         // for discovery.
         let last = view.parts.len() == 1;

@@ -70,6 +70,8 @@ impl LvmGroup {
             return self.after_failed_lvcreate(req, e, snap).await;
         }
         self.update(|s| s.allocate(&req.name, &pv, start, extents, vec![OWNER_TAG.to_string()]));
+        // The LV is there, neither exposed nor wiped.
+        carina_sys::crashpoint::reach("lvm.create.allocated", &req.name);
         let snap = self.snapshot().await?;
         let Some(lv) = snap.lvs.get(&req.name).cloned() else {
             self.roll_back(&req.name).await;

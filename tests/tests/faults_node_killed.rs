@@ -1,0 +1,710 @@
+//! A real `carina-node` killed (SIGKILL) in the middle of CreateLV,
+//! DeleteLV and ResizeLV, for each policy, at each step where the volume
+//! is half done: the engine's journal is there, the next start settles it
+//! (a create rolled back, a delete finished, a resize kept at a whole
+//! size), and then nothing is lost or leaked:
+//!
+//! - another volume's data, written before, is intact;
+//! - no LV, partition, loop device, marker, directory or journal record
+//!   of the interrupted change is left over;
+//! - the retry of the interrupted call succeeds (a DeleteLV retry answers
+//!   NOT_FOUND, which is how DeleteLV says the volume is gone), and a
+//!   re-created volume never shows what an older volume left on the disk.
+//!
+//! The kill is exact: `CARINA_TEST_KILL_AT=<point>:<volume>` makes the
+//! node SIGKILL itself at that step (`carina_sys::crashpoint`). A full or
+//! read-only state directory is here too: the change is refused with
+//! UNAVAILABLE before anything is touched.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use carina_proto::nodestorage as pb;
+use carina_tests::cluster::{NodeArgs, Pki, Service};
+use carina_tests::grpc::{Client, create_lv, get_lv};
+use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, lvm, run, unique};
+use tonic::Code;
+
+const MIB: u64 = 1 << 20;
+/// Every volume starts at this size; a resize doubles it.
+const SIZE: u64 = 16 * MIB;
+const DISK: u64 = 256 * MIB;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Lvm,
+    Raw,
+    Host,
+}
+
+/// A node with one group of each policy (LVM and RAW each on a loop disk
+/// of their own, HOST in a directory), started and killed as the test
+/// says. Drops the process first, then the volume group, then the disks.
+struct Rig {
+    service: Option<Service>,
+    args: NodeArgs,
+    pki: Pki,
+    lvm_group: String,
+    raw_group: String,
+    host_group: String,
+    host_root: PathBuf,
+    _vg: VgGuard,
+    lvm_disk: LoopDisk,
+    raw_disk: LoopDisk,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.service.take() {
+            s.kill();
+        }
+    }
+}
+
+impl Rig {
+    async fn new(test: &str) -> Result<Rig> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("carina-{test}-"))
+            .tempdir()?;
+        let lvm_disk = LoopDisk::new(DISK)?;
+        let raw_disk = LoopDisk::new(DISK)?;
+        let lvm_group = unique("crash-lvm");
+        let raw_group = unique("crash-raw");
+        let host_group = unique("crash-host");
+        let vg = VgGuard::new(&lvm_group, &[&lvm_disk]);
+        let host_root = dir.path().join("host");
+        std::fs::create_dir_all(&host_root)?;
+        let config = serde_json::json!({
+            "diskSelector": [
+                {"name": lvm_group, "re": [lvm_disk.pattern()], "policy": "LVM", "reserveBytes": 0, "minDiskBytes": MIB},
+                {"name": raw_group, "re": [raw_disk.pattern()], "policy": "RAW", "reserveBytes": 0, "minDiskBytes": MIB},
+                {"name": host_group, "policy": "HOST", "root": host_root, "reserveBytes": 0},
+            ],
+            "diskScanInterval": "0",
+        });
+        let pki = Pki::write(&dir.path().join("pki"))?;
+        let name = unique("crash-node");
+        let args = NodeArgs::new(
+            &name,
+            &pki,
+            &config.to_string(),
+            &dir.path().join("node"),
+            &dir.path().join("node.log"),
+        )?;
+        let mut rig = Rig {
+            service: None,
+            args,
+            pki,
+            lvm_group,
+            raw_group,
+            host_group,
+            host_root,
+            _vg: vg,
+            lvm_disk,
+            raw_disk,
+            dir,
+        };
+        rig.start(None).await?;
+        Ok(rig)
+    }
+
+    /// Starts the node, asked to kill itself at `kill_at` if given.
+    async fn start(&mut self, kill_at: Option<&str>) -> Result<()> {
+        let mut args = self.args.clone();
+        if let Some(at) = kill_at {
+            args.env
+                .push((carina_sys::crashpoint::ENV.to_string(), at.to_string()));
+        }
+        self.service = Some(args.start().await?);
+        Ok(())
+    }
+
+    async fn client(&self) -> Result<Client> {
+        self.pki
+            .node_client(&self.args.name, &self.args.endpoint())
+            .await
+    }
+
+    fn group(&self, policy: Policy) -> &str {
+        match policy {
+            Policy::Lvm => &self.lvm_group,
+            Policy::Raw => &self.raw_group,
+            Policy::Host => &self.host_group,
+        }
+    }
+
+    fn journal_record(&self, volume: &str) -> PathBuf {
+        self.args
+            .state_dir
+            .join("intents")
+            .join(format!("{volume}.json"))
+    }
+
+    /// Waits for the node to die by the SIGKILL it was asked for.
+    async fn await_kill(&mut self, point: &str) -> Result<()> {
+        let service = self.service.as_mut().context("the node is not running")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // Polling a process's exit: there is nothing to watch.
+            match service.check_running() {
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    if !why.contains("SIGKILL") {
+                        bail!("the node died at {point}, but not by SIGKILL: {why}");
+                    }
+                    break;
+                }
+                Ok(()) if Instant::now() > deadline => {
+                    bail!("the node did not kill itself at {point} within 30 s")
+                }
+                Ok(()) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        // Reaps it.
+        if let Some(mut s) = self.service.take() {
+            s.kill();
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut s) = self.service.take() {
+            s.stop().await;
+        }
+    }
+
+    /// LVs in the LVM group's VG.
+    fn lvs(&self) -> Result<Vec<String>> {
+        let out = lvm(
+            &[&self.lvm_disk.dev()],
+            &["lvs", "--noheadings", "-o", "lv_name", &self.lvm_group],
+        )?;
+        Ok(out.split_whitespace().map(str::to_string).collect())
+    }
+
+    /// Partitions the kernel shows on the RAW disk, and those in its table.
+    fn partitions(&self) -> Result<(usize, usize)> {
+        let sys = Path::new("/sys/block").join(&self.raw_disk.name);
+        let kernel = std::fs::read_dir(&sys)?
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&self.raw_disk.name)
+            })
+            .count();
+        let table = match run("sfdisk", &["-J", &self.raw_disk.dev()]) {
+            Ok(json) => {
+                let v: serde_json::Value = serde_json::from_str(&json)?;
+                v["partitiontable"]["partitions"]
+                    .as_array()
+                    .map_or(0, Vec::len)
+            }
+            // No table at all: a disk whose last partition went.
+            Err(_) => 0,
+        };
+        Ok((kernel, table))
+    }
+
+    /// Loop devices over the LVM disk (one per exposed LV).
+    fn lvm_loops(&self) -> usize {
+        carina_tests::loops_backed_by(&self.lvm_disk.dev()).len()
+    }
+
+    /// What is under the HOST root that names `volume`.
+    fn host_leftovers(&self, volume: &str) -> Vec<PathBuf> {
+        walk(&self.host_root)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(volume))
+            .collect()
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                out.extend(walk(&p));
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Where a volume's bytes are: its block device, or a file in its directory.
+fn data_path(v: &pb::LogicVolume) -> PathBuf {
+    if v.host_path.is_empty() {
+        PathBuf::from(&v.device_path)
+    } else {
+        Path::new(&v.host_path).join("data")
+    }
+}
+
+/// Writes `len` bytes of a pattern seeded by `seed` at the start of the
+/// volume, synced; returns them.
+fn fill(v: &pb::LogicVolume, seed: u8, len: u64) -> Result<Vec<u8>> {
+    let path = data_path(v);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(!v.host_path.is_empty())
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    Ok(bytes)
+}
+
+/// The first `len` bytes of the volume.
+fn checksum(v: &pb::LogicVolume, len: u64) -> Result<Vec<u8>> {
+    let path = data_path(v);
+    let mut bytes = vec![0u8; len as usize];
+    std::fs::File::open(&path)
+        .with_context(|| format!("open {}", path.display()))?
+        .read_exact(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Whether the ends of a block volume that a create wipes (where
+/// filesystem and other signatures are) read as zeros.
+fn ends_are_zero(v: &pb::LogicVolume) -> Result<bool> {
+    let wiped = carina_node::engine::wipe::WIPE_BYTES;
+    let mut f = std::fs::File::open(&v.device_path)?;
+    let mut buf = vec![0u8; wiped as usize];
+    f.read_exact(&mut buf)?;
+    let head = buf.iter().all(|b| *b == 0);
+    f.seek(SeekFrom::Start(v.size_bytes - wiped))?;
+    f.read_exact(&mut buf)?;
+    Ok(head && buf.iter().all(|b| *b == 0))
+}
+
+/// Fills every MiB of a block volume with a non-zero pattern.
+fn smear(v: &pb::LogicVolume) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&v.device_path)?;
+    let buf = vec![0xabu8; MIB as usize];
+    for _ in 0..v.size_bytes / MIB {
+        f.write_all(&buf)?;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// The size the kernel gives a block volume's device.
+fn device_size(v: &pb::LogicVolume) -> u64 {
+    carina_tests::blockdev_size(Path::new(&v.device_path))
+}
+
+async fn create(c: &mut Client, name: &str, group: &str, size: u64) -> Result<pb::LogicVolume> {
+    c.create_lv(create_lv(name, group, size))
+        .await
+        .with_context(|| format!("CreateLV {name}"))?
+        .into_inner()
+        .volume
+        .context("CreateLV answered no volume")
+}
+
+async fn list(c: &mut Client) -> Result<Vec<String>> {
+    let all = c
+        .list_l_vs(pb::ListLVsRequest::default())
+        .await?
+        .into_inner()
+        .volumes;
+    Ok(all.into_iter().map(|v| v.name).collect())
+}
+
+/// What one interrupted call is.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Create,
+    Delete,
+    Resize,
+}
+
+/// One volume "keep" with data, then the interrupted `op` of volume
+/// "victim" killed at `point`, a restart, and the checks of the module
+/// header.
+async fn killed_at(rig: &mut Rig, policy: Policy, op: Op, point: &str) -> Result<()> {
+    let group = rig.group(policy).to_string();
+    let keep = unique("keep");
+    let victim = unique("victim");
+    let block = policy != Policy::Host;
+    let mut c = rig.client().await?;
+    let kept = create(&mut c, &keep, &group, SIZE).await?;
+    let kept_sum = fill(&kept, 7, 4 * MIB)?;
+    let mut victim_sum = None;
+    match op {
+        Op::Create if block => {
+            // What the re-created volume must never show: an older
+            // volume's bytes on the same extents.
+            let stale = create(&mut c, &victim, &group, SIZE).await?;
+            smear(&stale)?;
+            c.delete_lv(pb::DeleteLvRequest {
+                name: victim.clone(),
+            })
+            .await?;
+        }
+        Op::Create => {}
+        Op::Delete | Op::Resize => {
+            let v = create(&mut c, &victim, &group, SIZE).await?;
+            victim_sum = Some(fill(&v, 9, 4 * MIB)?);
+        }
+    }
+    let before = (rig.lvs()?.len(), rig.partitions()?, rig.lvm_loops());
+
+    // The interrupted call: the node dies under it.
+    rig.stop().await;
+    rig.start(Some(&format!("{point}:{victim}"))).await?;
+    let mut c = rig.client().await?;
+    let call = match op {
+        Op::Create => c
+            .create_lv(create_lv(&victim, &group, SIZE))
+            .await
+            .map(|_| ()),
+        Op::Delete => c
+            .delete_lv(pb::DeleteLvRequest {
+                name: victim.clone(),
+            })
+            .await
+            .map(|_| ()),
+        Op::Resize => c
+            .resize_lv(pb::ResizeLvRequest {
+                name: victim.clone(),
+                size_bytes: 2 * SIZE,
+            })
+            .await
+            .map(|_| ()),
+    };
+    if call.is_ok() {
+        bail!("{op:?} of {victim} at {point} was answered although the node was to die there");
+    }
+    rig.await_kill(point).await?;
+    if !rig.journal_record(&victim).exists() {
+        bail!("{point}: no journal record of the interrupted {op:?} was left");
+    }
+
+    // The next start settles it.
+    rig.start(None).await?;
+    let mut c = rig.client().await?;
+    if rig.journal_record(&victim).exists() {
+        bail!("{point}: the journal record is still there after the start");
+    }
+    let kept_now = get_lv(&mut c, &keep).await?.context("keep is gone")?;
+    if checksum(&kept_now, 4 * MIB)? != kept_sum {
+        bail!("{point}: the data of {keep} changed");
+    }
+    let names = list(&mut c).await?;
+    match op {
+        Op::Create | Op::Delete => {
+            if names.contains(&victim) {
+                bail!("{point}: {victim} is still listed after the {op:?} was settled");
+            }
+            let after = (rig.lvs()?.len(), rig.partitions()?, rig.lvm_loops());
+            let expected = match op {
+                // The stale volume was deleted before: back to "before".
+                Op::Create => before,
+                // One LV, partition and loop fewer than before, in the
+                // victim's policy.
+                _ => match policy {
+                    Policy::Lvm => (before.0 - 1, before.1, before.2 - 1),
+                    Policy::Raw => (before.0, (before.1.0 - 1, before.1.1 - 1), before.2),
+                    Policy::Host => before,
+                },
+            };
+            if after != expected {
+                bail!(
+                    "{point}: (LVs, (kernel partitions, table partitions), loops) are {after:?}, expected {expected:?}"
+                );
+            }
+            let left = rig.host_leftovers(&victim);
+            if !left.is_empty() {
+                bail!("{point}: HOST leftovers of {victim}: {left:?}");
+            }
+        }
+        Op::Resize => {
+            let v = get_lv(&mut c, &victim)
+                .await?
+                .with_context(|| format!("{point}: {victim} is gone after a resize"))?;
+            if v.size_bytes != SIZE && v.size_bytes != 2 * SIZE {
+                bail!("{point}: {victim} has {} bytes", v.size_bytes);
+            }
+            if block && device_size(&v) != v.size_bytes {
+                bail!(
+                    "{point}: {victim} reports {} bytes, its device has {}",
+                    v.size_bytes,
+                    device_size(&v)
+                );
+            }
+            if Some(checksum(&v, 4 * MIB)?) != victim_sum {
+                bail!("{point}: the data of {victim} changed");
+            }
+        }
+    }
+
+    // The retry.
+    match op {
+        Op::Create => {
+            let v = create(&mut c, &victim, &group, SIZE)
+                .await
+                .with_context(|| format!("{point}: the retried create"))?;
+            if block && !ends_are_zero(&v)? {
+                bail!("{point}: the re-created {victim} shows an older volume's bytes");
+            }
+        }
+        Op::Delete => match c
+            .delete_lv(pb::DeleteLvRequest {
+                name: victim.clone(),
+            })
+            .await
+        {
+            Err(s) if s.code() == Code::NotFound => {}
+            other => bail!("{point}: the retried delete answered {other:?}, not NOT_FOUND"),
+        },
+        Op::Resize => {
+            let v = c
+                .resize_lv(pb::ResizeLvRequest {
+                    name: victim.clone(),
+                    size_bytes: 2 * SIZE,
+                })
+                .await
+                .with_context(|| format!("{point}: the retried resize"))?
+                .into_inner()
+                .volume
+                .context("ResizeLV answered no volume")?;
+            if v.size_bytes != 2 * SIZE || (block && device_size(&v) != 2 * SIZE) {
+                bail!("{point}: the retried resize left {v:?}");
+            }
+            if Some(checksum(&v, 4 * MIB)?) != victim_sum {
+                bail!("{point}: the data of {victim} changed in the resize");
+            }
+        }
+    }
+
+    // Clean for the next point.
+    for name in [&keep, &victim] {
+        match c
+            .delete_lv(pb::DeleteLvRequest { name: name.clone() })
+            .await
+        {
+            Ok(_) => {}
+            Err(s) if s.code() == Code::NotFound => {}
+            Err(s) => bail!("cleaning up {name}: {s}"),
+        }
+    }
+    Ok(())
+}
+
+/// Runs every point of `policy`'s `op` on one rig, and says which failed.
+async fn each_point(test: &str, policy: Policy, op: Op, points: &[&str]) {
+    if !have_root(test) {
+        return;
+    }
+    let mut rig = Rig::new(test).await.expect("rig");
+    let mut failures = Vec::new();
+    for point in points {
+        let started = Instant::now();
+        match killed_at(&mut rig, policy, op, point).await {
+            Ok(()) => eprintln!(
+                "{test}: killed at {point}: settled and retried in {:?}",
+                started.elapsed()
+            ),
+            Err(e) => failures.push(format!("{point}: {e:#}")),
+        }
+        // A failed point leaves its node as it was; the next starts anew.
+        if rig.service.is_none() {
+            rig.start(None).await.expect("restart");
+        }
+    }
+    let log = carina_tests::process::tail(&rig.args.log, 40);
+    rig.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{test}:\n{}\nnode log:\n{log}",
+        failures.join("\n")
+    );
+    let _ = rig.dir.path();
+}
+
+#[tokio::test]
+async fn lvm_create_killed_midway_is_rolled_back() {
+    let points = ["create.begun", "lvm.create.allocated", "create.made"];
+    each_point("lvm_create", Policy::Lvm, Op::Create, &points).await;
+}
+
+#[tokio::test]
+async fn lvm_delete_killed_midway_is_finished() {
+    let points = ["delete.begun", "lvm.delete.detached"];
+    each_point("lvm_delete", Policy::Lvm, Op::Delete, &points).await;
+}
+
+#[tokio::test]
+async fn lvm_resize_killed_midway_keeps_a_whole_size() {
+    let points = ["resize.begun", "lvm.resize.extended"];
+    each_point("lvm_resize", Policy::Lvm, Op::Resize, &points).await;
+}
+
+#[tokio::test]
+async fn raw_create_killed_midway_is_rolled_back() {
+    let points = ["raw.create.partitioned", "create.made"];
+    each_point("raw_create", Policy::Raw, Op::Create, &points).await;
+}
+
+#[tokio::test]
+async fn raw_delete_killed_midway_is_finished() {
+    let points = ["delete.begun", "raw.delete.forgotten"];
+    each_point("raw_delete", Policy::Raw, Op::Delete, &points).await;
+}
+
+#[tokio::test]
+async fn raw_resize_killed_midway_keeps_a_whole_size() {
+    let points = ["resize.begun", "raw.resize.replaced"];
+    each_point("raw_resize", Policy::Raw, Op::Resize, &points).await;
+}
+
+#[tokio::test]
+async fn host_create_killed_midway_is_rolled_back() {
+    let points = ["host.create.marked", "create.made"];
+    each_point("host_create", Policy::Host, Op::Create, &points).await;
+}
+
+#[tokio::test]
+async fn host_delete_killed_midway_is_finished() {
+    let points = ["delete.begun", "host.delete.emptied"];
+    each_point("host_delete", Policy::Host, Op::Delete, &points).await;
+}
+
+#[tokio::test]
+async fn host_resize_killed_midway_keeps_a_whole_size() {
+    let points = ["resize.begun"];
+    each_point("host_resize", Policy::Host, Op::Resize, &points).await;
+}
+
+/// A state directory that takes no writes (full, or read-only) refuses
+/// every change with UNAVAILABLE naming the journal, before anything is
+/// touched; reads go on; once it takes writes again the same calls work.
+#[tokio::test]
+async fn a_full_or_read_only_state_directory_refuses_changes_and_changes_nothing() {
+    if !have_root("state_directory") {
+        return;
+    }
+    let mut rig = Rig::new("statedir").await.expect("rig");
+    let mut c = rig.client().await.expect("client");
+    let intents = rig.args.state_dir.join("intents");
+    std::fs::create_dir_all(&intents).expect("mkdir");
+    let mut existing = Vec::new();
+    for policy in [Policy::Lvm, Policy::Raw, Policy::Host] {
+        let name = unique("there");
+        let v = create(&mut c, &name, rig.group(policy), SIZE)
+            .await
+            .expect("create");
+        let sum = fill(&v, 3, MIB).expect("fill");
+        existing.push((policy, name, sum));
+    }
+    let snapshot = |rig: &Rig| {
+        (
+            rig.lvs().expect("lvs"),
+            rig.partitions().expect("partitions"),
+            rig.lvm_loops(),
+            walk(&rig.host_root),
+        )
+    };
+    let before = snapshot(&rig);
+    for how in ["full", "read-only"] {
+        let guard = match how {
+            // A tmpfs of one page, filled: every new file fails ENOSPC.
+            "full" => {
+                let g = MountGuard::mount("tmpfs", &intents, Some("tmpfs"), Some("size=4k"))
+                    .expect("mount tmpfs");
+                let _ = std::fs::write(intents.join("filler"), vec![1u8; 64 * 1024]);
+                g
+            }
+            _ => {
+                let g =
+                    MountGuard::mount(&intents.display().to_string(), &intents, None, Some("bind"))
+                        .expect("bind");
+                run(
+                    "mount",
+                    &["-o", "remount,ro,bind", &intents.display().to_string()],
+                )
+                .expect("remount read-only");
+                g
+            }
+        };
+        for (policy, name, _) in &existing {
+            let group = rig.group(*policy).to_string();
+            let refused = [
+                c.create_lv(create_lv(&unique("new"), &group, SIZE))
+                    .await
+                    .map(|_| ()),
+                c.resize_lv(pb::ResizeLvRequest {
+                    name: name.clone(),
+                    size_bytes: 2 * SIZE,
+                })
+                .await
+                .map(|_| ()),
+                c.delete_lv(pb::DeleteLvRequest { name: name.clone() })
+                    .await
+                    .map(|_| ()),
+            ];
+            for (i, r) in refused.into_iter().enumerate() {
+                let s = r.expect_err(&format!("{how} {policy:?} call {i} was accepted"));
+                assert_eq!(
+                    s.code(),
+                    Code::Unavailable,
+                    "{how} {policy:?} call {i}: {s:?}"
+                );
+                assert!(
+                    s.message().contains("intents/") && s.message().contains("state directory"),
+                    "{how} {policy:?} call {i}: {}",
+                    s.message()
+                );
+            }
+        }
+        // Reads go on, and nothing changed.
+        let names = list(&mut c).await.expect("ListLV works");
+        for (_, name, _) in &existing {
+            assert!(names.contains(name), "{how}: {name} is gone");
+        }
+        assert_eq!(
+            snapshot(&rig),
+            before,
+            "{how}: a refused change changed something"
+        );
+        drop(guard);
+    }
+    // Writable again: the same calls work.
+    for (policy, name, sum) in &existing {
+        let v = c
+            .resize_lv(pb::ResizeLvRequest {
+                name: name.clone(),
+                size_bytes: 2 * SIZE,
+            })
+            .await
+            .unwrap_or_else(|s| panic!("{policy:?} resize after: {s}"))
+            .into_inner()
+            .volume
+            .expect("volume");
+        assert!(
+            &checksum(&v, MIB).expect("read") == sum,
+            "{policy:?} data changed"
+        );
+        c.delete_lv(pb::DeleteLvRequest { name: name.clone() })
+            .await
+            .unwrap_or_else(|s| panic!("{policy:?} delete after: {s}"));
+    }
+    assert_eq!(
+        std::fs::read_dir(&intents).expect("ls").count(),
+        0,
+        "journal records are left"
+    );
+    rig.stop().await;
+}
