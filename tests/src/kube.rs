@@ -101,6 +101,13 @@ pub enum ApiServerMode {
     WithKubelet { host_ip: Ipv4Addr },
 }
 
+/// A program and arguments, to start a process of the cluster again.
+#[derive(Debug, Clone)]
+struct Relaunch {
+    program: PathBuf,
+    args: Vec<String>,
+}
+
 /// A running etcd + kube-apiserver pair with an admin client.
 pub struct KubeCluster {
     client: Client,
@@ -109,6 +116,10 @@ pub struct KubeCluster {
     log_dir: PathBuf,
     pki: Pki,
     mode: ApiServerMode,
+    /// How etcd and the apiserver were started, to start them again.
+    etcd_start: Relaunch,
+    apiserver_start: Relaunch,
+    etcd_port: u16,
     // Dropped in this order: the apiserver before its etcd, the directory
     // (data, certificates) last.
     apiserver: ChildGuard,
@@ -257,10 +268,56 @@ impl KubeCluster {
             log_dir,
             pki,
             mode,
+            etcd_start: Relaunch {
+                program: etcd_bin,
+                args: etcd_args.to_vec(),
+            },
+            apiserver_start: Relaunch {
+                program: apiserver_bin,
+                args: apiserver_args,
+            },
+            etcd_port: client_port,
             apiserver,
             etcd,
             dir,
         })
+    }
+
+    /// Kills kube-apiserver (SIGKILL, a crash), leaves it down for
+    /// `down`, and starts it again with the same arguments (its log
+    /// appended); returns once `/readyz` says ok.
+    pub async fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
+        self.apiserver.kill();
+        tokio::time::sleep(down).await;
+        let r = &self.apiserver_start;
+        self.apiserver = ChildGuard::spawn(
+            "kube-apiserver",
+            &r.program,
+            &r.args,
+            &[],
+            &self.log_dir.join("kube-apiserver.log"),
+        )?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        wait_ready(&self.client, &mut self.etcd, &mut self.apiserver, deadline).await
+    }
+
+    /// Kills etcd (SIGKILL), leaves it down for `down`, and starts it again
+    /// on the same data directory and ports; returns once etcd is healthy
+    /// and the apiserver, which stayed up, is ready again.
+    pub async fn restart_etcd(&mut self, down: Duration) -> Result<()> {
+        self.etcd.kill();
+        tokio::time::sleep(down).await;
+        let r = &self.etcd_start;
+        self.etcd = ChildGuard::spawn(
+            "etcd",
+            &r.program,
+            &r.args,
+            &[],
+            &self.log_dir.join("etcd.log"),
+        )?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        wait_etcd_healthy(self.etcd_port, &mut self.etcd, deadline).await?;
+        wait_ready(&self.client, &mut self.etcd, &mut self.apiserver, deadline).await
     }
 
     /// A client authenticated as the admin (group `system:masters`).

@@ -18,6 +18,12 @@
 //! - a create pinned to a node whose process is down fails with a
 //!   retryable code, and the same request succeeds once the node is back;
 //!   nothing leaks on either node or in the API;
+//! - a controller killed (SIGKILL) in the middle of a delete, and in the
+//!   middle of an expand, with the node call in flight: another replica's
+//!   retry finishes it, and nothing is left over;
+//! - 50 creates in flight while kube-apiserver is killed and restarted,
+//!   then etcd: every create, retried as external-provisioner retries,
+//!   ends with exactly one volume, and deleting them leaves nothing;
 //! - two replicas: one holds the Lease and runs the bridge while both
 //!   serve CSI; the other takes over when the leader stops (SIGTERM), and
 //!   volumes are made and deleted afterwards.
@@ -490,6 +496,259 @@ async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> 
     );
     second.check_running()?;
     second.stop().await;
+    Ok(())
+}
+
+/// `call` until it succeeds, as external-provisioner and the resizer retry
+/// (every second, at most [`WAIT`]); the answer and the failures seen.
+async fn until_ok<T, F, Fut>(mut call: F) -> Result<(T, Vec<Code>)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut failures = Vec::new();
+    loop {
+        match call().await {
+            Ok(v) => return Ok((v, failures)),
+            Err(s) if Instant::now() < deadline => {
+                failures.push(s.code());
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(s) => bail!("still failing after {WAIT:?}: {s:?} (before: {failures:?})"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() -> Result<()> {
+    let Some(e2e) = E2e::start(
+        "a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next",
+        &[A, B],
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let lvs: Api<LogicVolume> = Api::all(e2e.client());
+
+    // Expand: the object's spec is grown, the bridge's ResizeLV waits on
+    // the paused node, and the controller dies.
+    let mut first = e2e.serving_controller("ctl-1").await?;
+    let mut csi = Csi::new(first.channel().await?);
+    let request = create("pvc-e2e-kill-expand", 64 * MIB, &e2e.group, Some(B));
+    let object = object_name(&request.name);
+    let v = make(&mut csi, request).await?;
+    let expand = csi::ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: (128 * MIB) as i64,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(mount_cap("ext4")),
+        ..Default::default()
+    };
+    let paused = Paused::pause(&e2e.node(B).service)?;
+    let req = expand.clone();
+    let pending = tokio::spawn(async move { csi.controller_expand_volume(req).await });
+    await_lv(&e2e, &object, "grown in its spec", |lv| {
+        lv.is_some_and(|lv| quantity_bytes(&lv.spec.size).is_ok_and(|b| b >= 128 * MIB))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.kill();
+    let answer = tokio::time::timeout(WAIT, pending).await??;
+    assert!(
+        answer.is_err(),
+        "answered by a killed controller: {answer:?}"
+    );
+    drop(paused);
+    let mut second = e2e.controller("ctl-2").start().await?;
+    let csi = Csi::new(second.channel().await?);
+    let started = Instant::now();
+    let (grown, failures) = until_ok(|| {
+        let mut csi = csi.clone();
+        let req = expand.clone();
+        async move { csi.controller_expand_volume(req).await }
+    })
+    .await?;
+    let grown = grown.into_inner().capacity_bytes as u64;
+    eprintln!(
+        "the retried expand answered {grown} bytes after {:?} (failures before: {failures:?})",
+        started.elapsed()
+    );
+    assert!(grown >= 128 * MIB);
+    assert_eq!(
+        e2e.lvs(B)?,
+        [(object.clone(), grown)],
+        "the LV has the size answered"
+    );
+    let lv = lvs.get(&object).await?;
+    let current = lv
+        .status
+        .and_then(|s| s.current_size)
+        .context("currentSize")?;
+    assert_eq!(quantity_bytes(&current)?, grown);
+
+    // Delete: the object is marked deleted, the bridge's DeleteLV waits
+    // on the paused node, and the controller dies.
+    let paused = Paused::pause(&e2e.node(B).service)?;
+    let mut csi2 = csi.clone();
+    let id = v.volume_id.clone();
+    let pending = tokio::spawn(async move { delete(&mut csi2, &id).await });
+    await_lv(&e2e, &object, "marked deleted", |lv| {
+        lv.is_some_and(|lv| lv.metadata.deletion_timestamp.is_some())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    second.kill();
+    let answer = tokio::time::timeout(WAIT, pending).await??;
+    assert!(
+        answer.is_err(),
+        "answered by a killed controller: {answer:?}"
+    );
+    drop(paused);
+    let mut third = e2e.controller("ctl-3").start().await?;
+    let mut csi = Csi::new(third.channel().await?);
+    let started = Instant::now();
+    let (_, failures) = until_ok(|| {
+        let mut csi = csi.clone();
+        let id = v.volume_id.clone();
+        async move {
+            csi.delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+        }
+    })
+    .await?;
+    eprintln!(
+        "the retried delete answered after {:?} (failures before: {failures:?})",
+        started.elapsed()
+    );
+    assert!(
+        lvs.get_opt(&object).await?.is_none(),
+        "the object (and its finalizer) is gone"
+    );
+    e2e.assert_volumes(B, &[]).await?;
+    e2e.assert_volumes(A, &[]).await?;
+    // And the node serves the next create.
+    let again = make(
+        &mut csi,
+        create("pvc-e2e-after", 64 * MIB, &e2e.group, Some(B)),
+    )
+    .await?;
+    delete(&mut csi, &again.volume_id).await?;
+    third.check_running()?;
+    third.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_creates_survive_an_apiserver_and_an_etcd_restart() -> Result<()> {
+    let Some(mut e2e) = E2e::start(
+        "fifty_creates_survive_an_apiserver_and_an_etcd_restart",
+        &[A, B],
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let mut ctl = e2e.serving_controller("ctl-1").await?;
+    let csi = Csi::new(ctl.channel().await?);
+    const N: usize = 50;
+    let started = Instant::now();
+    let mut creates = tokio::task::JoinSet::new();
+    for i in 0..N {
+        let csi = csi.clone();
+        let request = create(
+            &format!("pvc-e2e-storm-{i:02}"),
+            16 * MIB,
+            &e2e.group,
+            Some(if i % 2 == 0 { A } else { B }),
+        );
+        creates.spawn(async move {
+            let (v, failures) = until_ok(|| {
+                let mut csi = csi.clone();
+                let req = request.clone();
+                async move { csi.create_volume(req).await }
+            })
+            .await?;
+            let v = v.into_inner().volume.context("no volume")?;
+            anyhow::Ok((request.name, v.volume_id, failures, Instant::now()))
+        });
+    }
+    // The creates are in flight: the apiserver dies and comes back, then
+    // etcd.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    e2e.cluster
+        .restart_apiserver(Duration::from_secs(2))
+        .await?;
+    let apiserver_back = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    e2e.cluster.restart_etcd(Duration::from_secs(2)).await?;
+    let etcd_back = Instant::now();
+    let mut made = Vec::new();
+    let mut retried = 0;
+    let mut last = started;
+    while let Some(done) = creates.join_next().await {
+        let (name, id, failures, at) = done??;
+        retried += usize::from(!failures.is_empty());
+        last = last.max(at);
+        made.push((name, id));
+    }
+    eprintln!(
+        "{N} creates: {retried} needed retries; apiserver back after {:?}, etcd back after {:?}, the last create answered {:?} after etcd was back",
+        apiserver_back - started,
+        etcd_back - started,
+        last.saturating_duration_since(etcd_back)
+    );
+    // Exactly one volume per claim: one object, one LV, on the node asked.
+    let mut expected: Vec<String> = made.iter().map(|(n, _)| object_name(n)).collect();
+    expected.sort();
+    assert_eq!(
+        e2e.logic_volumes().await?,
+        expected,
+        "one LogicVolume per claim"
+    );
+    let on_a: Vec<String> = e2e.lvs(A)?.into_iter().map(|(n, _)| n).collect();
+    let on_b: Vec<String> = e2e.lvs(B)?.into_iter().map(|(n, _)| n).collect();
+    let mut all: Vec<String> = on_a.iter().chain(&on_b).cloned().collect();
+    all.sort();
+    assert_eq!(all, expected, "one LV per claim, on the two nodes together");
+    assert_eq!(on_a.len(), N / 2, "node A has its half");
+
+    // Deleting them leaves nothing: no object (so no finalizer), no LV.
+    let mut deletes = tokio::task::JoinSet::new();
+    for (_, id) in made {
+        let csi = csi.clone();
+        deletes.spawn(async move {
+            until_ok(|| {
+                let mut csi = csi.clone();
+                let id = id.clone();
+                async move {
+                    csi.delete_volume(csi::DeleteVolumeRequest {
+                        volume_id: id,
+                        ..Default::default()
+                    })
+                    .await
+                }
+            })
+            .await
+        });
+    }
+    while let Some(done) = deletes.join_next().await {
+        done??;
+    }
+    assert!(
+        e2e.logic_volumes().await?.is_empty(),
+        "LogicVolumes are left"
+    );
+    e2e.assert_volumes(A, &[]).await?;
+    e2e.assert_volumes(B, &[]).await?;
+    ctl.check_running()?;
+    ctl.stop().await;
     Ok(())
 }
 
