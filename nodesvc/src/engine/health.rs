@@ -2,7 +2,9 @@
 //! is made of is still there. A block volume needs its device node (a
 //! block device) and the disk or physical volume under it; a loop device
 //! whose backing file was deleted is abnormal too, since its data goes
-//! with the last close. A HOST volume needs its directory.
+//! with the last close, and so is a device of 0 bytes (a loop device
+//! detached or emptied, a medium removed: the node is left, the disk is
+//! gone). A HOST volume needs its directory.
 //!
 //! The checks only look (`stat`, sysfs); they never open a device, so a
 //! device that hangs cannot hold up the answer. The first problem found
@@ -85,8 +87,18 @@ async fn block_device(what: &str, path: &Path, sysfs: &Path) -> Option<String> {
         ));
     }
     let (major, minor) = devnum::split(meta.rdev());
-    let backing = sysfs.join(format!("dev/block/{major}:{minor}/loop/backing_file"));
-    match tokio::fs::read_to_string(&backing).await {
+    let dir = sysfs.join(format!("dev/block/{major}:{minor}"));
+    // A disk that went away under its device node (a loop device
+    // detached or emptied, a medium removed) reads as 0 sectors.
+    if let Ok(sectors) = tokio::fs::read_to_string(dir.join("size")).await
+        && sectors.trim() == "0"
+    {
+        return Some(format!(
+            "{what} {} has 0 bytes: the disk behind it is gone",
+            path.display()
+        ));
+    }
+    match tokio::fs::read_to_string(dir.join("loop/backing_file")).await {
         Ok(file) if file.trim_end().ends_with("(deleted)") => Some(format!(
             "{what} {} is a loop device whose backing file {} was deleted",
             path.display(),
@@ -213,6 +225,33 @@ mod tests {
             c.message,
             format!(
                 "device {} is a loop device whose backing file /var/disks/a.img was deleted",
+                dev.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_device_of_0_bytes_is_abnormal() {
+        let Some((dev, major, minor)) = some_block_device() else {
+            eprintln!("no block device on this machine; nothing to check");
+            return;
+        };
+        let sysfs = tempfile::tempdir().expect("temp dir");
+        let dir = sysfs.path().join(format!("dev/block/{major}:{minor}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let volume = block(&dev, &dev.display().to_string(), Policy::Lvm);
+        std::fs::write(dir.join("size"), "262144\n").expect("write");
+        assert_eq!(
+            condition_under(&volume, sysfs.path()).await,
+            Condition::default()
+        );
+        std::fs::write(dir.join("size"), "0\n").expect("write");
+        let c = condition_under(&volume, sysfs.path()).await;
+        assert!(c.abnormal);
+        assert_eq!(
+            c.message,
+            format!(
+                "device {} has 0 bytes: the disk behind it is gone",
                 dev.display()
             )
         );

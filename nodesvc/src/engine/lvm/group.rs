@@ -61,6 +61,9 @@ pub struct LvmGroup {
 struct LvmState {
     /// The group's disks (the LVM device filter).
     devices: Vec<PathBuf>,
+    /// The VG's physical volumes as last read: one missing from a later
+    /// report is a disk that went away, not a smaller group.
+    known_pvs: Vec<PathBuf>,
 }
 
 impl LvmGroup {
@@ -133,8 +136,37 @@ impl LvmGroup {
             .run(self.cmd("pvs").args(pvsegs_args(self.vg())))
             .await?;
         let snap = parse_pvsegs(&out.stdout)?;
+        self.check_pvs(&snap)?;
         self.cache.store(mark, &snap);
         Ok(snap)
+    }
+
+    /// Fails, naming them, when physical volumes the VG had are missing
+    /// from `snap` (their disk was pulled, or reads as empty): the group
+    /// would otherwise read as smaller, or as no VG at all, and its
+    /// volumes as gone, which a caller would take for deleted. Nothing is
+    /// cached then, so the first read after the disk is back sees it.
+    fn check_pvs(&self, snap: &VgSnapshot) -> Result<()> {
+        let mut state = self.lock();
+        let missing: Vec<String> = state
+            .known_pvs
+            .iter()
+            .filter(|known| !snap.pvs.iter().any(|pv| &pv.path == *known))
+            .map(|p| p.display().to_string())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::FailedPrecondition {
+                operation: "use",
+                name: self.config.name.clone(),
+                reason: format!(
+                    "physical volume {} of volume group {:?} is missing: the disk behind it is gone or unreadable",
+                    missing.join(", "),
+                    self.vg()
+                ),
+            });
+        }
+        state.known_pvs = snap.pvs.iter().map(|pv| pv.path.clone()).collect();
+        Ok(())
     }
 
     async fn snapshot(&self) -> Result<VgSnapshot> {
