@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test tier and prints how many tests ran in each.
+# Runs every test tier and prints how many tests ran in each, then scans
+# every log of the run for key material (hack/scan-logs.sh).
 # Usage: hack/test.sh [tier...]   tiers: the rows of tests/tiers.tsv (default: all, in that order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +92,17 @@ for tier in "${tiers[@]}"; do
   fi
 done
 
+# Last: no log of this run (tier logs and the logs of the processes the
+# tests started, kept under $LOG_DIR) may hold key material. A hit fails
+# the run and counts as one failure.
+echo "=== scan: key material in $LOG_DIR"
+scan=clean
+if ! hack/scan-logs.sh "$LOG_DIR"; then
+  scan=failed
+  total_failed=$((total_failed + 1))
+  overall=1
+fi
+
 echo
 echo "=== summary"
 printf '%-10s %8s %8s %8s\n' tier passed failed ignored
@@ -98,5 +110,6 @@ for tier in "${tiers[@]}"; do
   [ -n "${PASSED[$tier]+x}" ] || continue
   printf '%-10s %8s %8s %8s\n' "$tier" "${PASSED[$tier]}" "${FAILED[$tier]}" "${IGNORED[$tier]}"
 done
+echo "log scan: $scan"
 echo "$total_passed passed, $total_failed failed, $total_ignored skipped"
 exit $overall

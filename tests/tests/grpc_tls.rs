@@ -9,6 +9,7 @@ use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{
     ClientTls, DEFAULT_TRUST_DOMAIN, client_config_without_cert, connect, connect_with_config,
+    crypto_provider,
 };
 use carina_tests::grpc::{TestNode, create_lv, host_engine, server_cert};
 use carina_tests::unique;
@@ -214,6 +215,39 @@ async fn refuses_a_plaintext_client() {
     // The server reads the HTTP/2 preface as a broken TLS record and hangs
     // up; the client sees the connection die.
     assert_refused_by_tls(result, "transport error");
+}
+
+/// A client that offers only TLS 1.2, with a valid controller
+/// certificate, is refused during the handshake: the node speaks TLS 1.3
+/// only.
+#[tokio::test]
+async fn refuses_a_tls12_client() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (node, _dirs, _) = node().await;
+    let tls = node.client_tls("controller").expect("tls");
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(&tls.ca_pem) {
+        roots.add(ca.expect("CA PEM")).expect("CA");
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&tls.cert_pem)
+        .collect::<Result<_, _>>()
+        .expect("certificate PEM");
+    let key = PrivateKeyDer::from_pem_slice(&tls.key_pem).expect("key PEM");
+    let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .expect("TLS 1.2 is built in")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .expect("client config");
+    let err = connect_with_config(&node.endpoint(), "node-a", std::sync::Arc::new(config))
+        .await
+        .expect_err("the node must refuse a TLS 1.2 handshake");
+    // The server's alert, several sources down.
+    let text = format!("{err:?}");
+    assert!(text.contains("AlertReceived(ProtocolVersion)"), "{text}");
+    // The same credentials over TLS 1.3 are accepted.
+    probe(&node, &tls).await.expect("TLS 1.3");
 }
 
 #[tokio::test]

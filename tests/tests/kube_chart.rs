@@ -984,3 +984,95 @@ fn each_service_account_has_exactly_the_reviewed_rights() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every container of every rendering runs with the least privilege it
+/// needs. The controller's and the scheduler's pods (every container, the
+/// sidecars too): non-root with a non-zero user, a read-only root file
+/// system, no privilege escalation, every capability dropped, the
+/// RuntimeDefault seccomp profile, no host namespace. carina-node is the
+/// one privileged container, shares only the host's network, and its
+/// template says why on the lines above its `privileged: true`.
+#[test]
+fn every_container_runs_with_the_least_privilege_it_needs() -> Result<()> {
+    let chart = Chart::new()?;
+    let mut restricted = 0;
+    let mut privileged = 0;
+    for set in SETS.into_iter().chain([&RBAC_SET]) {
+        for o in render(&chart, set)? {
+            if !matches!(
+                o["kind"].as_str(),
+                Some("Deployment" | "DaemonSet" | "StatefulSet" | "Job" | "CronJob")
+            ) {
+                continue;
+            }
+            let workload = format!("{}: {} {}", set.name, o["kind"], o["metadata"]["name"]);
+            let pod = &o["spec"]["template"]["spec"];
+            for host in ["hostPID", "hostIPC"] {
+                assert_ne!(pod[host], true, "{workload}: {host}");
+            }
+            let containers: Vec<&Value> = ["initContainers", "containers"]
+                .iter()
+                .flat_map(|k| pod[*k].as_array().into_iter().flatten())
+                .collect();
+            assert!(!containers.is_empty(), "{workload}");
+            if o["metadata"]["name"] == "carina-node" {
+                assert_eq!(pod["hostNetwork"], true, "{workload}");
+                assert_eq!(containers.len(), 1, "{workload}: only carina-node");
+                let sc = &containers[0]["securityContext"];
+                assert_eq!(sc["privileged"], true, "{workload}");
+                assert!(sc["capabilities"]["add"].is_null(), "{workload}: {sc}");
+                privileged += 1;
+                continue;
+            }
+            assert_ne!(pod["hostNetwork"], true, "{workload}: hostNetwork");
+            assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{workload}");
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{workload}"
+            );
+            for c in containers {
+                let what = format!("{workload} container {}", c["name"]);
+                let sc = &c["securityContext"];
+                assert_eq!(sc["runAsNonRoot"], true, "{what}");
+                assert!(sc["runAsUser"].as_u64().is_some_and(|u| u > 0), "{what}");
+                assert_eq!(sc["readOnlyRootFilesystem"], true, "{what}");
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{what}");
+                assert_eq!(
+                    sc["capabilities"]["drop"],
+                    serde_json::json!(["ALL"]),
+                    "{what}"
+                );
+                assert!(sc["capabilities"]["add"].is_null(), "{what}: {sc}");
+                assert_ne!(sc["privileged"], true, "{what}");
+                restricted += 1;
+            }
+        }
+    }
+    // The controller's four containers in each rendering, the
+    // scheduler's two in the two with the scheduler on.
+    assert_eq!(restricted, 4 * 4 + 2 * 2);
+    assert_eq!(privileged, SETS.len() + 1);
+
+    // Each reason for the node's privileges is written above it.
+    let node = std::fs::read_to_string(repo_root().join("deploy/kubernetes/node.yaml"))?;
+    let lines: Vec<&str> = node.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == "privileged: true")
+        .context("the node is not privileged")?;
+    let comment: Vec<&str> = lines[..at]
+        .iter()
+        .rev()
+        .skip_while(|l| l.trim() == "securityContext:")
+        .take_while(|l| l.trim_start().starts_with('#'))
+        .copied()
+        .collect();
+    let comment = comment.join("\n");
+    for reason in ["/dev", "Bidirectional", "cgroup"] {
+        assert!(
+            comment.contains(reason),
+            "the node's privileges lack their reason {reason:?}:\n{comment}"
+        );
+    }
+    Ok(())
+}
