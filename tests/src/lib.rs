@@ -362,6 +362,17 @@ pub fn forget_vg_metadata(name: &str) {
     }
 }
 
+/// Mount points at or under `root`, as this process's mountinfo lists
+/// them (a mount point with a space reads back with it).
+pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|m| m.starts_with(root))
+        .collect()
+}
+
 /// Unmounts (lazily) on drop.
 #[derive(Debug)]
 pub struct MountGuard {

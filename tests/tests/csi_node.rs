@@ -21,7 +21,7 @@ use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use carina_tests::csi::ServedCsi;
 use carina_tests::grpc::{host_engine, start_engine};
-use carina_tests::{LoopDisk, VgGuard, have_root, run, stat_fs, unique};
+use carina_tests::{LoopDisk, VgGuard, have_root, mounts_under, run, stat_fs, unique};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -69,17 +69,6 @@ impl Drop for WorkDir {
             let _ = run("umount", &["-l", &m.to_string_lossy()]);
         }
     }
-}
-
-/// Mount points at or under `root`, from /proc/self/mountinfo (field 5,
-/// with the kernel's `\040`-style escapes undone).
-fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    text.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(m.replace("\\040", " ")))
-        .filter(|m| m.starts_with(root))
-        .collect()
 }
 
 /// A CSI Node server for `engine` on a socket in a temp dir, and clients.

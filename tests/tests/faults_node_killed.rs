@@ -21,10 +21,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use carina_proto::csi;
+use carina_proto::csi::node_client::NodeClient;
+use carina_proto::csi::volume_capability::access_mode::Mode;
+use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{NodeArgs, Pki, Service};
+use carina_tests::grpc::unix_channel;
 use carina_tests::grpc::{Client, create_lv, get_lv};
-use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, lvm, run, unique};
+use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, lvm, mounts_under, run, unique};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -60,6 +65,12 @@ impl Drop for Rig {
     fn drop(&mut self) {
         if let Some(mut s) = self.service.take() {
             s.kill();
+        }
+        // What a test staged or published and did not take down.
+        let mut mounts = mounts_under(self.dir.path());
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in mounts {
+            let _ = run("umount", &["-l", &m.display().to_string()]);
         }
     }
 }
@@ -705,6 +716,163 @@ async fn a_full_or_read_only_state_directory_refuses_changes_and_changes_nothing
         std::fs::read_dir(&intents).expect("ls").count(),
         0,
         "journal records are left"
+    );
+    rig.stop().await;
+}
+
+/// A node killed (SIGKILL) while volumes of every policy are staged and
+/// published, and started again: the mounts are still there and hold the
+/// data written before, each volume is healthy, kubelet's repeated stage
+/// and publish (it repeats them after a plugin restart) change nothing,
+/// and unpublish, unstage and delete then leave no mount, LV, partition,
+/// loop device or journal record.
+#[tokio::test]
+async fn a_node_killed_with_published_volumes_keeps_them_and_serves_them() {
+    if !have_root("published") {
+        return;
+    }
+    let mut rig = Rig::new("published").await.expect("rig");
+    let mut c = rig.client().await.expect("client");
+    let mut node = NodeClient::new(
+        unix_channel(rig.args.csi_socket.clone())
+            .await
+            .expect("csi"),
+    );
+    let cap = |fs: &str| csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let mut published = Vec::new();
+    for policy in [Policy::Lvm, Policy::Raw, Policy::Host] {
+        let name = unique("published");
+        create(&mut c, &name, rig.group(policy), 2 * SIZE)
+            .await
+            .expect("create");
+        let id = carina_csi::volume_id::VolumeId::new(&name, &rig.args.name).to_string();
+        let fs = if policy == Policy::Host { "" } else { "ext4" };
+        let staging = rig.dir.path().join(format!("{name}-staging"));
+        let target = rig.dir.path().join(format!("{name}-target"));
+        node.node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(fs)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("{policy:?} stage: {s}"));
+        node.node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap(fs)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("{policy:?} publish: {s}"));
+        let bytes: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+        let file = target.join("data");
+        let mut f = std::fs::File::create(&file).expect("create data");
+        f.write_all(&bytes).expect("write");
+        f.sync_all().expect("sync");
+        published.push((policy, name, id, staging, target, bytes));
+    }
+    let mounts_before = mounts_under(rig.dir.path()).len();
+
+    // The crash, and the start after it.
+    if let Some(mut s) = rig.service.take() {
+        s.kill();
+    }
+    let started = Instant::now();
+    rig.start(None).await.expect("restart");
+    let mut node = NodeClient::new(
+        unix_channel(rig.args.csi_socket.clone())
+            .await
+            .expect("csi"),
+    );
+    let mut c = rig.client().await.expect("client");
+    eprintln!(
+        "the node served again {:?} after the kill",
+        started.elapsed()
+    );
+    for (policy, _, id, staging, target, bytes) in &published {
+        let read = std::fs::read(target.join("data")).expect("read after the restart");
+        assert!(&read == bytes, "{policy:?}: the data changed");
+        let stats = node
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: id.clone(),
+                volume_path: target.display().to_string(),
+                staging_target_path: String::new(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("{policy:?} stats: {s}"))
+            .into_inner();
+        assert!(
+            stats.volume_condition.as_ref().is_none_or(|c| !c.abnormal),
+            "{policy:?}: {stats:?}"
+        );
+        // kubelet repeats both after a plugin restart.
+        node.node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(if *policy == Policy::Host { "" } else { "ext4" })),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("{policy:?} repeated stage: {s}"));
+        node.node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap(if *policy == Policy::Host { "" } else { "ext4" })),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("{policy:?} repeated publish: {s}"));
+    }
+    assert_eq!(
+        mounts_under(rig.dir.path()).len(),
+        mounts_before,
+        "the restart or the repeats changed the mounts"
+    );
+    for (policy, name, id, staging, target, _) in &published {
+        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("{policy:?} unpublish: {s}"));
+        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("{policy:?} unstage: {s}"));
+        c.delete_lv(pb::DeleteLvRequest { name: name.clone() })
+            .await
+            .unwrap_or_else(|s| panic!("{policy:?} delete: {s}"));
+    }
+    assert_eq!(
+        mounts_under(rig.dir.path()),
+        Vec::<PathBuf>::new(),
+        "mounts left"
+    );
+    assert_eq!(rig.lvs().expect("lvs"), Vec::<String>::new(), "LVs left");
+    assert_eq!(
+        rig.partitions().expect("partitions"),
+        (0, 0),
+        "partitions left"
+    );
+    assert_eq!(rig.lvm_loops(), 0, "loop devices left");
+    let intents = rig.args.state_dir.join("intents");
+    assert_eq!(
+        std::fs::read_dir(&intents).map(|d| d.count()).unwrap_or(0),
+        0,
+        "journal records left"
     );
     rig.stop().await;
 }
