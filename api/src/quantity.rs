@@ -70,7 +70,9 @@ pub fn quantity_bytes(q: &Quantity) -> Result<u64, QuantityError> {
     let value = mantissa
         .checked_mul(1u128 << binary_shift)
         .ok_or_else(too_large)?;
-    let exp = decimal_exp - i64::try_from(fraction.len()).map_err(|_| syntax())?;
+    // Saturating: the exponent may be any i64 (`1.5e-9223372036854775808`);
+    // past the ends it means "below a byte" or "too large" all the same.
+    let exp = decimal_exp.saturating_sub(i64::try_from(fraction.len()).map_err(|_| syntax())?);
     let bytes = if exp >= 0 {
         let scale = u32::try_from(exp)
             .ok()
@@ -82,7 +84,10 @@ pub fn quantity_bytes(q: &Quantity) -> Result<u64, QuantityError> {
             value.checked_mul(scale).ok_or_else(too_large)?
         }
     } else {
-        match u32::try_from(-exp).ok().and_then(|e| 10u128.checked_pow(e)) {
+        match u32::try_from(exp.unsigned_abs())
+            .ok()
+            .and_then(|e| 10u128.checked_pow(e))
+        {
             Some(scale) => value.div_ceil(scale),
             // Smaller than any byte count but zero.
             None => u128::from(value != 0),
@@ -131,6 +136,50 @@ mod tests {
                 proptest::prop_assert_eq!(super::quantity_bytes(&super::bytes_quantity(bytes)), Ok(bytes));
             }
         }
+
+        /// Exponents of any size: a non-zero number far below a byte
+        /// rounds up to one byte, far above the largest size is too large,
+        /// never an overflow.
+        #[test]
+        fn quantities_with_any_exponent(
+            whole in "[1-9][0-9]{0,5}",
+            fraction in "[0-9]{0,3}",
+            e in proptest::prelude::prop_oneof![
+                proptest::prelude::any::<i64>(),
+                proptest::prelude::Just(i64::MIN),
+                proptest::prelude::Just(i64::MAX),
+                -60i64..60,
+            ],
+            suffix in proptest::prelude::prop_oneof![
+                proptest::prelude::Just("e"),
+                proptest::prelude::Just("E"),
+            ],
+        ) {
+            let text = if fraction.is_empty() { format!("{whole}{suffix}{e}") } else { format!("{whole}.{fraction}{suffix}{e}") };
+            let got = super::quantity_bytes(&Quantity(text.clone()));
+            if e < -40 {
+                proptest::prop_assert_eq!(got, Ok(1), "{}", text);
+            } else if e > 40 {
+                proptest::prop_assert_eq!(got, Err(QuantityError::TooLarge(text.clone())), "{}", text);
+            } else if let Ok(bytes) = got {
+                proptest::prop_assert!(bytes >= 1 && bytes <= i64::MAX as u64);
+            }
+        }
+
+        /// A number with any suffix is taken only with a suffix the module
+        /// knows.
+        #[test]
+        fn quantities_with_any_suffix(number in "[0-9]{1,4}(\\.[0-9]{1,2})?", suffix in ".{0,3}") {
+            let text = format!("{number}{suffix}");
+            if super::quantity_bytes(&Quantity(text.clone())).is_ok() {
+                let known = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"];
+                let exponent = suffix.starts_with(['e', 'E']) && suffix[1..].parse::<i64>().is_ok();
+                proptest::prop_assert!(
+                    known.contains(&suffix.trim_end()) || exponent || suffix.chars().all(|c| c.is_ascii_digit() || c == '.' || c.is_whitespace()),
+                    "{:?}", text
+                );
+            }
+        }
     }
     use super::*;
 
@@ -166,6 +215,19 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(q(text), Ok(want), "{text}");
         }
+    }
+
+    /// Found by `quantities_with_any_exponent`: these overflowed the
+    /// exponent arithmetic (a panic in a debug build).
+    #[test]
+    fn exponents_at_the_ends_of_i64() {
+        assert_eq!(q("1e-9223372036854775808"), Ok(1));
+        assert_eq!(q("1.5e-9223372036854775808"), Ok(1));
+        assert_eq!(q("0e-9223372036854775808"), Ok(0));
+        assert!(matches!(
+            q("1e9223372036854775807"),
+            Err(QuantityError::TooLarge(_))
+        ));
     }
 
     #[test]

@@ -20,4 +20,6 @@ pub mod kube;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
+#[cfg(test)]
+mod proptests;
 pub mod serve;

@@ -161,6 +161,91 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{block, cap, mount};
     use super::*;
+    use carina_sys::testkit::noisy_text;
+    use proptest::prelude::*;
+
+    fn any_access() -> impl Strategy<Value = Option<AccessType>> {
+        let text = || {
+            prop_oneof![
+                Just(String::new()),
+                Just("ext4".to_string()),
+                Just("xfs".to_string()),
+                noisy_text()
+            ]
+        };
+        prop_oneof![
+            Just(None),
+            Just(Some(block())),
+            (text(), prop::collection::vec(text(), 0..3), text()).prop_map(
+                |(fs_type, mount_flags, group)| {
+                    Some(AccessType::Mount(csi::volume_capability::MountVolume {
+                        fs_type,
+                        mount_flags,
+                        volume_mount_group: group,
+                    }))
+                }
+            ),
+        ]
+    }
+
+    fn any_capability() -> impl Strategy<Value = csi::VolumeCapability> {
+        (
+            proptest::option::of(prop_oneof![-2i32..8, any::<i32>()]),
+            any_access(),
+        )
+            .prop_map(|(mode, access_type)| csi::VolumeCapability {
+                access_mode: mode.map(|mode| csi::volume_capability::AccessMode { mode }),
+                access_type,
+            })
+    }
+
+    proptest! {
+        /// A capability of any mode and access is refused with
+        /// INVALID_ARGUMENT under its field, or taken with the rule the
+        /// module states: single-node, block or a known file system, no
+        /// mount group, no empty flag.
+        #[test]
+        fn capabilities_of_any_content(c in any_capability()) {
+            match check("volume_capability", &c) {
+                Ok(checked) => {
+                    prop_assert!(checked.mode.as_str_name().starts_with("SINGLE_NODE"), "{:?}", checked.mode);
+                    prop_assert_eq!(checked.mode as i32, c.access_mode.expect("a mode").mode);
+                    match (&c.access_type, checked.access) {
+                        (Some(AccessType::Block(_)), Access::Block) => prop_assert!(checked.mount_flags.is_empty()),
+                        (Some(AccessType::Mount(m)), Access::Mount { fs_type }) => {
+                            prop_assert!(m.volume_mount_group.is_empty());
+                            prop_assert!(m.mount_flags.iter().all(|f| !f.is_empty()));
+                            prop_assert_eq!(&checked.mount_flags, &m.mount_flags);
+                            prop_assert_eq!(fs_type.map(FsType::as_str).unwrap_or(""), m.fs_type.as_str());
+                        }
+                        (want, got) => prop_assert!(false, "{:?} taken as {:?}", want, got),
+                    }
+                }
+                Err(CsiError::InvalidArgument { field, .. }) => {
+                    prop_assert!(field.starts_with("volume_capability."), "{}", field);
+                }
+                Err(e) => prop_assert!(false, "{:?}", e),
+            }
+        }
+
+        /// A list of capabilities is taken only when each is, and then
+        /// holds one kind of access.
+        #[test]
+        fn capability_lists_of_any_content(caps in prop::collection::vec(any_capability(), 0..4)) {
+            match check_all("volume_capabilities", &caps) {
+                Ok(access) => {
+                    prop_assert!(!caps.is_empty());
+                    for (i, c) in caps.iter().enumerate() {
+                        let one = check(&format!("volume_capabilities[{i}]"), c);
+                        prop_assert!(one.is_ok(), "{:?}", one);
+                        let block = matches!(one.expect("checked").access, Access::Block);
+                        prop_assert_eq!(block, matches!(access, Access::Block));
+                    }
+                }
+                Err(e) => prop_assert_eq!(e.code(), tonic::Code::InvalidArgument, "{:?}", e),
+            }
+        }
+    }
 
     #[test]
     fn capabilities_single_node_only() {

@@ -46,6 +46,28 @@ mod tests {
     use crate::names::{is_local_name, local_name};
 
     proptest::proptest! {
+        /// A snapshot id of any text is refused or names a snapshot and
+        /// node it encodes back to.
+        #[test]
+        fn snapshot_ids_of_any_text(
+            id in proptest::prelude::prop_oneof![
+                carina_sys::testkit::noisy_text(),
+                carina_sys::testkit::mutated_text("csi-s0123456789abcdef0123456789abcdef@node-a"),
+            ],
+            csi_name in ".{0,40}",
+            node in "[^@]{0,20}",
+        ) {
+            match parse("snapshot_id", &id) {
+                Ok(v) => {
+                    proptest::prop_assert!(is_snapshot_name(&v.volume) && !v.node.is_empty());
+                    proptest::prop_assert_eq!(v.encode(), id);
+                }
+                Err(e) => proptest::prop_assert!(matches!(e, CsiError::NotFound(_)) || id.is_empty(), "{:?}", e),
+            }
+            let made = format!("{}@{node}", local_snapshot_name(&csi_name));
+            proptest::prop_assert_eq!(parse("snapshot_id", &made).is_ok(), !node.is_empty());
+        }
+
         /// No CSI name gives a snapshot the name a volume can have.
         #[test]
         fn snapshot_and_volume_names_never_meet(a in ".{0,200}", b in ".{0,200}") {

@@ -37,3 +37,26 @@ impl fmt::Display for Strategy {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Strategy;
+    use proptest::prelude::{prop_assert_eq, prop_oneof, proptest};
+
+    proptest! {
+        /// A strategy of any name is refused or prints back as that name.
+        #[test]
+        fn strategies_of_any_name(name in prop_oneof![".{0,12}", "(binpack|spreadout) ?"]) {
+            if let Ok(s) = name.parse::<Strategy>() {
+                prop_assert_eq!(s.to_string(), name);
+            }
+        }
+    }
+
+    #[test]
+    fn both_names_read_back() {
+        for s in [Strategy::Binpack, Strategy::Spreadout] {
+            assert_eq!(s.to_string().parse::<Strategy>(), Ok(s));
+        }
+    }
+}

@@ -56,6 +56,36 @@ impl std::fmt::Display for VolumeId {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use carina_sys::testkit::{mutated_text, noisy_text};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// An id of any text is refused or names the volume and node it
+        /// encodes back to; a snapshot's id is never a volume's.
+        #[test]
+        fn volume_ids_of_any_text(
+            id in prop_oneof![noisy_text(), mutated_text("pvc-1234@node-a.example.com"), "[a-z@-]{0,8}"],
+        ) {
+            match VolumeId::parse(&id) {
+                Ok(v) => {
+                    prop_assert_eq!(v.encode(), id);
+                    prop_assert!(!v.volume.is_empty() && !v.node.is_empty() && !v.volume.contains('@'));
+                    prop_assert!(!crate::snapshot_id::is_snapshot_name(&v.volume));
+                }
+                Err(CsiError::InvalidArgument { .. }) => prop_assert!(id.is_empty()),
+                Err(CsiError::NotFound(_)) => prop_assert!(!id.is_empty()),
+                Err(e) => prop_assert!(false, "{:?}", e),
+            }
+        }
+
+        /// Every id the driver makes reads back (neither volume nor node
+        /// names hold `@`).
+        #[test]
+        fn made_ids_round_trip(csi_name in ".{0,80}", node in "[^@]{1,40}") {
+            let id = VolumeId::new(crate::names::local_name(&csi_name), node);
+            prop_assert_eq!(VolumeId::parse(&id.encode()).ok(), Some(id));
+        }
+    }
 
     #[test]
     fn round_trip() {

@@ -382,6 +382,30 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    use carina_sys::testkit::{mutated_text, noisy_text};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any sampler name and argument is a sampler or an error naming
+        /// the variable; a ratio taken is within 0..=1.
+        #[test]
+        fn samplers_of_any_text(
+            name in prop_oneof![noisy_text(), mutated_text("parentbased_traceidratio")],
+            arg in proptest::option::of(prop_oneof![noisy_text(), "[+-]?[0-9]{0,3}(\\.[0-9]{0,20})?([eE][+-]?[0-9]{1,3})?", "(?i)nan|inf|-inf"]),
+        ) {
+            match Sampling::parse(&name, arg.as_deref()) {
+                Ok(Sampling::Ratio(r) | Sampling::ParentBasedRatio(r)) => {
+                    prop_assert!((0.0..=1.0).contains(&r), "{}", r);
+                }
+                Ok(_) => {}
+                Err(TelemetryError::Variable { name: var, .. }) => {
+                    prop_assert!(var.starts_with("OTEL_TRACES_SAMPLER"));
+                }
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
+
     fn config(vars: &[(&str, &str)]) -> TelemetryConfig {
         let vars: HashMap<String, String> = vars
             .iter()

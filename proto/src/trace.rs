@@ -51,7 +51,26 @@ impl Injector for HeaderInjector<'_> {
 
 /// The trace context carried by `headers` (empty if none or malformed).
 pub fn extract(headers: &HeaderMap) -> opentelemetry::Context {
+    // The SDK reads the ids as numbers and so takes short or signed ones
+    // (`00-af76…` with 31 digits); W3C trace context has fixed widths.
+    let malformed = headers
+        .get("traceparent")
+        .is_some_and(|v| !v.to_str().is_ok_and(fixed_widths));
+    if malformed {
+        return opentelemetry::Context::current();
+    }
     TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+/// Whether `traceparent` starts with version, trace id, parent id and
+/// flags of 2, 32, 16 and 2 hex digits (the SDK checks the rest).
+fn fixed_widths(traceparent: &str) -> bool {
+    let mut parts = traceparent.split('-');
+    [2, 32, 16, 2].into_iter().all(|width| {
+        parts
+            .next()
+            .is_some_and(|p| p.len() == width && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
 }
 
 /// Writes `cx` into `headers` as `traceparent`/`tracestate` (nothing if
@@ -224,6 +243,61 @@ mod tests {
         let provider = SdkTracerProvider::builder().build();
         let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
         (tracing_subscriber::registry().with(layer), provider)
+    }
+
+    use carina_sys::testkit::{mutated_text, noisy_text};
+    use proptest::prelude::*;
+
+    /// The `traceparent` `headers` carry, re-written from what they hold.
+    fn reinjected(traceparent: &str) -> Option<String> {
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", HeaderValue::from_str(traceparent).ok()?);
+        let mut out = HeaderMap::new();
+        inject(&extract(&headers), &mut out);
+        Some(out.get("traceparent")?.to_str().ok()?.to_string())
+    }
+
+    proptest! {
+        /// A `traceparent` of any text is continued or ignored, never a
+        /// panic; one that is continued names the trace and span it held.
+        #[test]
+        fn traceparents_of_any_text(
+            text in prop_oneof![
+                noisy_text(),
+                mutated_text("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            ],
+        ) {
+            link_current_span(&text, "test");
+            if let Some(out) = reinjected(&text) {
+                let ids = out.get(3..52).expect("a traceparent's ids");
+                prop_assert!(text.to_ascii_lowercase().contains(ids), "{:?} -> {:?}", text, out);
+            }
+        }
+
+        /// A well-formed `traceparent` is continued exactly.
+        #[test]
+        fn valid_traceparents_round_trip(
+            trace in "[0-9a-f]{32}".prop_filter("not all zero", |t| t.bytes().any(|b| b != b'0')),
+            span in "[0-9a-f]{16}".prop_filter("not all zero", |s| s.bytes().any(|b| b != b'0')),
+            flags in "0[01]",
+        ) {
+            let text = format!("00-{trace}-{span}-{flags}");
+            prop_assert_eq!(reinjected(&text), Some(text));
+        }
+    }
+
+    /// Found by `traceparents_of_any_text`: the SDK alone continued ids
+    /// of the wrong width.
+    #[test]
+    fn ids_of_the_wrong_width_are_not_continued() {
+        for text in [
+            "00-af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1",
+        ] {
+            assert_eq!(reinjected(text), None, "{text}");
+        }
     }
 
     fn trace_id_of(span: &tracing::Span) -> String {

@@ -422,7 +422,9 @@ fn raw_disks(
         return Vec::new();
     }
     areas.sort_unstable();
-    let model_total: u64 = areas.iter().sum();
+    // Saturating: a status may claim disks of any size (a plain sum
+    // overflowed on two disks near 2^64 bytes).
+    let model_total = areas.iter().fold(0u64, |t, a| t.saturating_add(*a));
     let total = if total == 0 { model_total } else { total };
     let mut used = total.saturating_sub(room.free);
     // Bins no larger than the largest extent, when the node says it is
@@ -472,6 +474,136 @@ mod tests {
     use carina_api::{DeviceGroupCapacity, Disk};
     use carina_csi::CapacityRange;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use proptest::prelude::*;
+
+    /// Figures a node may publish: small, around a unit, or anything.
+    fn figure() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..64,
+            (1u64..64).prop_map(|g| g * GIB),
+            any::<u64>(),
+            Just(u64::MAX)
+        ]
+    }
+
+    fn any_group() -> impl Strategy<Value = DeviceGroupCapacity> {
+        (
+            prop_oneof![Just("raw".to_string()), Just("ssd".to_string()), ".{0,6}"],
+            prop_oneof![
+                Just("LVM".to_string()),
+                Just("RAW".to_string()),
+                Just("HOST".to_string()),
+                ".{0,6}"
+            ],
+            [figure(), figure(), figure(), figure(), figure(), figure()],
+        )
+            .prop_map(
+                |(name, policy, [total, free, reserve, allocatable, largest, unit])| {
+                    DeviceGroupCapacity {
+                        name,
+                        policy,
+                        total_bytes: total,
+                        free_bytes: free,
+                        reserve_bytes: reserve,
+                        allocatable_bytes: allocatable,
+                        largest_allocatable_bytes: largest,
+                        allocation_unit_bytes: unit,
+                        ..DeviceGroupCapacity::default()
+                    }
+                },
+            )
+    }
+
+    fn any_volume() -> impl Strategy<Value = Volume> {
+        (
+            proptest::option::of(prop_oneof![
+                Just("raw".to_string()),
+                Just("ssd".to_string()),
+                ".{0,6}"
+            ]),
+            figure(),
+            figure(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(group, required, limit, exclusive, block)| Volume {
+                claim: Some(ClaimKey::new("ns", "c")),
+                group,
+                range: CapacityRange {
+                    required_bytes: required,
+                    limit_bytes: limit,
+                },
+                exclusive,
+                block,
+            })
+    }
+
+    proptest! {
+        /// A status of any figures (as a node or anyone with write access
+        /// to the object may publish), and volumes of any size, are
+        /// placed or refused without a panic; room only shrinks, and a
+        /// shared volume placed fitted what was allocatable.
+        #[test]
+        fn any_published_status_places_or_refuses(
+            groups in prop::collection::vec(any_group(), 0..4),
+            disks in prop::collection::vec(
+                (figure(), prop_oneof![Just("raw".to_string()), ".{0,3}"], any::<bool>()),
+                0..5,
+            ),
+            allocatable in prop::collection::btree_map(
+                prop_oneof![Just("carina.storage.io/ssd".to_string()), ".{0,24}"],
+                prop_oneof![carina_sys::testkit::noisy_text(), "[0-9]{1,22}(Gi|Ki|E|m)?"],
+                0..3,
+            ),
+            volumes in prop::collection::vec((any_volume(), any::<bool>()), 1..5),
+        ) {
+            let disks = disks
+                .into_iter()
+                .map(|(size, device_group, read_only)| Disk { size, device_group, read_only, ..Disk::default() })
+                .collect();
+            let mut s = status(groups, disks);
+            s.allocatable = allocatable.into_iter().map(|(k, v)| (k, Quantity(v))).collect();
+            let mut room = NodeRoom::from_status(&s);
+            for (v, in_flight) in volumes {
+                let before = room.clone();
+                if in_flight {
+                    room.reserve(&v);
+                } else if let Ok(i) = room.place(&v) {
+                    prop_assert!(i < room.groups.len());
+                    if let Some(name) = &v.group {
+                        prop_assert_eq!(room.groups[i].name, name.as_str());
+                    }
+                    if !v.exclusive {
+                        prop_assert!(before.groups[i].allocatable >= v.range.required_bytes);
+                    }
+                }
+                for (b, a) in before.groups.iter().zip(&room.groups) {
+                    prop_assert!(a.allocatable <= b.allocatable && a.free <= b.free, "{:?} -> {:?}", b, a);
+                    prop_assert!(a.in_flight >= b.in_flight);
+                    prop_assert!(a.largest <= a.allocatable.max(b.largest));
+                }
+            }
+        }
+    }
+
+    /// Found by `any_published_status_places_or_refuses`: disks whose
+    /// sizes add past 2^64 made the model's total overflow (a panic in
+    /// a debug build, a wrapped total in release).
+    #[test]
+    fn raw_disks_past_u64_in_total_are_modelled() {
+        let huge = Disk {
+            size: u64::MAX,
+            ..raw_disk("huge", 0)
+        };
+        let s = status(
+            vec![group("raw", "RAW", 0, 0)],
+            vec![huge, raw_disk("b", 1)],
+        );
+        let mut room = NodeRoom::from_status(&s);
+        assert_eq!(room.groups[0].disks.len(), 2);
+        assert!(room.place(&vol(None, 1)).is_err(), "nothing is allocatable");
+    }
 
     fn vol(group: Option<&str>, bytes: u64) -> Volume {
         Volume {

@@ -289,6 +289,40 @@ pub async fn device_size(device: &Path) -> Result<u64, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{mutated_text, noisy_text};
+    use proptest::prelude::*;
+
+    const DUMPE2FS: &str = "Filesystem volume name:   <none>\nBlock count:              409600\nBlock size:               1024\n";
+
+    proptest! {
+        /// A tool's report of any text gives no size or the product of the
+        /// two numbers it shows; sizes past u64 are refused.
+        #[test]
+        fn filesystem_sizes_from_any_report(
+            text in prop_oneof![noisy_text(), mutated_text(DUMPE2FS), mutated_text("dblocks = 102400\nblocksize = 4096\n")],
+            count in any::<u64>(),
+            size in prop_oneof![any::<u64>(), 0u64..65536],
+        ) {
+            for (c, s) in [("Block count:", "Block size:"), ("dblocks =", "blocksize =")] {
+                if let Some(bytes) = parse_fs_bytes(&text, c, s) {
+                    let shown = |key: &str| text.lines().find_map(|l| l.trim().strip_prefix(key).map(|v| v.trim().to_string()));
+                    let (n, m) = (shown(c).expect("a count"), shown(s).expect("a size"));
+                    prop_assert_eq!(Some(bytes), n.parse::<u64>().ok().zip(m.parse::<u64>().ok()).and_then(|(n, m)| n.checked_mul(m)));
+                }
+            }
+            let report = format!("dblocks = {count}\nblocksize = {size}\n");
+            prop_assert_eq!(parse_fs_bytes(&report, "dblocks =", "blocksize ="), count.checked_mul(size));
+        }
+
+        /// A file system name is one the node can make only when it prints
+        /// back as itself.
+        #[test]
+        fn filesystem_names_of_any_text(name in prop_oneof![noisy_text(), "(ext4|xfs|EXT4|ext3) ?"]) {
+            if let Some(fs) = FsType::from_name(&name) {
+                prop_assert_eq!(fs.as_str(), name);
+            }
+        }
+    }
 
     #[test]
     fn filesystem_sizes_are_read_from_the_tools_reports() {

@@ -52,6 +52,18 @@ pub(crate) fn truncate(text: &str, max: usize) -> String {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Any text cut to any length is a prefix of it, at most that
+        /// long and shorter only by what a split character needs.
+        #[test]
+        fn truncation_keeps_characters_whole(text in ".{0,40}", max in 0usize..50) {
+            let cut = truncate(&text, max);
+            proptest::prop_assert!(text.starts_with(&cut));
+            proptest::prop_assert!(cut.len() <= max || cut == text);
+            proptest::prop_assert!(cut.len() + 4 > max.min(text.len()));
+        }
+    }
+
     #[test]
     fn conditions_keep_their_transition_time() {
         let old = Condition {

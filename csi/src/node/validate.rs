@@ -138,6 +138,27 @@ pub(super) fn publish_read_only(readonly: bool, cap: &Capability) -> bool {
 mod tests {
     use super::*;
     use crate::capability::testing::{block, cap, mount};
+    use carina_sys::testkit::noisy_text;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A path field of any text is refused with INVALID_ARGUMENT
+        /// naming it, or is that text as an absolute path.
+        #[test]
+        fn path_fields_of_any_text(value in prop_oneof![noisy_text(), "/?[a-z/.\u{0}]{0,12}"]) {
+            match publish_staging(&value) {
+                Ok(path) => {
+                    prop_assert!(path.is_absolute() && !value.contains('\0'));
+                    prop_assert_eq!(path.to_str(), Some(value.as_str()));
+                }
+                Err(CsiError::InvalidArgument { field, reason }) => {
+                    prop_assert_eq!(field, "staging_target_path");
+                    prop_assert!(reason.contains("STAGE_UNSTAGE_VOLUME"));
+                }
+                Err(e) => prop_assert!(false, "{:?}", e),
+            }
+        }
+    }
 
     #[test]
     fn requested_fs_prefers_the_capability() {

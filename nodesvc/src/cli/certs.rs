@@ -209,6 +209,24 @@ fn check_label(what: &str, value: &str, stem: bool) -> Result<(), CliError> {
 mod tests {
     use super::*;
     use carina_proto::tls::ClientTls;
+    use carina_sys::testkit::noisy_text;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Node, role and trust-domain names of any text: what is taken
+        /// is a non-empty name of the allowed bytes, a file stem not
+        /// starting with '.' or '-' (so never `..`).
+        #[test]
+        fn labels_of_any_text(value in prop_oneof![noisy_text(), "[a-zA-Z0-9._/-]{0,12}"]) {
+            let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._".contains(&b);
+            let well_formed = !value.is_empty() && value.bytes().all(allowed);
+            prop_assert_eq!(check_trust_domain(&value).is_ok(), well_formed);
+            prop_assert_eq!(
+                check_file_stem("--node", &value).is_ok(),
+                well_formed && !value.starts_with(['.', '-'])
+            );
+        }
+    }
 
     /// The certificate, its key and the CA load into a client TLS config
     /// (a key that does not match its certificate is refused there).

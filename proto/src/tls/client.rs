@@ -199,6 +199,29 @@ fn parse_endpoint(endpoint: &str) -> Result<(String, Uri), TlsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use carina_sys::testkit::{mutated_text, noisy_text};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// An endpoint of any text is refused or dialled as `http://`
+        /// with a port, its authority taken unchanged from the input.
+        #[test]
+        fn endpoints_of_any_text(
+            endpoint in prop_oneof![
+                noisy_text(),
+                mutated_text("https://node-a.example:7443/"),
+                mutated_text("[::1]:7443"),
+            ],
+        ) {
+            if let Ok((text, uri)) = parse_endpoint(&endpoint) {
+                prop_assert_eq!(text, endpoint.clone());
+                prop_assert_eq!(uri.scheme_str(), Some("http"));
+                prop_assert!(uri.port_u16().is_some());
+                let authority = uri.authority().expect("an authority").as_str();
+                prop_assert!(endpoint.contains(authority), "{:?} {:?}", endpoint, authority);
+            }
+        }
+    }
 
     #[test]
     fn endpoints() {

@@ -88,6 +88,37 @@ impl ResolvesClientCert for LiveClientCert {
 mod tests {
     use super::*;
     use crate::devcerts::{DevCa, Validity};
+    use carina_sys::testkit::{mutated_text, noisy_text};
+    use proptest::prelude::*;
+    use std::sync::LazyLock;
+
+    /// A client certificate and key as files hold them.
+    static PEMS: LazyLock<(String, String)> = LazyLock::new(|| {
+        let ca = DevCa::new("ca", Validity::days(1)).expect("CA");
+        let c = ca
+            .issue_client("carina.storage.io", "reader", Validity::days(1))
+            .expect("client");
+        (c.cert_pem, c.key_pem)
+    });
+
+    proptest! {
+        /// Damaged certificate or key files are refused, never a panic,
+        /// and a refused replacement leaves the certificate in force.
+        #[test]
+        fn damaged_pem_files_are_refused(
+            cert in prop_oneof![noisy_text(), mutated_text(&PEMS.0), Just(PEMS.0.clone())],
+            key in prop_oneof![noisy_text(), mutated_text(&PEMS.1), Just(PEMS.1.clone())],
+        ) {
+            let live = LiveClientCert::from_pem(PEMS.0.as_bytes(), PEMS.1.as_bytes()).expect("the sample loads");
+            let before = live.chain();
+            if live.replace(cert.as_bytes(), key.as_bytes()).is_err() {
+                prop_assert_eq!(live.chain(), before);
+            } else {
+                prop_assert!(!live.chain().is_empty());
+            }
+            let _ = LiveClientCert::from_pem(cert.as_bytes(), key.as_bytes());
+        }
+    }
 
     #[test]
     fn replace_swaps_the_certificate_and_refuses_mismatches() {

@@ -120,6 +120,73 @@ mod tests {
     use crate::devcerts::{DevCa, Validity};
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
+    use std::sync::LazyLock;
+
+    use carina_sys::testkit::{mutated_bytes, mutated_text, noisy_text};
+    use proptest::prelude::*;
+
+    /// The DER of a real client certificate naming the reader role.
+    static READER_DER: LazyLock<Vec<u8>> = LazyLock::new(|| {
+        let ca = DevCa::new("ca", Validity::days(1)).expect("CA");
+        let client = ca
+            .issue_client(DEFAULT_TRUST_DOMAIN, "reader", Validity::days(1))
+            .expect("client");
+        CertificateDer::from_pem_slice(client.cert_pem.as_bytes())
+            .expect("PEM")
+            .to_vec()
+    });
+
+    proptest! {
+        /// A role read from any URI is one the URI names in the trust
+        /// domain with the allowed characters, and its SPIFFE ID reads
+        /// back as the same role.
+        #[test]
+        fn roles_from_any_uri(
+            uri in prop_oneof![
+                noisy_text(),
+                mutated_text("spiffe://carina.storage.io/carina/controller"),
+                "spiffe://(carina.storage.io|CARINA.STORAGE.IO|other)/(carina|x)/[a-zA-Z0-9._/?#-]{0,12}",
+            ],
+        ) {
+            if let Some(role) = role_from_uri(&uri, DEFAULT_TRUST_DOMAIN) {
+                let name = role.as_str();
+                prop_assert!(!name.is_empty());
+                prop_assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)), "{:?}", name);
+                prop_assert!(uri.ends_with(&format!("/carina/{name}")), "{:?}", uri);
+                prop_assert_eq!(role_from_uri(&spiffe_id(DEFAULT_TRUST_DOMAIN, name), DEFAULT_TRUST_DOMAIN), Some(role.clone()));
+                prop_assert_eq!(Role::from_name(name), role);
+            }
+        }
+
+        /// Every role name of the allowed characters is carried by its
+        /// SPIFFE ID.
+        #[test]
+        fn spiffe_ids_carry_their_role(name in "[a-zA-Z0-9._-]{1,30}") {
+            prop_assert_eq!(
+                role_from_uri(&spiffe_id(DEFAULT_TRUST_DOMAIN, &name), DEFAULT_TRUST_DOMAIN),
+                Some(Role::from_name(&name))
+            );
+        }
+
+        /// A damaged certificate gives a role error or, if it still
+        /// parses, the one role it names; never a panic.
+        #[test]
+        fn roles_from_damaged_certificates(der in mutated_bytes(&READER_DER)) {
+            if let Ok(role) = role_from_cert(&der, DEFAULT_TRUST_DOMAIN) {
+                // A change may hit the role's own bytes: it is still a
+                // role a URI can name.
+                prop_assert!(role_from_uri(&spiffe_id(DEFAULT_TRUST_DOMAIN, role.as_str()), DEFAULT_TRUST_DOMAIN).is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn the_sample_certificate_names_the_reader() {
+        assert_eq!(
+            role_from_cert(&READER_DER, DEFAULT_TRUST_DOMAIN),
+            Ok(Role::Reader)
+        );
+    }
 
     #[test]
     fn roles_from_uris() {

@@ -265,6 +265,25 @@ mod tests {
             }
         }
 
+        /// `lvm config` output of any text gives no profile directory or
+        /// a non-empty one that a `profile_dir=` line of the text holds.
+        #[test]
+        fn profile_dir_from_any_text(
+            text in proptest::prelude::prop_oneof![
+                carina_sys::testkit::noisy_text(),
+                carina_sys::testkit::mutated_text("profile_dir=\"/etc/lvm/profile\"\n"),
+            ],
+        ) {
+            if let Some(dir) = parse_profile_dir(&text) {
+                let dir = dir.to_str().expect("text in, text out").to_string();
+                proptest::prop_assert!(!dir.is_empty());
+                proptest::prop_assert!(
+                    text.lines().any(|l| l.trim().starts_with("profile_dir=") && l.contains(&dir)),
+                    "{:?} from {:?}", dir, text
+                );
+            }
+        }
+
         /// Any argument list either becomes one shell line or is refused.
         #[test]
         fn any_arguments_make_a_line_or_none(words in proptest::collection::vec(".{0,20}", 1..6)) {
