@@ -344,7 +344,8 @@ enum Op {
 /// One volume "keep" with data, then the interrupted `op` of volume
 /// "victim" killed at `point`, a restart, and the checks of the module
 /// header.
-async fn killed_at(rig: &mut Rig, policy: Policy, op: Op, point: &str) -> Result<()> {
+/// Returns the time from the restart to the retry's answer.
+async fn killed_at(rig: &mut Rig, policy: Policy, op: Op, point: &str) -> Result<Duration> {
     let group = rig.group(policy).to_string();
     let keep = unique("keep");
     let victim = unique("victim");
@@ -404,6 +405,7 @@ async fn killed_at(rig: &mut Rig, policy: Policy, op: Op, point: &str) -> Result
     }
 
     // The next start settles it.
+    let restarted = Instant::now();
     rig.start(None).await?;
     let mut c = rig.client().await?;
     if rig.journal_record(&victim).exists() {
@@ -500,6 +502,7 @@ async fn killed_at(rig: &mut Rig, policy: Policy, op: Op, point: &str) -> Result
         }
     }
 
+    let recovered = restarted.elapsed();
     // Clean for the next point.
     for name in [&keep, &victim] {
         match c
@@ -511,7 +514,7 @@ async fn killed_at(rig: &mut Rig, policy: Policy, op: Op, point: &str) -> Result
             Err(s) => bail!("cleaning up {name}: {s}"),
         }
     }
-    Ok(())
+    Ok(recovered)
 }
 
 /// Runs every point of `policy`'s `op` on one rig, and says which failed.
@@ -522,11 +525,9 @@ async fn each_point(test: &str, policy: Policy, op: Op, points: &[&str]) {
     let mut rig = Rig::new(test).await.expect("rig");
     let mut failures = Vec::new();
     for point in points {
-        let started = Instant::now();
         match killed_at(&mut rig, policy, op, point).await {
-            Ok(()) => eprintln!(
-                "{test}: killed at {point}: settled and retried in {:?}",
-                started.elapsed()
+            Ok(recovered) => eprintln!(
+                "{test}: killed at {point}: restarted, settled and retried in {recovered:?}"
             ),
             Err(e) => failures.push(format!("{point}: {e:#}")),
         }
