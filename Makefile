@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build images manifests demo demo-clean test test-unit test-engine test-grpc test-repeat test-cold e2e lint bench bench-scale deps tools
+.PHONY: all build images manifests demo demo-clean test test-unit test-engine test-grpc test-repeat soak test-cold e2e lint bench bench-scale deps tools
 
 all: build
 
@@ -38,6 +38,11 @@ test-engine: deps
 	hack/test.sh engine
 test-grpc: deps
 	hack/test.sh grpc
+
+## soak: 4 workers cycle volumes on every policy for DURATION (90s, 10m, 1h; default 2m, what `make test` runs), the node sampled at rest; fails on growth; samples in target/test-logs/soak.json
+DURATION ?= 2m
+soak: deps
+	CARINA_SOAK_DURATION=$(DURATION) hack/test.sh soak
 
 ## test-cold: every tier as on a fresh machine, with empty tool and build caches (prints its time)
 test-cold: deps
