@@ -1,6 +1,6 @@
-//! The soak run: one real `carina-node` process (an LVM group, a HOST
-//! group and a RAW group per worker, the LVM and RAW groups on loop disks
-//! of their own; see [`RAW_DISK_PER_WORKER`]; NodeStorage
+//! The soak run: one real `carina-node` process (an LVM, a RAW and a
+//! HOST group, the LVM and RAW groups on loop disks of their own, the RAW
+//! disk shared by the workers; see [`RAW_DISK_PER_WORKER`]; NodeStorage
 //! over mutual TLS and the CSI Node service on its unix socket) and
 //! [`WORKERS`] workers that loop CreateLV, NodeStageVolume,
 //! NodePublishVolume, write + fsync + read back a checksum,
@@ -68,17 +68,14 @@ const WORKERS: usize = 4;
 const LVM_DISK_BYTES: u64 = 512 * MIB;
 /// Each RAW disk.
 const RAW_DISK_BYTES: u64 = 256 * MIB;
-/// Each worker makes its RAW volumes on a disk (and group) of its own.
-/// With one RAW disk shared by all workers, a CreateLV or DeleteLV on it
-/// runs `sfdisk`, which opens the whole disk `O_EXCL` for its table write;
-/// for those milliseconds the kernel refuses every exclusive open of its
-/// partitions, so another worker's NodeStageVolume fails at `mkfs`
-/// ("apparently in use by the system") or `mount` (EBUSY), within
-/// seconds. That is a race in the node (its table writes are not
-/// serialized with the CSI side's mkfs and mount on the same disk), not
-/// a leak; until it is fixed the soak keeps RAW disks apart. Set to
-/// `false` to reproduce it.
-const RAW_DISK_PER_WORKER: bool = true;
+/// Whether each worker makes its RAW volumes on a disk (and group) of its
+/// own. They share one: a CreateLV or DeleteLV on it runs `sfdisk`,
+/// which holds the whole disk exclusively for its table write, and for
+/// those milliseconds the kernel refuses exclusive opens of the disk's
+/// partitions, so another worker's NodeStageVolume meets a busy device at
+/// `mkfs` or `mount`. The node tries such a step again (`while_busy` in
+/// the CSI node); with one disk per worker the soak would not see it.
+const RAW_DISK_PER_WORKER: bool = false;
 const VOLUME_BYTES: u64 = 32 * MIB;
 /// Written, fsynced and read back per cycle.
 const WRITE_BYTES: usize = 4 << 20;
@@ -571,8 +568,9 @@ impl Sample {
     }
 }
 
-/// A running `carina-node` with its groups: one LVM, one HOST, and a RAW
-/// group per worker (see [`RAW_DISK_PER_WORKER`]). Fields drop in order:
+/// A running `carina-node` with its groups: one LVM, one HOST, and one
+/// RAW group for all workers or one per worker (see
+/// [`RAW_DISK_PER_WORKER`]). Fields drop in order:
 /// the node stops, the test mounts go, then the VG, the disks and files.
 struct Rig {
     node: Service,
