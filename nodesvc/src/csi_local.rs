@@ -103,14 +103,17 @@ impl LocalVolumes for EngineVolumes {
         }
         // A tiered volume is the bcache device of its name (its backing
         // and cache volumes have names of their own).
-        match self.engine.get_bcache(&id.volume).await {
-            Ok(device) => return self.bcache_volume(volume_id, device).await.map(Some),
-            Err(Error::BcacheNotFound { .. } | Error::InvalidArgument { .. }) => {}
-            Err(e) => {
-                return Err(CsiError::node(
-                    format!("volume {volume_id:?}"),
-                    Status::from(e),
-                ));
+        if self.engine.has_bcache(&id.volume) {
+            match self.engine.get_bcache(&id.volume).await {
+                Ok(device) => return self.bcache_volume(volume_id, device).await.map(Some),
+                // Deleted since: the name is no bcache device now.
+                Err(Error::BcacheNotFound { .. } | Error::InvalidArgument { .. }) => {}
+                Err(e) => {
+                    return Err(CsiError::node(
+                        format!("volume {volume_id:?}"),
+                        Status::from(e),
+                    ));
+                }
             }
         }
         match self.engine.get_volume(&id.volume).await {

@@ -780,6 +780,12 @@ impl Engine {
         }
     }
 
+    /// Whether a bcache device of that name is recorded: the cheap,
+    /// quiet question the CSI node asks of every volume it is given.
+    pub fn has_bcache(&self, name: &str) -> bool {
+        self.bcache().get(name).is_some()
+    }
+
     /// One bcache device; `BcacheNotFound` if there is none.
     #[instrument(skip(self), err(level = "info"), fields(carina.bcache.name = %name))]
     pub async fn get_bcache(&self, name: &str) -> Result<BcacheDevice> {
