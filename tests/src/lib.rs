@@ -17,6 +17,7 @@ pub mod identity;
 pub mod jaeger;
 pub mod kube;
 pub mod local;
+pub mod lvmlock;
 pub mod manifests;
 pub mod metrics;
 pub mod ports;

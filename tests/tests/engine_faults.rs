@@ -26,6 +26,7 @@ use carina_node::engine::{CreateRequest, Engine, Error, Volume};
 use carina_node::server::status;
 use carina_sys::command::CommandError;
 use carina_tests::engine::{EngineFixture, assert_not_found, engine_for, names};
+use carina_tests::lvmlock::{VgLock, blocked_on_a_lock};
 use carina_tests::{LoopDisk, VgGuard, have_root, loops_backed_by, lvm, run, unique};
 use tonic::Code;
 
@@ -154,47 +155,6 @@ impl Drop for Stopped {
             let _ = run("kill", &["-CONT", &self.0.to_string()]);
         }
     }
-}
-
-/// A shared hold of the VG's own lvm lock (the `flock` lvm takes on
-/// `<locking_dir>/V_<vg>`) until dropped: lvm reads the VG, a change of
-/// it (lvcreate, lvextend, lvremove) waits.
-struct VgReadLock {
-    _file: File,
-}
-
-impl VgReadLock {
-    fn hold(vg: &str) -> VgReadLock {
-        let out = run(
-            "lvm",
-            &["config", "--typeconfig", "full", "global/locking_dir"],
-        )
-        .expect("lvm config");
-        let dir = out
-            .trim()
-            .strip_prefix("locking_dir=")
-            .expect("locking_dir=...")
-            .trim_matches('"');
-        std::fs::create_dir_all(dir).expect("the lock dir");
-        let path = PathBuf::from(dir).join(format!("V_{vg}"));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        file.lock_shared().expect("lock the VG shared");
-        VgReadLock { _file: file }
-    }
-}
-
-/// Whether `pid` waits for a file lock (a `->` row of /proc/locks).
-fn blocked_on_a_lock(pid: u32) -> bool {
-    let locks = std::fs::read_to_string("/proc/locks").expect("/proc/locks");
-    locks.lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.get(1) == Some(&"->") && f.get(5) == Some(&pid.to_string().as_str())
-    })
 }
 
 /// Asserts `err` is the timeout of `lvm <sub>` on `vg`, at [`LVM_LIMIT`],
@@ -341,7 +301,7 @@ async fn a_hung_lvextend_times_out_frees_its_locks_and_the_retry_grows_the_volum
     write_data(&device(&other), "other");
     write_data(&device(&grow), "grow");
     let pid = f.engine.lvm_shell_pid().expect("an lvm shell runs");
-    let lock = VgReadLock::hold(&f.group);
+    let lock = VgLock::shared(&f.group);
 
     let started = Instant::now();
     let resize = tokio::spawn({

@@ -10,7 +10,6 @@
 //! state (the shell blocked on the lock, a pid gone), with a generous
 //! bound that only turns a hang into a failure.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use carina_node::engine::{Engine, Error};
 use carina_node::server::status;
 use carina_sys::command::CommandError;
 use carina_tests::engine::EngineFixture;
+use carina_tests::lvmlock::{VgLock, blocked_on_a_lock};
 use carina_tests::{lvm, run};
 use tonic::Code;
 
@@ -86,45 +86,6 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 fn kill(pid: u32) {
     run("kill", &["-KILL", &pid.to_string()]).expect("kill the shell");
-}
-
-/// The VG's lvm lock, held until dropped: lvm commands that change the VG
-/// block on it.
-struct VgLock {
-    _file: File,
-}
-
-impl VgLock {
-    fn hold(vg: &str) -> VgLock {
-        let dir = run(
-            "lvm",
-            &["config", "--typeconfig", "full", "global/locking_dir"],
-        )
-        .expect("lvm config");
-        let dir = dir
-            .trim()
-            .strip_prefix("locking_dir=")
-            .expect("locking_dir=...")
-            .trim_matches('"');
-        let path = PathBuf::from(dir).join(format!("V_{vg}"));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        file.lock().expect("lock the VG");
-        VgLock { _file: file }
-    }
-}
-
-/// Whether `pid` waits for a file lock (a `->` row of /proc/locks).
-fn blocked_on_a_lock(pid: u32) -> bool {
-    let locks = std::fs::read_to_string("/proc/locks").expect("/proc/locks");
-    locks.lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.get(1) == Some(&"->") && f.get(5) == Some(&pid.to_string().as_str())
-    })
 }
 
 #[tokio::test]
@@ -251,7 +212,7 @@ async fn a_shell_killed_mid_command_fails_it_retryably_and_the_next_runs_on_a_ne
         return;
     };
     let old = shell_pid(&f.engine);
-    let lock = VgLock::hold(&f.group);
+    let lock = VgLock::exclusive(&f.group);
     let engine = f.engine.clone();
     let req = f.req("vol-k", 4 * MIB);
     let create = tokio::spawn(async move { engine.create_volume(req).await });
@@ -301,7 +262,7 @@ async fn a_hung_command_times_out_and_the_next_runs_on_a_new_shell() {
         return;
     };
     let old = shell_pid(&f.engine);
-    let lock = VgLock::hold(&f.group);
+    let lock = VgLock::exclusive(&f.group);
     let err = f
         .engine
         .create_volume(f.req("vol-h", 4 * MIB))
@@ -349,7 +310,7 @@ async fn an_abandoned_command_never_lends_its_answer_to_the_next() {
     runner.run(pvs()).await.expect("pvs starts the shell");
     let pid = runner.shell_pid().expect("a shell runs");
 
-    let lock = VgLock::hold(&f.group);
+    let lock = VgLock::exclusive(&f.group);
     let create = runner.run(lvm_of("lvcreate").args([
         "-q",
         "-an",

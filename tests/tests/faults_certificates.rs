@@ -208,17 +208,19 @@ impl Creates {
     }
 }
 
+/// One call over a new connection with `tls`.
+async fn probe(endpoint: &str, tls: &ClientTls) -> Result<()> {
+    let mut c = Client::new(connect(endpoint, tls).await?);
+    c.capacity(pb::CapacityRequest::default()).await?;
+    Ok(())
+}
+
 /// Waits until `tls` can make a call on the node (a new handshake each
 /// time), at most [`STEP`].
 async fn until_accepted(endpoint: &str, tls: &ClientTls, what: &str) -> Result<Duration> {
     let started = Instant::now();
     loop {
-        let attempt = async {
-            let mut c = Client::new(connect(endpoint, tls).await?);
-            c.capacity(pb::CapacityRequest::default()).await?;
-            anyhow::Ok(())
-        };
-        match attempt.await {
+        match probe(endpoint, tls).await {
             Ok(()) => return Ok(started.elapsed()),
             Err(e) if started.elapsed() > STEP => {
                 bail!("{what}: not served within {STEP:?}: {e:#}")
@@ -233,12 +235,7 @@ async fn until_accepted(endpoint: &str, tls: &ClientTls, what: &str) -> Result<D
 async fn until_refused(endpoint: &str, tls: &ClientTls, what: &str) -> Result<String> {
     let started = Instant::now();
     loop {
-        let attempt = async {
-            let mut c = Client::new(connect(endpoint, tls).await?);
-            c.capacity(pb::CapacityRequest::default()).await?;
-            anyhow::Ok(())
-        };
-        match attempt.await {
+        match probe(endpoint, tls).await {
             Err(e) => return Ok(format!("{e:?}")),
             Ok(()) if started.elapsed() > STEP => bail!("{what}: still accepted after {STEP:?}"),
             Ok(()) => tokio::time::sleep(Duration::from_millis(100)).await,

@@ -520,6 +520,24 @@ where
     }
 }
 
+/// DeleteVolume of `id` until it succeeds ([`until_ok`]); the failures
+/// seen before.
+async fn delete_until_ok(csi: &Csi, id: &str) -> Result<Vec<Code>> {
+    let (_, failures) = until_ok(|| {
+        let mut csi = csi.clone();
+        let id = id.to_string();
+        async move {
+            csi.delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+        }
+    })
+    .await?;
+    Ok(failures)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() -> Result<()> {
     let Some(e2e) = E2e::start(
@@ -611,18 +629,7 @@ async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() 
     let mut third = e2e.controller("ctl-3").start().await?;
     let mut csi = Csi::new(third.channel().await?);
     let started = Instant::now();
-    let (_, failures) = until_ok(|| {
-        let mut csi = csi.clone();
-        let id = v.volume_id.clone();
-        async move {
-            csi.delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-        }
-    })
-    .await?;
+    let failures = delete_until_ok(&csi, &v.volume_id).await?;
     eprintln!(
         "the retried delete answered after {:?} (failures before: {failures:?})",
         started.elapsed()
@@ -723,20 +730,7 @@ async fn fifty_creates_survive_an_apiserver_and_an_etcd_restart() -> Result<()> 
     let mut deletes = tokio::task::JoinSet::new();
     for (_, id) in made {
         let csi = csi.clone();
-        deletes.spawn(async move {
-            until_ok(|| {
-                let mut csi = csi.clone();
-                let id = id.clone();
-                async move {
-                    csi.delete_volume(csi::DeleteVolumeRequest {
-                        volume_id: id,
-                        ..Default::default()
-                    })
-                    .await
-                }
-            })
-            .await
-        });
+        deletes.spawn(async move { delete_until_ok(&csi, &id).await });
     }
     while let Some(done) = deletes.join_next().await {
         done??;
