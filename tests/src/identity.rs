@@ -320,3 +320,49 @@ mod tests {
         assert!(ecdsa_der_to_raw(&[0x31, 0x00], 4).is_err());
     }
 }
+
+/// The text under `key` of a Secret.
+pub fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Result<String> {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .with_context(|| format!("Secret without {key}"))?;
+    Ok(String::from_utf8(bytes.0.clone())?)
+}
+
+/// The issuer's CA, from its `kubernetes.io/tls` Secret `name` in
+/// `namespace`.
+pub async fn issuer_ca(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<carina_proto::devcerts::DevCa> {
+    let secret =
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await?;
+    let (crt, key) = (
+        secret_text(&secret, "tls.crt")?,
+        secret_text(&secret, "tls.key")?,
+    );
+    Ok(carina_proto::devcerts::DevCa::from_pem(&crt, &key)?)
+}
+
+/// Client credentials of role `controller` signed by `ca`, for node `node`.
+pub fn controller_tls(
+    ca: &carina_proto::devcerts::DevCa,
+    node: &str,
+) -> Result<carina_proto::tls::ClientTls> {
+    let cert = ca.issue_client(
+        carina_proto::tls::DEFAULT_TRUST_DOMAIN,
+        "controller",
+        carina_proto::devcerts::Validity::days(1),
+    )?;
+    Ok(carina_proto::tls::ClientTls {
+        ca_pem: ca.cert_pem().as_bytes().to_vec(),
+        cert_pem: cert.cert_pem.into_bytes(),
+        key_pem: cert.key_pem.into_bytes(),
+        server_name: node.to_string(),
+    })
+}

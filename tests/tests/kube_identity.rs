@@ -35,10 +35,11 @@ use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::identity::IssueCertificateRequest;
 use carina_proto::nodestorage::CapacityRequest;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
-use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
+use carina_proto::tls::{ClientTls, connect};
 use carina_tests::cluster::{Service, await_object, free_port, register_node};
 use carina_tests::identity::{
-    AUDIENCE, IssuedNode, NODE_SA, NodePods, controller_argv, csr, expired_copy, issuer_client,
+    self, AUDIENCE, IssuedNode, NODE_SA, NodePods, controller_argv, csr, expired_copy,
+    issuer_client,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::tail;
@@ -111,33 +112,11 @@ async fn published_ca(client: &kube::Client, namespace: &str) -> Result<String> 
         .unwrap_or_default())
 }
 
-fn secret_text(secret: &Secret, key: &str) -> Result<String> {
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .with_context(|| format!("Secret without {key}"))?;
-    Ok(String::from_utf8(bytes.0.clone())?)
-}
-
 /// Client credentials of role `controller` from the CA in the Secret, for
 /// node `node`.
 async fn controller_tls(client: &kube::Client, namespace: &str, node: &str) -> Result<ClientTls> {
-    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
-        .get(CA)
-        .await?;
-    let (crt, key) = (
-        secret_text(&secret, "tls.crt")?,
-        secret_text(&secret, "tls.key")?,
-    );
-    let ca = DevCa::from_pem(&crt, &key)?;
-    let cert = ca.issue_client(DEFAULT_TRUST_DOMAIN, "controller", Validity::days(1))?;
-    Ok(ClientTls {
-        ca_pem: crt.into_bytes(),
-        cert_pem: cert.cert_pem.into_bytes(),
-        key_pem: cert.key_pem.into_bytes(),
-        server_name: node.to_string(),
-    })
+    let ca = identity::issuer_ca(client, namespace, CA).await?;
+    identity::controller_tls(&ca, node)
 }
 
 /// The certificate a new TLS connection to `endpoint` is served (DER).
@@ -574,6 +553,6 @@ async fn a_node_started_before_the_issuer_gets_its_certificate_when_it_comes() -
     let kept = Api::<Secret>::namespaced(client, &pods.namespace)
         .get(CA)
         .await?;
-    assert_eq!(secret_text(&kept, "tls.crt")?, user_ca.cert_pem());
+    assert_eq!(identity::secret_text(&kept, "tls.crt")?, user_ca.cert_pem());
     Ok(())
 }

@@ -17,15 +17,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
-use carina_tests::kube::KubeCluster;
+use carina_controlplane::kube::leader::LeaseConfig;
+use carina_tests::kube::{Candidate, KubeCluster};
 use carina_tests::{have_root, unique};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 const LEASE_SECONDS: u64 = 3;
@@ -37,31 +35,6 @@ fn config(name: &str, identity: &str) -> LeaseConfig {
         renew_deadline: Duration::from_secs(2),
         retry_period: Duration::from_millis(250),
         ..LeaseConfig::new("kube-system", name, identity)
-    }
-}
-
-/// A candidate running in its own task; stops when dropped.
-struct Candidate {
-    leading: watch::Receiver<bool>,
-    _stop: oneshot::Sender<()>,
-}
-
-impl Candidate {
-    fn start(client: &Client, lease: &str, identity: &str) -> Result<Candidate> {
-        let elector = LeaderElector::new(client.clone(), config(lease, identity))?;
-        let (tx, leading) = watch::channel(false);
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            elector
-                .run(tx, async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        Ok(Candidate {
-            leading,
-            _stop: stop,
-        })
     }
 }
 
@@ -112,7 +85,7 @@ async fn a_renewing_holder_an_hour_behind_is_never_displaced() -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-system");
     let name = unique("lease-behind");
     write_as_ghost(&leases, &name, -HOUR).await?;
-    let candidate = Candidate::start(&cluster.client(), &name, "carina-a")?;
+    let candidate = Candidate::start(&cluster.client(), config(&name, "carina-a"))?;
     // The ghost renews every half second for four lease durations, each
     // time an hour in the past by the apiserver's clock.
     let until = Instant::now() + Duration::from_secs(4 * LEASE_SECONDS);
@@ -156,7 +129,7 @@ async fn a_dead_holder_an_hour_ahead_is_replaced_after_one_lease_duration() -> R
     // The ghost's last write, an hour ahead; it never writes again.
     write_as_ghost(&leases, &name, HOUR).await?;
     let written = Instant::now();
-    let candidate = Candidate::start(&cluster.client(), &name, "carina-a")?;
+    let candidate = Candidate::start(&cluster.client(), config(&name, "carina-a"))?;
     let mut leading = candidate.leading.clone();
     tokio::time::timeout(Duration::from_secs(30), leading.wait_for(|l| *l))
         .await

@@ -25,7 +25,7 @@ use carina_api::{
     DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResourceStatus,
     TRACEPARENT_ANNOTATION,
 };
-use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig};
+use carina_controlplane::kube::leader::LeaseConfig;
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_csi::strategy::Strategy;
 use carina_csi::{TOPOLOGY_KEY, context};
@@ -36,7 +36,7 @@ use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
 use carina_tests::cluster::publish_node_storage;
 use carina_tests::csi::{Csi, ServedController, delete, make, mount_cap, node_of, on};
 use carina_tests::grpc::unix_channel;
-use carina_tests::kube::KubeCluster;
+use carina_tests::kube::{Candidate, KubeCluster};
 use carina_tests::metrics::{scrape, value};
 use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
@@ -47,7 +47,6 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tonic::Code;
 
@@ -787,40 +786,6 @@ fn lease_config(name: &str, identity: &str) -> LeaseConfig {
     }
 }
 
-/// A candidate running in its own task.
-struct Candidate {
-    leading: watch::Receiver<bool>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Candidate {
-    fn start(client: &Client, lease: &str, identity: &str) -> Result<Candidate> {
-        let elector = LeaderElector::new(client.clone(), lease_config(lease, identity))?;
-        let (tx, leading) = watch::channel(false);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            elector
-                .run(tx, async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        Ok(Candidate {
-            leading,
-            stop: Some(stop),
-            task,
-        })
-    }
-
-    async fn until_leading(&mut self, within: Duration) -> Result<()> {
-        tokio::time::timeout(within, self.leading.wait_for(|l| *l))
-            .await
-            .context("not leading in time")??;
-        Ok(())
-    }
-}
-
 async fn holder(leases: &Api<Lease>, name: &str) -> Result<(Option<String>, i32)> {
     let spec = leases.get(name).await?.spec.context("a lease spec")?;
     Ok((spec.holder_identity, spec.lease_transitions.unwrap_or(0)))
@@ -834,9 +799,9 @@ async fn one_leader_and_a_bounded_takeover() -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
     let lease_duration = lease_config(&name, "x").lease_duration;
 
-    let mut a = Candidate::start(&client, &name, "replica-a")?;
+    let mut a = Candidate::start(&client, lease_config(&name, "replica-a"))?;
     a.until_leading(Duration::from_secs(5)).await?;
-    let mut b = Candidate::start(&client, &name, "replica-b")?;
+    let mut b = Candidate::start(&client, lease_config(&name, "replica-b"))?;
     // b watches a renew for longer than a lease lasts and never leads.
     let mut b_led = b.leading.clone();
     let b_never = tokio::time::timeout(
@@ -867,7 +832,7 @@ async fn one_leader_and_a_bounded_takeover() -> Result<()> {
 
     // a comes back as a standby; b shuts down and releases: a takes over
     // at its next retry, long before the lease would expire.
-    let mut a = Candidate::start(&client, &name, "replica-a")?;
+    let mut a = Candidate::start(&client, lease_config(&name, "replica-a"))?;
     let mut a_led = a.leading.clone();
     let a_waits = tokio::time::timeout(Duration::from_secs(1), a_led.wait_for(|l| *l)).await;
     assert!(a_waits.is_err(), "a led while b held the lease");

@@ -17,17 +17,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use carina_proto::csi::controller_client::ControllerClient;
-use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
-use carina_proto::tls::{ClientTls, DEFAULT_TRUST_DOMAIN, connect};
+use carina_proto::tls::connect;
 use carina_tests::cluster::{Service, await_capacity, await_object, free_port, register_node};
 use carina_tests::grpc::host_config;
 use carina_tests::identity::{AUDIENCE, IssuedNode, NODE_SA, NodePods, controller_argv};
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::tail;
 use carina_tests::unique;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 
 const NODE: &str = "node-a";
@@ -36,15 +35,6 @@ const CA: &str = "carina-ca";
 const GROUP: &str = "secrets";
 /// The most the programs log (every target at debug, ours at trace).
 const LOUD: &str = "debug,carina_node=trace,carina_controlplane=trace,carina_proto=trace";
-
-fn secret_text(secret: &Secret, key: &str) -> Result<String> {
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .with_context(|| format!("Secret without {key}"))?;
-    Ok(String::from_utf8(bytes.0.clone())?)
-}
 
 /// The base64 lines of a PEM block: any one of them in a log is a leak of
 /// part of the key.
@@ -160,21 +150,9 @@ async fn keys_and_tokens_stay_out_of_debug_logs() -> Result<()> {
     .await?;
 
     // The controller's role, from the CA in the Secret.
-    let secret = Api::<Secret>::namespaced(client.clone(), &pods.namespace)
-        .get(CA)
-        .await?;
-    let (ca_crt, ca_key) = (
-        secret_text(&secret, "tls.crt")?,
-        secret_text(&secret, "tls.key")?,
-    );
-    let ca = DevCa::from_pem(&ca_crt, &ca_key)?;
-    let cert = ca.issue_client(DEFAULT_TRUST_DOMAIN, "controller", Validity::days(1))?;
-    let tls = ClientTls {
-        ca_pem: ca_crt.clone().into_bytes(),
-        cert_pem: cert.cert_pem.clone().into_bytes(),
-        key_pem: cert.key_pem.clone().into_bytes(),
-        server_name: NODE.to_string(),
-    };
+    let ca = carina_tests::identity::issuer_ca(&client, &pods.namespace, CA).await?;
+    let ca_key = ca.key_pem().to_string();
+    let tls = carina_tests::identity::controller_tls(&ca, NODE)?;
 
     // Once the node serves its issued certificate, give it a group over
     // mutual TLS.
