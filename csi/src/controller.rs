@@ -35,7 +35,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::busy::{BusyNames, Held, busy_message};
 use crate::capability::{self, Access};
 use crate::error::CsiError;
-use crate::names::local_name;
+use crate::names::{is_node_name, local_name};
 use crate::params::Parameters;
 use crate::sizes;
 use crate::snapshot_id::{self, local_snapshot_name};
@@ -139,14 +139,13 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
             _ => parameters.fs_type = Some(from_cap),
         }
     }
-    let accessibility = req
-        .accessibility_requirements
-        .as_ref()
-        .map(|a| Accessibility {
-            requisite: a.requisite.iter().map(topology).collect(),
-            preferred: a.preferred.iter().map(topology).collect(),
-        })
-        .unwrap_or_default();
+    let accessibility = match &req.accessibility_requirements {
+        Some(a) => Accessibility {
+            requisite: topologies("accessibility_requirements.requisite", &a.requisite)?,
+            preferred: topologies("accessibility_requirements.preferred", &a.preferred)?,
+        },
+        None => Accessibility::default(),
+    };
     Ok(VolumeRequest {
         name: req.name.clone(),
         local_name: local_name(&req.name),
@@ -196,6 +195,22 @@ pub fn wire_snapshot(s: &ProvisionedSnapshot) -> csi::Snapshot {
         ready_to_use: s.ready,
         group_snapshot_id: String::new(),
     }
+}
+
+/// The topologies `list` (the field `field`) names. A node named in one
+/// must be a node name: a CO only sends back what the nodes reported, and
+/// a volume pinned to a name no node can have would wait for it forever.
+fn topologies(field: &str, list: &[csi::Topology]) -> Result<Vec<Topology>, CsiError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| match t.segments.get(TOPOLOGY_KEY) {
+            Some(node) if !is_node_name(node) => Err(CsiError::invalid(
+                format!("{field}[{i}].segments[{TOPOLOGY_KEY:?}]"),
+                format!("{node:?} is not a node name (a DNS subdomain)"),
+            )),
+            _ => Ok(topology(t)),
+        })
+        .collect()
 }
 
 fn topology(t: &csi::Topology) -> Topology {
@@ -1060,6 +1075,20 @@ mod tests {
         });
         let v = volume_request(&r).expect("valid");
         assert_eq!(v.accessibility.requisite[0][TOPOLOGY_KEY], "n");
+        // A node no Kubernetes node can be: the volume would wait forever.
+        r.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![],
+            preferred: vec![csi::Topology {
+                segments: HashMap::from([(TOPOLOGY_KEY.to_string(), "N\n".to_string())]),
+            }],
+        });
+        match volume_request(&r) {
+            Err(CsiError::InvalidArgument { field, .. }) => assert_eq!(
+                field,
+                format!("accessibility_requirements.preferred[0].segments[{TOPOLOGY_KEY:?}]")
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

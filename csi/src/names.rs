@@ -11,6 +11,9 @@
 //! `csi-` plus 32 hex digits of its SHA-256, so the same CSI name always
 //! maps to the same volume (idempotency) and different names to different
 //! volumes.
+//!
+//! Node names, which volume ids and topology segments carry, are
+//! Kubernetes node names: DNS subdomains ([`is_node_name`]).
 
 use sha2::{Digest, Sha256};
 
@@ -55,6 +58,21 @@ pub(crate) fn is_hash(rest: &str) -> bool {
 pub fn is_local_name(name: &str) -> bool {
     let hashed = name.strip_prefix(HASHED_PREFIX).is_some_and(is_hash);
     hashed || is_plain(name)
+}
+
+/// Whether `name` can be a Kubernetes node name: a DNS subdomain (RFC
+/// 1123: at most 253 bytes, dot-separated labels of at most 63 lower-case
+/// letters, digits and inner hyphens).
+pub fn is_node_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && label.ends_with(|c: char| c.is_ascii_alphanumeric())
+        })
 }
 
 fn is_plain(name: &str) -> bool {
@@ -131,5 +149,32 @@ mod tests {
         assert_ne!(local_name("a b"), local_name("a  b"));
         assert_ne!(local_name("Upper"), local_name("upper"));
         assert!(!is_local_name("csi-0123456789ABCDEF0123456789abcdef"));
+    }
+
+    #[test]
+    fn node_names_are_dns_subdomains() {
+        for good in ["node-a", "a", "n1.example.com", &"a".repeat(63)] {
+            assert!(is_node_name(good), "{good:?}");
+        }
+        let long = format!("{}.a", vec!["a".repeat(63); 4].join("."));
+        for bad in [
+            "",
+            "Node-A",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a.",
+            "a_b",
+            "a b",
+            "a@b",
+            "a\n",
+            "ü",
+            "../",
+            &"a".repeat(64),
+            &long,
+        ] {
+            assert!(!is_node_name(bad), "{bad:?}");
+        }
     }
 }

@@ -20,82 +20,15 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
-use bytes::{Buf, BufMut};
 use carina_proto::nodestorage as pb;
 use carina_tests::cluster::{NodeArgs, Pki};
-use carina_tests::fuzz::{self, Rng};
+use carina_tests::fuzz::{self, RawClient, RawCodec, Rng, Tally, text};
 use carina_tests::grpc::{Client, create_lv, host_config};
 use carina_tests::{have_root, unique};
 use prost::Message;
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 const SERVICE: &str = "/carina.nodestorage.v1.NodeStorage/";
-
-/// Sends and receives message bodies as they are.
-#[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let mut out = vec![0u8; src.remaining()];
-        src.copy_to_slice(&mut out);
-        Ok(Some(out))
-    }
-}
-
-/// Up to `max` pieces of names, paths and odd characters.
-fn text(rng: &mut Rng, max: usize) -> String {
-    const PIECES: &[&str] = &[
-        "a",
-        "Z",
-        "-",
-        ".",
-        "/",
-        "..",
-        " ",
-        "\0",
-        "\u{e9}",
-        "\u{1F4BE}",
-        "%",
-        "\\",
-        "\"",
-        "{",
-        "}",
-        "0",
-        "9",
-        "pvc-",
-        "carina",
-        ":",
-        "\n",
-    ];
-    let n = rng.below(max + 1);
-    (0..n).map(|_| *rng.pick(PIECES)).collect()
-}
 
 /// The request of `rpc` with random field values drawn from pools of
 /// good, bad and strange values.
@@ -340,15 +273,15 @@ async fn seed_copy_volumes(client: &mut Client, group: &str) -> Result<()> {
 /// Calls `rpc` with `body`: the call's status, for a server-streaming
 /// RPC the status the stream ends with (its messages read and dropped).
 async fn call(
-    raw: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    raw: &mut RawClient,
     rpc: &str,
     body: &[u8],
     path: &http::uri::PathAndQuery,
 ) -> Result<(), tonic::Status> {
-    let request = tonic::Request::new(body.to_vec());
     if !STREAMING.contains(&rpc) {
-        return raw.unary(request, path.clone(), RawCodec).await.map(drop);
+        return fuzz::unary(raw, path, body).await.map(drop);
     }
+    let request = tonic::Request::new(body.to_vec());
     let mut stream = raw
         .server_streaming(request, path.clone(), RawCodec)
         .await?
@@ -418,7 +351,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
     let mut counts = Vec::new();
     for rpc in rpcs {
         let path: http::uri::PathAndQuery = format!("{SERVICE}{rpc}").parse()?;
-        let (mut accepted, mut refused) = (0usize, 0usize);
+        let mut tally = Tally::default();
         if rpc == "CopyLV" {
             seed_copy_volumes(&mut client, &group).await?;
         }
@@ -442,7 +375,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
             let at = || format!("{rpc} case {case} (seed {seed}), body {body:02x?}");
             match answer {
                 Ok(_) => {
-                    accepted += 1;
+                    tally.accept();
                     if rpc == "ApplyConfig" {
                         client
                             .apply_config(pb::ApplyConfigRequest {
@@ -453,17 +386,16 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
                     }
                 }
                 Err(status) => {
-                    refused += 1;
-                    let code = status.code();
-                    ensure!(code != Code::Unknown, "{}: UNKNOWN {status:?}", at());
+                    tally.refuse(status.code());
+                    if let Some(fault) = fuzz::refusal_fault(&status, decodes(rpc, &body)) {
+                        bail!("{}: {fault}: {status:?}", at());
+                    }
+                    // The node has nothing to wait for: it always answers.
                     ensure!(
-                        code != Code::Unavailable && code != Code::Cancelled,
+                        !matches!(status.code(), Code::Unavailable | Code::Cancelled),
                         "{}: the node did not answer: {status:?}",
                         at()
                     );
-                    if code == Code::Internal && decodes(rpc, &body) {
-                        bail!("{}: INTERNAL for a message that decodes: {status:?}", at());
-                    }
                     if let Some(before) = before {
                         let after = state(&mut client).await?;
                         ensure!(
@@ -475,7 +407,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
                 }
             }
         }
-        counts.push((rpc, accepted, refused));
+        counts.push((rpc, tally));
         node.check_running()?;
     }
 
@@ -501,8 +433,9 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
         .collect();
     assert!(left.is_empty(), "left in the HOST root: {left:?}");
     node.stop().await;
-    for (rpc, accepted, refused) in counts {
-        println!("{rpc:>13}: {accepted:>5} accepted, {refused:>5} refused");
-    }
+    println!(
+        "seed {seed}, {cases} calls per RPC:\n{}",
+        fuzz::table(&counts)
+    );
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! right after).
 
 use carina_api::{LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSource, LogicVolumeSpec};
+use carina_csi::names::is_local_name;
 use carina_csi::snapshot_id::{self, is_snapshot_name};
 use carina_csi::volume_id::VolumeId;
 use carina_csi::{
@@ -57,13 +58,17 @@ pub(super) fn snapshot_of(lv: &LogicVolume) -> Option<ProvisionedSnapshot> {
 }
 
 impl KubeProvisioner {
-    /// The made, live object `name` on `node`, or `NotFound` saying `what`.
+    /// The made, live object `name` on `node`, or `NotFound` saying `what`
+    /// (without asking when no volume or snapshot can have that name).
     async fn made_source(
         &self,
         name: &str,
         node: &str,
         what: &str,
     ) -> Result<LogicVolume, CsiError> {
+        if !is_local_name(name) && !is_snapshot_name(name) {
+            return Err(CsiError::NotFound(format!("{what} does not exist")));
+        }
         let lv = self
             .lvs
             .get_opt(name)

@@ -63,7 +63,9 @@
 //! removes [`carina_api::LOGICVOLUME_FINALIZER`] once the node deleted the volume).
 //! **Expand** patches `spec.size` and waits until `status.currentSize`
 //! covers the request; a tiered volume (`spec.cache`) cannot grow
-//! (`FAILED_PRECONDITION`). A failure code counts only when it is news: the
+//! (`FAILED_PRECONDITION`); an expand that failed for good (the codes a
+//! create deletes its object for) sets `spec.size` back, so the refusal
+//! leaves the object as it was. A failure code counts only when it is news: the
 //! status describes the new `metadata.generation` (`observedGeneration`),
 //! or, for a bridge that does not record it, the status changed since the
 //! patch.
@@ -96,6 +98,7 @@ use carina_csi::{
     SnapshotRequest, Topology, VolumeHealth, VolumeRequest, sizes,
 };
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use tracing::Instrument;
@@ -345,6 +348,41 @@ impl KubeProvisioner {
         })
     }
 
+    /// Sets `spec.size` of the object `name` (that very one, `uid`) back
+    /// to `previous` after an expand to `asked` bytes failed for good, so
+    /// the refused expand leaves the object as it was (the bridge then
+    /// records the volume ready again). Left alone when the object moved
+    /// on meanwhile (another expand); a failure is only logged.
+    async fn take_back_size(&self, name: &str, uid: Option<&str>, asked: u64, previous: &Quantity) {
+        let current = match self.lvs.get_opt(name).await {
+            Ok(Some(lv)) if lv.uid().as_deref() == uid => lv,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(carina.volume.name = %name, error = %e, "reading the LogicVolume of a failed expand failed");
+                return;
+            }
+        };
+        if current.spec.size.0 != asked.to_string() {
+            return;
+        }
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "spec": {"size": previous},
+        });
+        match self
+            .lvs
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(carina.volume.name = %name, size = %previous.0, "set the size of a failed expand back")
+            }
+            Err(e) => {
+                tracing::warn!(carina.volume.name = %name, error = %e, "setting the size of a failed expand back failed")
+            }
+        }
+    }
+
     /// The object for a volume id: `None` when no such volume can exist.
     async fn find(&self, volume_id: &str) -> Result<Option<LogicVolume>, CsiError> {
         let id = match VolumeId::parse(volume_id) {
@@ -534,32 +572,38 @@ impl Provisioner for KubeProvisioner {
         let generation = patched.metadata.generation.unwrap_or(0);
         let before = patched.status.clone().unwrap_or_default();
         let uid = lv.uid();
-        let judge = |obj: Option<&LogicVolume>| -> Option<Result<u64, CsiError>> {
-            let outcome = expand_outcome(
+        let judge = |obj: Option<&LogicVolume>| {
+            expand_outcome(
                 obj,
                 uid.as_deref(),
                 range.required_bytes,
                 generation,
                 &before,
-            )?;
-            Some(match outcome {
-                ExpandOutcome::Grown(size) => Ok(size),
-                ExpandOutcome::Failed(error) => Err(error),
-                ExpandOutcome::Gone => Err(not_found()),
-            })
+            )
         };
-        if let Some(done) = judge(Some(&patched)) {
-            return done;
+        let outcome = match judge(Some(&patched)) {
+            Some(outcome) => outcome,
+            None => watch_until(&self.lvs, &name, self.config.wait_timeout, judge)
+                .await
+                .map_err(|t| {
+                    CsiError::DeadlineExceeded(format!(
+                        "LogicVolume {name:?} not grown to {size} bytes within {:?} ({})",
+                        self.config.wait_timeout,
+                        t.describe()
+                    ))
+                })?,
+        };
+        match outcome {
+            ExpandOutcome::Grown(size) => Ok(size),
+            ExpandOutcome::Failed(error) => {
+                if !retryable(error.code()) {
+                    self.take_back_size(&name, uid.as_deref(), size, &lv.spec.size)
+                        .await;
+                }
+                Err(error)
+            }
+            ExpandOutcome::Gone => Err(not_found()),
         }
-        watch_until(&self.lvs, &name, self.config.wait_timeout, judge)
-            .await
-            .map_err(|t| {
-                CsiError::DeadlineExceeded(format!(
-                    "LogicVolume {name:?} not grown to {size} bytes within {:?} ({})",
-                    self.config.wait_timeout,
-                    t.describe()
-                ))
-            })?
     }
 
     #[tracing::instrument(name = "kube.get_volume", skip_all, err(level = "info"), fields(carina.volume.id = %volume_id))]
