@@ -112,10 +112,16 @@ fn relay(client: UnixStream) -> UdsConnection {
     let (mut relay_read, relay_write) = tokio::io::split(relay_end);
     tokio::spawn(async move {
         let requests = async {
-            let result = rewrite_requests(client_read, relay_write).await;
+            let mut relay_write = relay_write;
+            let result = rewrite_requests(client_read, &mut relay_write).await;
             if let Err(e) = &result {
                 tracing::debug!(error = %e, "unix socket client closed or sent what HTTP/2 refuses");
             }
+            // The server sees the requests end however they ended: a
+            // connection left half open (a client gone before its
+            // preface, a probe) would hold a graceful shutdown for its
+            // whole grace period.
+            let _ = relay_write.shutdown().await;
         };
         let responses = async {
             let _ = tokio::io::copy(&mut relay_read, &mut client_write).await;
@@ -350,6 +356,28 @@ mod tests {
 
     use carina_sys::testkit::mutated_bytes;
     use proptest::prelude::*;
+
+    /// A client that goes away before (or in the middle of) its preface
+    /// ends the server's side of the relay: the server reads the end and
+    /// closes the connection, so it holds no graceful shutdown.
+    #[tokio::test]
+    async fn a_client_gone_early_ends_the_servers_side() {
+        for sent in [&b""[..], &PREFACE[..10]] {
+            let (mut client, server) = UnixStream::pair().expect("pair");
+            let mut conn = relay(server);
+            client.write_all(sent).await.expect("write");
+            drop(client);
+            let mut seen = Vec::new();
+            tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                conn.read_to_end(&mut seen),
+            )
+            .await
+            .expect("the server's side ends instead of waiting forever")
+            .expect("read");
+            assert!(seen.is_empty(), "{seen:?}");
+        }
+    }
 
     /// One frame as a client writes it.
     fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
