@@ -307,20 +307,6 @@ impl IssuedNode {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn der_signatures_become_fixed_width() {
-        // SEQUENCE { INTEGER 0x00 0x80, INTEGER 0x01 }
-        let der = [0x30, 0x07, 0x02, 0x02, 0x00, 0x80, 0x02, 0x01, 0x01];
-        let raw = ecdsa_der_to_raw(&der, 4).expect("converts");
-        assert_eq!(raw, [0, 0, 0, 0x80, 0, 0, 0, 1]);
-        assert!(ecdsa_der_to_raw(&[0x31, 0x00], 4).is_err());
-    }
-}
-
 /// The text under `key` of a Secret.
 pub fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Result<String> {
     let bytes = secret
@@ -365,4 +351,18 @@ pub fn controller_tls(
         key_pem: cert.key_pem.into_bytes(),
         server_name: node.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn der_signatures_become_fixed_width() {
+        // SEQUENCE { INTEGER 0x00 0x80, INTEGER 0x01 }
+        let der = [0x30, 0x07, 0x02, 0x02, 0x00, 0x80, 0x02, 0x01, 0x01];
+        let raw = ecdsa_der_to_raw(&der, 4).expect("converts");
+        assert_eq!(raw, [0, 0, 0, 0x80, 0, 0, 0, 1]);
+        assert!(ecdsa_der_to_raw(&[0x31, 0x00], 4).is_err());
+    }
 }
