@@ -44,6 +44,19 @@ pub(crate) fn hashed(prefix: &str, csi_name: &str) -> String {
     format!("{prefix}{hex}")
 }
 
+/// What a snapshot's node-local name starts with ([`local_snapshot_name`]).
+const SNAPSHOT_PREFIX: &str = "csi-s";
+
+/// The node-local volume name of the snapshot named `csi_name`.
+pub fn local_snapshot_name(csi_name: &str) -> String {
+    hashed(SNAPSHOT_PREFIX, csi_name)
+}
+
+/// Whether `name` is a name [`local_snapshot_name`] can return.
+pub fn is_snapshot_name(name: &str) -> bool {
+    name.strip_prefix(SNAPSHOT_PREFIX).is_some_and(is_hash)
+}
+
 /// Whether `rest` is [`HASH_HEX`] lower-case hex digits.
 pub(crate) fn is_hash(rest: &str) -> bool {
     rest.len() == HASH_HEX

@@ -6,20 +6,8 @@
 //! other way round. The id is `<snapshot>@<node>`, like a volume id.
 
 use crate::error::CsiError;
-use crate::names::{hashed, is_hash};
+pub use crate::names::{is_snapshot_name, local_snapshot_name};
 use crate::volume_id::VolumeId;
-
-const PREFIX: &str = "csi-s";
-
-/// The node-local volume name of the snapshot named `csi_name`.
-pub fn local_snapshot_name(csi_name: &str) -> String {
-    hashed(PREFIX, csi_name)
-}
-
-/// Whether `name` is a name [`local_snapshot_name`] can return.
-pub fn is_snapshot_name(name: &str) -> bool {
-    name.strip_prefix(PREFIX).is_some_and(is_hash)
-}
 
 /// Parses a snapshot id: empty is `InvalidArgument` naming `field`, and
 /// an id no snapshot of ours can have is `NotFound`.

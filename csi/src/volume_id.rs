@@ -36,7 +36,7 @@ impl VolumeId {
                 if !volume.is_empty()
                     && !node.is_empty()
                     && !volume.contains('@')
-                    && !crate::snapshot_id::is_snapshot_name(volume) =>
+                    && !crate::names::is_snapshot_name(volume) =>
             {
                 Ok(VolumeId::new(volume, node))
             }
@@ -70,7 +70,7 @@ mod tests {
                 Ok(v) => {
                     prop_assert_eq!(v.encode(), id);
                     prop_assert!(!v.volume.is_empty() && !v.node.is_empty() && !v.volume.contains('@'));
-                    prop_assert!(!crate::snapshot_id::is_snapshot_name(&v.volume));
+                    prop_assert!(!crate::names::is_snapshot_name(&v.volume));
                 }
                 Err(CsiError::InvalidArgument { .. }) => prop_assert!(id.is_empty()),
                 Err(CsiError::NotFound(_)) => prop_assert!(!id.is_empty()),
