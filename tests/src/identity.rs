@@ -307,6 +307,26 @@ impl IssuedNode {
     }
 }
 
+/// Waits (at most `within`) until the issuer's CA certificate is
+/// published as `ca.crt` of ConfigMap `name` in `namespace`, and returns it.
+pub async fn published_ca(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    within: std::time::Duration,
+) -> Result<String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), namespace);
+    crate::cluster::await_object(&api, name, "published", within, |cm| {
+        cm.and_then(|c| c.data.as_ref())
+            .is_some_and(|d| d.contains_key("ca.crt"))
+    })
+    .await?
+    .and_then(|cm| cm.data)
+    .and_then(|mut d| d.remove("ca.crt"))
+    .with_context(|| format!("ConfigMap {namespace}/{name} deleted"))
+}
+
 /// The text under `key` of a Secret.
 pub fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Result<String> {
     let bytes = secret

@@ -36,7 +36,7 @@ use carina_proto::identity::IssueCertificateRequest;
 use carina_proto::nodestorage as pb;
 use carina_proto::tls::{client_config_without_cert, connect_with_config};
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, await_capacity, await_object, free_port, register_node,
+    KubeControllerArgs, NodeArgs, Pki, await_capacity, free_port, register_node,
 };
 use carina_tests::csi::{Csi, make, mount_cap};
 use carina_tests::fuzz::{self, RawClient, Rng, Tally, text};
@@ -653,15 +653,7 @@ async fn the_controller_answers_every_message_with_a_typed_code_and_refusals_cha
     ];
     let mut controller = controller_args.start().await?;
     await_capacity(&client, &node_name, WAIT).await?;
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &pods.namespace);
-    let ca_pem = await_object(&configmaps, CA, "published", WAIT, |cm| {
-        cm.and_then(|c| c.data.as_ref())
-            .is_some_and(|d| d.contains_key("ca.crt"))
-    })
-    .await?
-    .and_then(|cm| cm.data)
-    .and_then(|mut d| d.remove("ca.crt"))
-    .context("no ca.crt")?;
+    let ca_pem = carina_tests::identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
 
     let channel = controller.channel().await?;
     let mut csi = Csi::new(channel.clone());
@@ -677,7 +669,7 @@ async fn the_controller_answers_every_message_with_a_typed_code_and_refusals_cha
     let mut observer = Observer {
         lvs: Api::all(client.clone()),
         secrets: Api::namespaced(client.clone(), &pods.namespace),
-        configmaps,
+        configmaps: Api::namespaced(client.clone(), &pods.namespace),
         node: pki.node_client(&node_name, &node_args.endpoint()).await?,
     };
 

@@ -46,7 +46,7 @@ use carina_tests::process::tail;
 use carina_tests::unique;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use rcgen::{BasicConstraints, IsCa, SanType};
 use rustls::pki_types::ServerName;
@@ -94,22 +94,6 @@ async fn start_controller(
         &log,
     )
     .await
-}
-
-/// The `ca.crt` the controller publishes, once it is there.
-async fn published_ca(client: &kube::Client, namespace: &str) -> Result<String> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let cm = await_object(&api, CA, "published", WAIT, |cm| {
-        cm.and_then(|c| c.data.as_ref())
-            .is_some_and(|d| d.contains_key("ca.crt"))
-    })
-    .await?
-    .context("ConfigMap deleted")?;
-    Ok(cm
-        .data
-        .unwrap_or_default()
-        .remove("ca.crt")
-        .unwrap_or_default())
 }
 
 /// Client credentials of role `controller` from the CA in the Secret, for
@@ -201,7 +185,7 @@ async fn a_node_gets_renews_and_reloads_its_certificate() -> Result<()> {
     let port = free_port()?;
     // 12 s: renewed after 8 s.
     let controller = start_controller(&cluster, &pods, dir.path(), port, "12s").await?;
-    let ca = published_ca(&client, &pods.namespace).await?;
+    let ca = identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
 
     let node = IssuedNode::new(NODE, &dir.path().join(NODE))?;
     std::fs::write(&node.ca_file, &ca)?;
@@ -333,7 +317,7 @@ async fn the_issuer_refuses_with_precise_reasons() -> Result<()> {
     let doomed = pods.pod("carina-node-gone", NODE_SA, NODE).await?;
     let port = free_port()?;
     let controller = start_controller(&cluster, &pods, dir.path(), port, "1h").await?;
-    let ca = published_ca(&client, &pods.namespace).await?;
+    let ca = identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
 
     let good = pods.token(NODE_SA, &[AUDIENCE], Some(&on_a)).await?;
     ask(port, &ca, NODE, csr(NODE, |_| {})?, &good)
@@ -547,7 +531,9 @@ async fn a_node_started_before_the_issuer_gets_its_certificate_when_it_comes() -
 
     // The user's CA is used as it is and published.
     assert_eq!(
-        published_ca(&client, &pods.namespace).await?.trim(),
+        identity::published_ca(&client, &pods.namespace, CA, WAIT)
+            .await?
+            .trim(),
         user_ca.cert_pem().trim()
     );
     let kept = Api::<Secret>::namespaced(client, &pods.namespace)

@@ -20,14 +20,12 @@ use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::connect;
-use carina_tests::cluster::{Service, await_capacity, await_object, free_port, register_node};
+use carina_tests::cluster::{Service, await_capacity, free_port, register_node};
 use carina_tests::grpc::host_config;
 use carina_tests::identity::{AUDIENCE, IssuedNode, NODE_SA, NodePods, controller_argv};
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::tail;
 use carina_tests::unique;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 
 const NODE: &str = "node-a";
 const WAIT: Duration = Duration::from_secs(60);
@@ -122,15 +120,7 @@ async fn keys_and_tokens_stay_out_of_debug_logs() -> Result<()> {
     )
     .await?;
 
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &pods.namespace);
-    let ca_pem = await_object(&configmaps, CA, "published", WAIT, |cm| {
-        cm.and_then(|c| c.data.as_ref())
-            .is_some_and(|d| d.contains_key("ca.crt"))
-    })
-    .await?
-    .and_then(|cm| cm.data)
-    .and_then(|mut d| d.remove("ca.crt"))
-    .context("ConfigMap deleted")?;
+    let ca_pem = carina_tests::identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
 
     let node = IssuedNode::new(NODE, &dir.path().join(NODE))?;
     std::fs::write(&node.ca_file, &ca_pem)?;

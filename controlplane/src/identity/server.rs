@@ -134,19 +134,10 @@ pub fn check_node_name(name: &str) -> Result<(), Refusal> {
     if name.len() > 253 {
         return Err(bad(format!("{} characters, at most 253", name.len())));
     }
-    for label in name.split('.') {
-        let ok = !label.is_empty()
-            && label.len() <= 63
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-');
-        if !ok {
-            return Err(bad(format!(
-                "{name:?} is not a DNS subdomain (lower-case letters, digits, '-' and '.')"
-            )));
-        }
+    if !carina_csi::names::is_node_name(name) {
+        return Err(bad(format!(
+            "{name:?} is not a DNS subdomain (lower-case letters, digits, '-' and '.')"
+        )));
     }
     Ok(())
 }

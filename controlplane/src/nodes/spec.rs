@@ -138,16 +138,7 @@ fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 253 {
         return Err("must be 1 to 253 characters".into());
     }
-    let ok = name.split('.').all(|label| {
-        !label.is_empty()
-            && label.len() <= 63
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    });
-    if ok {
+    if carina_csi::names::is_node_name(name) {
         Ok(())
     } else {
         Err(format!(
