@@ -582,18 +582,6 @@ mod tests {
         ]);
         let (a, b) = block.split_at(block.len() / 2);
         let mut input = PREFACE.to_vec();
-        let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
-            let mut f = vec![
-                (payload.len() >> 16) as u8,
-                (payload.len() >> 8) as u8,
-                payload.len() as u8,
-                kind,
-                flags,
-            ];
-            f.extend_from_slice(&stream.to_be_bytes());
-            f.extend_from_slice(payload);
-            f
-        };
         input.extend(frame(HEADERS, 0, 1, a));
         input.extend(frame(CONTINUATION, END_HEADERS, 1, b));
         input.extend(frame(0x6, 0, 0, &[0; 8]));

@@ -363,6 +363,16 @@ pub fn forget_vg_metadata(name: &str) {
     }
 }
 
+/// Where tests keep logs and reports: `$CARINA_TEST_LOG_DIR`, else the
+/// workspace's `target/test-logs` (made if missing).
+pub fn test_log_dir() -> PathBuf {
+    let dir = std::env::var_os("CARINA_TEST_LOG_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-logs"));
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
 /// Mount points at or under `root`, as this process's mountinfo lists
 /// them (a mount point with a space reads back with it).
 pub fn mounts_under(root: &Path) -> Vec<PathBuf> {

@@ -77,11 +77,7 @@ fn parse_summary(log: &str) -> Option<Summary> {
 }
 
 fn log_dir() -> PathBuf {
-    let dir = std::env::var_os("CARINA_TEST_LOG_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-logs"));
-    let _ = std::fs::create_dir_all(&dir);
-    dir
+    carina_tests::test_log_dir()
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
