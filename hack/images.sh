@@ -33,6 +33,8 @@ die() { echo "images: $*" >&2; exit 1; }
 . hack/lib/oci.sh
 # shellcheck source=hack/lib/rootfs.sh
 . hack/lib/rootfs.sh
+# shellcheck source=hack/lib/lvmconf.sh
+. hack/lib/lvmconf.sh
 [ "$(id -u)" = 0 ] || die "run as root (mmdebstrap writes device nodes and owners)"
 for tool in mmdebstrap tar gzip sha256sum; do
   command -v "$tool" >/dev/null || die "$tool is missing (make deps installs it)"
@@ -76,20 +78,12 @@ rm -rf "$NODE_ROOT"/usr/lib/python3* "$NODE_ROOT"/usr/bin/python3* "$NODE_ROOT"/
   "$NODE_ROOT"/usr/lib/x86_64-linux-gnu/libsqlite3* "$NODE_ROOT"/usr/lib/x86_64-linux-gnu/libdb-5.3* \
   "$NODE_ROOT"/usr/share/perl5 "$NODE_ROOT"/usr/share/initramfs-tools
 ln -sf dash "$NODE_ROOT/bin/sh"
-# LVM in a container: no udev (the host's udev owns /dev), no dmeventd, and
-# the lock files under /run/lock/lvm, which the DaemonSet mounts from the
-# host so the host's own lvm commands and ours exclude each other.
+# LVM as a container runs it (hack/lib/lvmconf.sh; the vm tier's guest
+# uses the same settings).
 lvm_conf=$NODE_ROOT/etc/lvm/lvm.conf
 [ -f "$lvm_conf" ] || die "lvm2 did not install $lvm_conf"
-sed -i -E \
-  -e 's/^(\s*)#?\s*udev_sync = [01]$/\1udev_sync = 0/' \
-  -e 's/^(\s*)#?\s*udev_rules = [01]$/\1udev_rules = 0/' \
-  -e 's/^(\s*)#?\s*obtain_device_list_from_udev = [01]$/\1obtain_device_list_from_udev = 0/' \
-  -e 's/^(\s*)#?\s*monitoring = [01]$/\1monitoring = 0/' \
-  -e 's|^(\s*)#?\s*locking_dir = ".*"$|\1locking_dir = "/run/lock/lvm"|' \
-  "$lvm_conf"
-for want in activation/udev_sync=0 activation/udev_rules=0 devices/obtain_device_list_from_udev=0 \
-            activation/monitoring=0 global/locking_dir=\"/run/lock/lvm\"; do
+lvm_conf_for_node "$lvm_conf"
+for want in "${LVM_NODE_SETTINGS[@]}"; do
   got=$(chroot "$NODE_ROOT" /sbin/lvm lvmconfig --type current "${want%%=*}" 2>/dev/null || true)
   [ "$got" = "${want#*/}" ] || die "lvm.conf: ${want%%=*} is '${got}', expected '${want#*/}'"
 done

@@ -28,6 +28,12 @@ declare -A NEED=(
   [skopeo]=skopeo
   [runc]=runc
   [gcc]=gcc          # the test images' pause program (static)
+  # the vm tier: qemu under TCG; the guest's vmlinux is unpacked with xz
+  # and the test executable it runs is copied without debug info (strip)
+  [qemu-system-x86_64]=qemu-system-x86
+  [xz]=xz-utils
+  [strip]=binutils
+  [dpkg-deb]=dpkg
 )
 
 missing=()

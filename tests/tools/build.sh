@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the upstream programs carina's tests run against (csi-sanity, etcd,
 # the Kubernetes control plane and node, the CSI sidecars, jaeger, promtool,
-# containerd, helm, the e2e suite) from source, and the container images a test node runs,
-# into a versioned cache outside the clone.  See tests/tools/README.md.
+# containerd, helm, the e2e suite) from source, the container images a test node runs,
+# and the vm tier's guest (a Debian kernel and an initramfs), into a versioned
+# cache outside the clone.  See tests/tools/README.md.
 #
 #   tests/tools/build.sh [TOOL...]             build (default: all), reuse cache
 #   tests/tools/build.sh --print-path TOOL...  print each tool's bin dir (image
@@ -10,7 +11,7 @@
 #
 # TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | csi-resizer |
 #       csi-snapshotter | jaeger | promtool | containerd | crictl | cni | helm |
-#       e2e | test-images | e2e-images | all
+#       e2e | test-images | e2e-images | kernel | all
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -33,13 +34,13 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 IMAGES_REVISION=r3
 
 TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer csi-snapshotter jaeger promtool containerd crictl
-    cni helm e2e test-images e2e-images)
+    cni helm e2e test-images e2e-images kernel)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 # Source archives of programs the Go module proxy does not serve.
 SRC_ROOT=${CARINA_UPSTREAM_SRC:-/var/cache/carina-src}
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
-usage() { sed -n '2,14s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
 die() { echo "build.sh: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
@@ -52,6 +53,7 @@ tool_version() {
     csi-resizer) echo "$CSI_RESIZER_VERSION" ;;
     csi-snapshotter) echo "$CSI_SNAPSHOTTER_VERSION" ;;
     test-images | e2e-images) images_version "$1" ;;
+    kernel) kernel_version ;;
     jaeger) echo "$JAEGER_VERSION" ;;
     promtool) echo "$PROMTOOL_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
@@ -70,7 +72,7 @@ tool_binaries() {
     cni) echo bridge host-local loopback ;;
     e2e) echo e2e.test agnhost ;;
     csi-snapshotter) echo csi-snapshotter snapshot-controller ;;
-    test-images | e2e-images) ;;
+    test-images | e2e-images | kernel) ;;
     *) echo "$1" ;;
     esac
 }
@@ -95,6 +97,7 @@ tool_deps() {
 tool_files() {
     case $1 in
     csi-snapshotter) printf 'crds/%s\n' "${SNAPSHOT_CRDS[@]}" ;;
+    kernel) printf '%s\n' vmlinux initrd.cpio modules.txt ;;
     esac
 }
 
@@ -112,9 +115,12 @@ tool_outputs() {
 tool_dir() { echo "$ROOT/$1-$(tool_version "$1")"; }
 bin_dir() { echo "$(tool_dir "$1")/bin"; }
 
-# What --print-path shows: the binaries' dir, or an image tool's dir.
+# Tools without programs of their own: the image tools and the kernel.
+no_bin_dir() { [[ -n $(tool_images "$1") || $1 == kernel ]]; }
+
+# What --print-path shows: the binaries' dir, or the dir of a tool without.
 print_dir() {
-    if [[ -n $(tool_images "$1") ]]; then tool_dir "$1"; else bin_dir "$1"; fi
+    if no_bin_dir "$1"; then tool_dir "$1"; else bin_dir "$1"; fi
 }
 
 # images_version TOOL: IMAGES_REVISION and a digest of everything else the
@@ -133,6 +139,57 @@ images_version() {
         } | sha256sum | cut -c1-12
     )
     echo "$IMAGES_REVISION-$digest"
+}
+
+# ---- the vm tier's guest ---------------------------------------------------------
+
+# The Debian packages the guest is made of; the kernel's name carries its
+# ABI (linux-image-6.1.0-57-amd64), which changes with security updates.
+kernel_package() {
+    local pkg
+    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ { print $2; exit }')
+    [[ -n $pkg ]] || die "kernel: apt-cache knows no linux-image-amd64 (run apt-get update)"
+    echo "$pkg"
+}
+KERNEL_PACKAGES=(busybox-static kmod libkmod2)
+# The host packages whose programs the initramfs carries.
+GUEST_HOST_PACKAGES=(libc6 lvm2 dmsetup bcache-tools e2fsprogs xfsprogs gdisk fdisk util-linux mount quota bash coreutils)
+
+# kernel_version: the kernel's ABI and package version, and a digest of
+# the recipe and of the host packages the initramfs copies programs from.
+kernel_version() {
+    local pkg ver digest
+    pkg=$(kernel_package)
+    ver=$(apt-cache show --no-all-versions "$pkg" | awk '$1 == "Version:" { print $2; exit }')
+    digest=$(
+        {
+            echo "$pkg $ver"
+            apt-cache show --no-all-versions "${KERNEL_PACKAGES[@]}" | grep '^Version:'
+            dpkg-query -W "${GUEST_HOST_PACKAGES[@]}" 2>/dev/null
+            cat "$REPO_DIR/tests/vm/build-guest.sh" "$REPO_DIR/tests/vm/init" "$REPO_DIR/hack/lib/lvmconf.sh"
+        } | sha256sum | cut -c1-12
+    )
+    pkg=${pkg#linux-image-}
+    echo "${pkg%-amd64}-$digest"
+}
+
+# The kernel and its modules are unpacked, never installed: installing
+# would run the host's kernel hooks and write /boot and /lib/modules.
+build_kernel() {
+    local work=$1 out=$2 pkg d
+    pkg=$(kernel_package)
+    mkdir -p "$work/debs" "$work/kroot" "$work/kmod"
+    (cd "$work/debs" && apt-get download -q "$pkg" "${KERNEL_PACKAGES[@]}" 2>&1 |
+        grep -v '^W: Download is performed unsandboxed' >&2) || true
+    for d in "$pkg" busybox-static; do
+        compgen -G "$work/debs/${d}_*.deb" >/dev/null || die "kernel: apt-get download $d failed"
+        dpkg-deb -x "$work/debs/${d}"_*.deb "$work/kroot"
+    done
+    for d in kmod libkmod2; do
+        compgen -G "$work/debs/${d}_*.deb" >/dev/null || die "kernel: apt-get download $d failed"
+        dpkg-deb -x "$work/debs/${d}"_*.deb "$work/kmod"
+    done
+    "$REPO_DIR/tests/vm/build-guest.sh" "$work/kroot" "$work/kmod" "$out"
 }
 
 # ---- go environment ------------------------------------------------------------
@@ -645,7 +702,7 @@ install_tool() {
     mkdir -p "$tmp/out/bin"
     # Binary tools write into out/bin, image tools into out.
     out=$tmp/out/bin
-    [[ -z $(tool_images "$tool") ]] || { rmdir "$tmp/out/bin"; out=$tmp/out; }
+    ! no_bin_dir "$tool" || { rmdir "$tmp/out/bin"; out=$tmp/out; }
     log "$tool $ver: building ..."
     start=$SECONDS
     "build_${tool//-/_}" "$tmp/wrapper" "$out"
