@@ -50,7 +50,7 @@ pub fn in_ci() -> bool {
 }
 
 /// Whether the process may manage block devices. Outside CI a test without
-/// root prints why and returns early; under CI it panics.
+/// root is skipped (see [`skip`]) and returns early; under CI it panics.
 pub fn have_root(test: &str) -> bool {
     // SAFETY-free check: root's home is not a reliable signal, the uid is.
     let uid = std::fs::read_to_string("/proc/self/status")
@@ -64,11 +64,67 @@ pub fn have_root(test: &str) -> bool {
     if uid == "0" {
         return true;
     }
-    if in_ci() {
-        panic!("{test}: needs root (CI=true, so this is a failure, not a skip)");
-    }
-    eprintln!("SKIP {test}: needs root");
+    skip(test, "needs root");
     false
+}
+
+/// The environment variable naming the file where skipped tests are
+/// recorded (hack/test.sh sets it per tier and counts the records as
+/// skipped, not passed).
+pub const SKIP_FILE_ENV: &str = "CARINA_TEST_SKIP_FILE";
+
+/// Declares that `test` cannot run here and will return early. Under CI
+/// this panics: there a skip is a failure. Otherwise it prints
+/// `SKIP <test>: <reason>` and appends `<binary>\t<test>\t<reason>` to
+/// `$CARINA_TEST_SKIP_FILE`, so the run's summary counts the test as
+/// skipped although libtest reports it as passed. `<test>` is libtest's
+/// name of the test when called on the test's own thread.
+pub fn skip(test: &str, reason: &str) {
+    if in_ci() {
+        panic!("{test}: {reason} (CI=true, so this is a failure, not a skip)");
+    }
+    eprintln!("SKIP {test}: {reason}");
+    let Some(file) = std::env::var_os(SKIP_FILE_ENV) else {
+        return;
+    };
+    let line = skip_record(
+        std::env::current_exe().ok().as_deref(),
+        std::thread::current().name(),
+        test,
+        reason,
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = written {
+        panic!("{test}: cannot record the skip in {file:?}: {e}");
+    }
+}
+
+/// One line of the skip file: the test binary (without cargo's hash), the
+/// test (libtest's thread name if there is one, else `test`) and the
+/// reason, tab-separated, on one line.
+fn skip_record(exe: Option<&Path>, thread: Option<&str>, test: &str, reason: &str) -> String {
+    let binary = exe
+        .and_then(Path::file_stem)
+        .map(|s| s.to_string_lossy().into_owned())
+        .map(|s| match s.rsplit_once('-') {
+            Some((name, hash))
+                if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) =>
+            {
+                name.to_string()
+            }
+            _ => s,
+        })
+        .unwrap_or_else(|| "?".to_string());
+    let name = match thread {
+        Some(t) if !t.is_empty() && t != "main" && !t.starts_with("tokio-runtime") => t,
+        _ => test,
+    };
+    let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
+    format!("{binary}\t{}\t{}\n", clean(name), clean(reason))
 }
 
 /// Runs a command, failing with its stderr.
@@ -433,6 +489,23 @@ mod tests {
         assert!(!is_disk_or_partition("/dev/loop10", "/dev/loop1"));
         assert!(!is_disk_or_partition("/dev/loop10p1", "/dev/loop1"));
         assert!(!is_disk_or_partition("/dev/loop1p", "/dev/loop1"));
+    }
+
+    #[test]
+    fn a_skip_record_names_the_binary_and_libtests_test() {
+        let exe = Path::new("/t/deps/engine_host-0123456789abcdef");
+        assert_eq!(
+            skip_record(Some(exe), Some("host_lifecycle"), "given", "needs root"),
+            "engine_host\thost_lifecycle\tneeds root\n"
+        );
+        // Off the test's thread the given name stands in; tabs and
+        // newlines in a reason cannot split the record.
+        assert_eq!(
+            skip_record(Some(exe), Some("tokio-runtime-worker"), "given", "a\tb\nc"),
+            "engine_host\tgiven\ta b c\n"
+        );
+        let plain = Path::new("/t/kube_e2e");
+        assert_eq!(skip_record(Some(plain), None, "x", "r"), "kube_e2e\tx\tr\n");
     }
 
     #[test]
