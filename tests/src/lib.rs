@@ -24,6 +24,7 @@ pub mod ports;
 pub mod process;
 pub mod scale;
 pub mod spans;
+pub mod vm;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -125,6 +126,23 @@ fn skip_record(exe: Option<&Path>, thread: Option<&str>, test: &str, reason: &st
     };
     let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
     format!("{binary}\t{}\t{}\n", clean(name), clean(reason))
+}
+
+/// Waits until `done` holds, asking every 20 ms, at most `within`: the
+/// wait for a condition a test cannot be told of. Fails naming `what`.
+pub async fn wait_until(
+    what: &str,
+    within: std::time::Duration,
+    mut done: impl FnMut() -> bool,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            bail!("not within {within:?}: {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// Runs a command, failing with its stderr.

@@ -109,13 +109,35 @@ pub async fn super_show(dev: &Path) -> Result<Option<Superblock>> {
     }
 }
 
+/// make-bcache's bucket size when it is given none.
+const DEFAULT_BUCKET: u64 = 512 << 10;
+/// The smallest bucket size chosen (a 4 KiB block).
+const MIN_BUCKET: u64 = 4 << 10;
+/// The buckets a cache device gets at least. The kernel refuses to
+/// register a cache with 512 buckets or fewer (`cache_alloc`, Linux 6.1),
+/// while make-bcache accepts 128: a cache under 256 MiB formatted with the
+/// default bucket never registers.
+pub const MIN_BUCKETS: u64 = 1024;
+
+/// The bucket size for a cache device of `cache_bytes`: the default when
+/// it holds [`MIN_BUCKETS`] of them, else the largest power of two that
+/// gives that many.
+pub fn bucket_bytes(cache_bytes: u64) -> u64 {
+    let mut bucket = DEFAULT_BUCKET;
+    while bucket > MIN_BUCKET && cache_bytes / bucket < MIN_BUCKETS {
+        bucket /= 2;
+    }
+    bucket
+}
+
 /// The `make-bcache` command line that formats `backing` and/or `cache`
-/// as members of the cache set `cset_uuid`. Never `--wipe-bcache`: a
-/// device that already holds a superblock is refused by the tool.
+/// (a path and its size in bytes) as members of the cache set
+/// `cset_uuid`. Never `--wipe-bcache`: a device that already holds a
+/// superblock is refused by the tool.
 pub fn make_bcache_cmd(
     cset_uuid: &str,
     backing: Option<&Path>,
-    cache: Option<&Path>,
+    cache: Option<(&Path, u64)>,
     mode: CacheMode,
 ) -> Cmd {
     let mut cmd = Cmd::new("make-bcache")
@@ -127,8 +149,12 @@ pub fn make_bcache_cmd(
     if let Some(b) = backing {
         cmd = cmd.arg("-B").arg(b);
     }
-    if let Some(c) = cache {
-        cmd = cmd.arg("-C").arg(c);
+    if let Some((c, bytes)) = cache {
+        cmd = cmd
+            .arg("--bucket")
+            .arg(format!("{}k", bucket_bytes(bytes) >> 10))
+            .arg("-C")
+            .arg(c);
     }
     cmd
 }
@@ -137,7 +163,7 @@ pub fn make_bcache_cmd(
 pub async fn make_bcache(
     cset_uuid: &str,
     backing: Option<&Path>,
-    cache: Option<&Path>,
+    cache: Option<(&Path, u64)>,
     mode: CacheMode,
 ) -> Result<()> {
     make_bcache_cmd(cset_uuid, backing, cache, mode)
@@ -244,15 +270,40 @@ cset.uuid\t\t3f1c1b9e-1d2e-4a11-9c1d-2a1b3c4d5e6f
         let cmd = make_bcache_cmd(
             "3f1c1b9e-1d2e-4a11-9c1d-2a1b3c4d5e6f",
             Some(Path::new("/dev/b")),
-            Some(Path::new("/dev/c")),
+            Some((Path::new("/dev/c"), 1 << 30)),
             CacheMode::Writeback,
         );
         assert_eq!(
             cmd.line(),
-            "make-bcache --cset-uuid 3f1c1b9e-1d2e-4a11-9c1d-2a1b3c4d5e6f --writeback -B /dev/b -C /dev/c"
+            "make-bcache --cset-uuid 3f1c1b9e-1d2e-4a11-9c1d-2a1b3c4d5e6f --writeback -B /dev/b --bucket 512k -C /dev/c"
         );
-        let only_cache = make_bcache_cmd("u", None, Some(Path::new("/dev/c")), CacheMode::None);
-        assert_eq!(only_cache.line(), "make-bcache --cset-uuid u -C /dev/c");
+        let only_cache = make_bcache_cmd(
+            "u",
+            None,
+            Some((Path::new("/dev/c"), 64 << 20)),
+            CacheMode::None,
+        );
+        assert_eq!(
+            only_cache.line(),
+            "make-bcache --cset-uuid u --bucket 64k -C /dev/c"
+        );
+        let only_backing = make_bcache_cmd("u", Some(Path::new("/dev/b")), None, CacheMode::None);
+        assert_eq!(only_backing.line(), "make-bcache --cset-uuid u -B /dev/b");
+    }
+
+    #[test]
+    fn small_caches_get_enough_buckets_for_the_kernel() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(bucket_bytes(1 << 30), 512 << 10, "the default");
+        assert_eq!(bucket_bytes(512 * MIB), 512 << 10);
+        assert_eq!(bucket_bytes(256 * MIB), 256 << 10);
+        assert_eq!(bucket_bytes(128 * MIB), 128 << 10);
+        assert_eq!(bucket_bytes(64 * MIB), 64 << 10, "the smallest cache");
+        assert_eq!(bucket_bytes(MIB), 4 << 10, "never below a block");
+        for mib in [64, 100, 200, 255, 256, 300, 1000] {
+            let bytes = mib * MIB;
+            assert!(bytes / bucket_bytes(bytes) >= MIN_BUCKETS, "{mib} MiB");
+        }
     }
 
     #[test]
