@@ -9,13 +9,20 @@
 //! comparison against a value read once). SIGKILL, unlike an exit or an
 //! abort, runs no code of ours: what is on disk is what a crash, an
 //! OOM kill or a power cut of the process would leave.
+//!
+//! Only a build with the cargo feature `crashpoints` honours the variable
+//! (the fault tests build `carina-node-crashpoints` so); in every other
+//! build, release binaries and images among them, [`reach`] is empty, so a
+//! variable in a node's environment cannot stop it.
 
+#[cfg(feature = "crashpoints")]
 use std::sync::OnceLock;
 
 /// The environment variable naming the point (and optionally the volume).
 pub const ENV: &str = "CARINA_TEST_KILL_AT";
 
 /// The point and volume the environment asks for, read once.
+#[cfg(feature = "crashpoints")]
 fn target() -> Option<&'static (String, Option<String>)> {
     static TARGET: OnceLock<Option<(String, Option<String>)>> = OnceLock::new();
     TARGET
@@ -24,6 +31,7 @@ fn target() -> Option<&'static (String, Option<String>)> {
 }
 
 /// `point` or `point:volume`; empty parts ask for nothing.
+#[cfg_attr(not(feature = "crashpoints"), allow(dead_code))]
 fn parse(value: &str) -> Option<(String, Option<String>)> {
     let (point, volume) = match value.split_once(':') {
         Some((p, v)) => (p, (!v.is_empty()).then(|| v.to_string())),
@@ -32,12 +40,14 @@ fn parse(value: &str) -> Option<(String, Option<String>)> {
     (!point.is_empty()).then(|| (point.to_string(), volume))
 }
 
+#[cfg_attr(not(feature = "crashpoints"), allow(dead_code))]
 fn matches(target: &(String, Option<String>), point: &str, volume: &str) -> bool {
     target.0 == point && target.1.as_deref().is_none_or(|v| v == volume)
 }
 
 /// Kills this process with SIGKILL if the environment names `point` (and
 /// `volume`, when it names one); otherwise returns at once.
+#[cfg(feature = "crashpoints")]
 pub fn reach(point: &str, volume: &str) {
     let Some(target) = target() else {
         return;
@@ -54,6 +64,15 @@ pub fn reach(point: &str, volume: &str) {
         std::process::abort();
     }
 }
+
+/// Without the feature `crashpoints`: nothing, whatever the environment
+/// says.
+#[cfg(not(feature = "crashpoints"))]
+#[inline(always)]
+pub fn reach(_point: &str, _volume: &str) {}
+
+/// Whether this build honours [`ENV`] (the feature `crashpoints`).
+pub const ENABLED: bool = cfg!(feature = "crashpoints");
 
 #[cfg(test)]
 mod tests {

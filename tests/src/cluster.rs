@@ -163,6 +163,9 @@ pub struct NodeArgs {
     pub state_dir: PathBuf,
     /// Extra environment (e.g. `OTEL_*`).
     pub env: Vec<(String, String)>,
+    /// The workspace binary: `carina-node`, or `carina-node-crashpoints`
+    /// ([`NodeArgs::with_crashpoints`]).
+    pub binary: String,
 }
 
 impl NodeArgs {
@@ -190,7 +193,17 @@ impl NodeArgs {
             ca: pki.ca_pem.clone(),
             state_dir: dir.join("state"),
             env: Vec::new(),
+            binary: "carina-node".to_string(),
         })
+    }
+
+    /// The same node run as `carina-node-crashpoints`, the build that
+    /// honours `CARINA_TEST_KILL_AT` (built here on first use:
+    /// [`crate::process::crashpoints_node_binary`]).
+    pub fn with_crashpoints(mut self) -> Result<NodeArgs> {
+        crate::process::crashpoints_node_binary()?;
+        self.binary = crate::process::CRASHPOINTS_NODE.to_string();
+        Ok(self)
     }
 
     /// `127.0.0.1:<port>`, NodeStorage.
@@ -227,7 +240,7 @@ impl NodeArgs {
     /// Starts the node and waits for its CSI socket.
     pub async fn start(&self) -> Result<Service> {
         Service::start_with_env(
-            "carina-node",
+            &self.binary,
             &self.name,
             self.argv(),
             &self.env,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 /// A binary of this workspace, next to the test executable's target dir
 /// (`target/<profile>/<name>`). `cargo build --workspace --bins` makes them.
@@ -31,6 +31,57 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// The node binary that honours `CARINA_TEST_KILL_AT`: `carina-node` with
+/// the cargo feature `crashpoints`. `cargo build --workspace --bins` leaves
+/// it out (the feature is off there, as in every image).
+pub const CRASHPOINTS_NODE: &str = "carina-node-crashpoints";
+
+/// Builds [`CRASHPOINTS_NODE`] once per test process, beside the other
+/// workspace binaries (`cargo build -p carina-node --features crashpoints
+/// --bin carina-node-crashpoints`: only that binary is written, so the
+/// `carina-node` the other tests run keeps its default features), and
+/// returns its path.
+pub fn crashpoints_node_binary() -> Result<PathBuf> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| build_crashpoints_node().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn build_crashpoints_node() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let deps = exe.parent().context("test executable has no directory")?;
+    let profile_dir = if deps.ends_with("deps") {
+        deps.parent().context("deps without a parent")?
+    } else {
+        deps
+    };
+    let target_dir = profile_dir
+        .parent()
+        .context("profile directory without a parent")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "carina-node"])
+        .args(["--features", "crashpoints"])
+        .args(["--bin", CRASHPOINTS_NODE])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(other) => {
+            cmd.args(["--profile", other]);
+        }
+        None => bail!("{} has no profile name", profile_dir.display()),
+    }
+    let status = cmd.status().with_context(|| format!("run {cmd:?}"))?;
+    ensure!(status.success(), "{cmd:?} failed: {status}");
+    workspace_binary(CRASHPOINTS_NODE)
 }
 
 /// An upstream tool built by `tests/tools/build.sh`: the `env` variable if

@@ -12,7 +12,8 @@
 //!   re-created volume never shows what an older volume left on the disk.
 //!
 //! The kill is exact: `CARINA_TEST_KILL_AT=<point>:<volume>` makes the
-//! node SIGKILL itself at that step (`carina_sys::crashpoint`). A full or
+//! node SIGKILL itself at that step (`carina_sys::crashpoint`; the node
+//! runs as `carina-node-crashpoints`, the build that honours it). A full or
 //! read-only state directory is here too: the change is refused with
 //! UNAVAILABLE before anything is touched.
 
@@ -104,7 +105,8 @@ impl Rig {
             &config.to_string(),
             &dir.path().join("node"),
             &dir.path().join("node.log"),
-        )?;
+        )?
+        .with_crashpoints()?;
         let mut rig = Rig {
             service: None,
             args,

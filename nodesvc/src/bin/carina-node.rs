@@ -153,7 +153,7 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+pub async fn main() -> Result<()> {
     let args = Args::parse();
     let _telemetry = carina_proto::telemetry::init("carina-node")?;
     if let Err(e) = run(args).await {
