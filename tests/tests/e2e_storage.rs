@@ -9,16 +9,19 @@
 //! tests. Both print a table of ran, passed, failed and skipped tests per
 //! suite with the suite's skip reasons, keep the JUnit report in the test
 //! log folder, and fail if any test failed. What this machine cannot run is
-//! skipped by name ([`skip`]), each with its reason.
+//! skipped by name ([`skip`]), each with its reason. The subset also fails
+//! when ginkgo's `Ran N of M Specs` differs from the count it expects
+//! ([`SUBSET_SPECS`]): fewer specs ran than it knows of.
 //!
 //! Needs root and `tests/tools/build.sh etcd kube kubelet containerd
 //! crictl cni helm test-images e2e e2e-images`.
 
 use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
 use carina_tests::local::carina::{Carina, Layout, e2e_images, local_options, tool_path};
@@ -61,6 +64,57 @@ const SKIP_WITHOUT_SYS_RESOURCE: &str = concat!(
     r"|Generic Ephemeral-volume \(default fs\) \((late|immediate)-binding\)\] ephemeral should support expansion of pvcs created for ephemeral pvcs",
 );
 
+/// The specs `e2e_storage_subset` runs (ginkgo's `Ran N of M Specs`:
+/// passed and failed, not skipped), kept by hand from its last full run.
+/// The count is exact where [`SKIP_WITHOUT_PID1_MOUNT_NS`] applies (as on
+/// the test machines; [`SKIP_WITHOUT_SYS_RESOURCE`] names no test of the
+/// subset) and a floor elsewhere, where the volumeMode checks it names run
+/// too. Fewer is a failure: a spec the run knew of was skipped or never
+/// reached (a driver capability lost, an abort). More is one as well until
+/// the count here is updated after reading the report.
+const SUBSET_SPECS: usize = 13;
+
+/// What a run's `Ran N of M Specs` must say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expected {
+    Exactly(usize),
+    AtLeast(usize),
+    /// No count is kept (the whole suite): at least one spec.
+    Some,
+}
+
+impl Expected {
+    /// Checks the `ran` of a run against what is expected.
+    fn check(self, ran: usize) -> Result<()> {
+        match self {
+            Expected::Exactly(n) if ran < n => {
+                bail!(
+                    "ginkgo ran {ran} specs, {n} expected: {} did not run",
+                    n - ran
+                )
+            }
+            Expected::Exactly(n) if ran > n => bail!(
+                "ginkgo ran {ran} specs, {n} expected: update the expected count after reading the report"
+            ),
+            Expected::AtLeast(n) if ran < n => {
+                bail!("ginkgo ran {ran} specs, at least {n} expected")
+            }
+            Expected::Some if ran == 0 => bail!("ginkgo ran no spec"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The specs and the total of ginkgo's summary line `Ran N of M Specs in
+/// S seconds`.
+fn ran_specs(line: &str) -> Option<(usize, usize)> {
+    let rest = &line[line.find("Ran ")? + 4..];
+    let (ran, rest) = rest.split_once(" of ")?;
+    let (total, rest) = rest.split_once(' ')?;
+    rest.starts_with("Specs")
+        .then_some((ran.parse().ok()?, total.parse().ok()?))
+}
+
 /// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff).
 fn has_sys_resource() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -100,7 +154,7 @@ struct Counts {
     reasons: BTreeMap<String, usize>,
 }
 
-async fn run_suite(focus: &str, report_name: &str) -> Result<()> {
+async fn run_suite(focus: &str, report_name: &str, expected: Expected) -> Result<()> {
     let mut options = local_options()?;
     options
         .images
@@ -113,7 +167,7 @@ async fn run_suite(focus: &str, report_name: &str) -> Result<()> {
     std::fs::create_dir_all(&report_dir)?;
     let junit = report_dir.join("junit.xml");
     let e2e_dir = repo_root().join("tests/e2e");
-    let status = Command::new(&e2e)
+    let mut child = Command::new(&e2e)
         .current_dir(&e2e_dir)
         .args([
             format!(
@@ -136,8 +190,19 @@ async fn run_suite(focus: &str, report_name: &str) -> Result<()> {
             "--node-os-distro=debian".to_string(),
             "--minStartupPods=0".to_string(),
         ])
-        .status()
+        .stdout(Stdio::piped())
+        .spawn()
         .with_context(|| format!("run {}", e2e.display()))?;
+    // Its output passes through; the summary line is kept.
+    let mut ran = None;
+    let stdout = child.stdout.take().context("e2e.test's stdout")?;
+    for line in std::io::BufReader::new(stdout).split(b'\n') {
+        let line = line.context("read e2e.test's output")?;
+        let line = String::from_utf8_lossy(&line);
+        println!("{line}");
+        ran = ran_specs(&line).or(ran);
+    }
+    let status = child.wait().context("wait for e2e.test")?;
     let counts = read_junit(&junit)?;
     print_table(&counts);
     let failed: Vec<&String> = counts.values().flat_map(|c| &c.failures).collect();
@@ -145,7 +210,9 @@ async fn run_suite(focus: &str, report_name: &str) -> Result<()> {
         failed.is_empty() && status.success(),
         "e2e.test exited {status}; failed: {failed:#?}"
     );
-    Ok(())
+    let (ran, total) = ran.context("e2e.test printed no `Ran N of M Specs`")?;
+    println!("ginkgo ran {ran} of {total} specs ({expected:?} expected)");
+    expected.check(ran)
 }
 
 /// Per-suite counts of this driver's tests from ginkgo's JUnit report: a
@@ -245,7 +312,19 @@ async fn e2e_storage_subset() -> Result<()> {
     if !have_root("e2e_storage_subset") {
         return Ok(());
     }
-    run_suite(r"\] provisioning |\] volumes |\] volumeMode ", "e2e-subset").await
+    // Where PID 1's mount namespace opens, the checks skipped elsewhere
+    // run too: the count is a floor there.
+    let expected = if std::fs::File::open("/proc/1/ns/mnt").is_err() {
+        Expected::Exactly(SUBSET_SPECS)
+    } else {
+        Expected::AtLeast(SUBSET_SPECS)
+    };
+    run_suite(
+        r"\] provisioning |\] volumes |\] volumeMode ",
+        "e2e-subset",
+        expected,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +333,7 @@ async fn e2e_storage_full() -> Result<()> {
     if !have_root("e2e_storage_full") {
         return Ok(());
     }
-    run_suite(".", "e2e-full").await
+    run_suite(".", "e2e-full", Expected::Some).await
 }
 
 #[test]
@@ -337,4 +416,37 @@ fn the_sys_resource_skip_names_only_default_fs_growth() {
     ] {
         assert!(!skip.is_match(&name(pattern, test)), "{pattern} {test}");
     }
+}
+
+#[test]
+fn ginkgos_summary_line_is_read() {
+    assert_eq!(
+        ran_specs("Ran 13 of 7468 Specs in 402.110 seconds"),
+        Some((13, 7468))
+    );
+    assert_eq!(
+        ran_specs("  Ran 0 of 7468 Specs in 0.020 seconds"),
+        Some((0, 7468))
+    );
+    for line in [
+        "Ran 13 of 7468 tests",
+        "Ran x of 7468 Specs in 1 seconds",
+        "Ran 13 of Specs",
+        "STEP: Ran the pod",
+        "",
+    ] {
+        assert_eq!(ran_specs(line), None, "{line:?}");
+    }
+}
+
+#[test]
+fn fewer_specs_than_expected_fail() {
+    assert!(Expected::Exactly(13).check(13).is_ok());
+    let fewer = Expected::Exactly(13).check(12).expect_err("fewer");
+    assert!(fewer.to_string().contains("1 did not run"), "{fewer}");
+    assert!(Expected::Exactly(13).check(14).is_err(), "more, uncounted");
+    assert!(Expected::AtLeast(13).check(15).is_ok());
+    assert!(Expected::AtLeast(13).check(12).is_err());
+    assert!(Expected::Some.check(0).is_err());
+    assert!(Expected::Some.check(1).is_ok());
 }
