@@ -14,7 +14,7 @@ rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-declare -A PASS FAIL
+declare -A PASS FAIL SKIP
 runs_failed=0
 start=$SECONDS
 for i in $(seq 1 "$n"); do
@@ -22,10 +22,19 @@ for i in $(seq 1 "$n"); do
   mkdir -p "$run_dir"
   CARINA_TEST_LOG_DIR="$run_dir" hack/test.sh "$tier" >"$run_dir/output.log" 2>&1
   rc=$?
+  # Tests that returned early (carina_tests::skip): libtest says ok.
+  declare -A skipped=()
+  if [ -s "$run_dir/$tier.skipped" ]; then
+    while IFS=$'\t' read -r _ name _; do skipped[$name]=1; done <"$run_dir/$tier.skipped"
+  fi
   # libtest's per-test lines: `test <name> ... ok` / `... FAILED`.
   while read -r name result; do
     case $result in
-      ok) PASS[$name]=$(( ${PASS[$name]:-0} + 1 )) ;;
+      ok) if [ -n "${skipped[$name]:-}" ]; then
+            SKIP[$name]=$(( ${SKIP[$name]:-0} + 1 ))
+          else
+            PASS[$name]=$(( ${PASS[$name]:-0} + 1 ))
+          fi ;;
       FAILED) FAIL[$name]=$(( ${FAIL[$name]:-0} + 1 )) ;;
     esac
   done < <(sed -n 's/^test \([^ ]*\) \.\.\. \(ok\|FAILED\)$/\1 \2/p' "$run_dir/output.log")
@@ -44,13 +53,13 @@ done
 
 echo
 echo "=== $tier tier, $n runs in $(( (SECONDS - start) / 60 )) min"
-printf '%-70s %6s %6s\n' test passed failed
-total_pass=0 total_fail=0
-for name in $(printf '%s\n' "${!PASS[@]}" "${!FAIL[@]}" | sort -u); do
-  p=${PASS[$name]:-0} f=${FAIL[$name]:-0}
-  total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
-  printf '%-70s %6s %6s\n' "$name" "$p" "$f"
+printf '%-70s %6s %6s %7s\n' test passed failed skipped
+total_pass=0 total_fail=0 total_skip=0
+for name in $(printf '%s\n' "${!PASS[@]}" "${!FAIL[@]}" "${!SKIP[@]}" | sort -u); do
+  p=${PASS[$name]:-0} f=${FAIL[$name]:-0} s=${SKIP[$name]:-0}
+  total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
+  printf '%-70s %6s %6s %7s\n' "$name" "$p" "$f" "$s"
 done
 echo "runs: $((n - runs_failed)) of $n passed"
-echo "$total_pass passed, $total_fail failed"
+echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [ "$runs_failed" -eq 0 ]

@@ -60,3 +60,58 @@ pub fn blocked_on_a_lock(pid: u32) -> bool {
         f.get(1) == Some(&"->") && f.get(5) == Some(&pid.to_string().as_str())
     })
 }
+
+/// Whether a process started by `ancestor` (its child, grandchild ...)
+/// waits for a file lock: e.g. a node's `lvm` waiting on a held VG lock,
+/// which shows that the node is in the middle of the command.
+pub fn a_descendant_waits(ancestor: u32) -> bool {
+    let locks = std::fs::read_to_string("/proc/locks").expect("/proc/locks");
+    locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(1) != Some(&"->") {
+                return None;
+            }
+            f.get(5)?.parse::<u32>().ok()
+        })
+        .any(|pid| descends_from(pid, ancestor))
+}
+
+/// Whether `ancestor` is `pid`'s parent, grandparent, ... (from /proc).
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..64 {
+        let Some(parent) = parent_of(pid) else {
+            return false;
+        };
+        if parent == ancestor {
+            return true;
+        }
+        if parent <= 1 {
+            return false;
+        }
+        pid = parent;
+    }
+    false
+}
+
+/// The parent pid of `pid` (field 4 of /proc/<pid>/stat), if it runs.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_descends_from_its_parent_not_from_a_child() {
+        let me = std::process::id();
+        let parent = parent_of(me).expect("a parent");
+        assert!(descends_from(me, parent));
+        assert!(!descends_from(parent, me));
+        assert!(!a_descendant_waits(me), "nothing of this test waits");
+    }
+}

@@ -274,6 +274,8 @@ async fn a_pod_deleted_while_its_limits_are_applied() {
     }
     let engine = f.engine.clone();
     let (uid, name) = (pod.uid.clone(), v.name.clone());
+    let sets_ok = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = sets_ok.clone();
     // Sets back to back while the pod's cgroup is removed under them:
     // each answer is success or NOT_FOUND, never a failure of the node.
     // Once NOT_FOUND, always NOT_FOUND: the sets stop after five of them.
@@ -285,7 +287,10 @@ async fn a_pod_deleted_while_its_limits_are_applied() {
                 ..Limits::default()
             };
             match engine.set_pod_io_limits(&uid, &name, limits).await {
-                Ok(_) if outcomes.1 == 0 => outcomes.0 += 1,
+                Ok(_) if outcomes.1 == 0 => {
+                    outcomes.0 += 1;
+                    seen.store(outcomes.0, std::sync::atomic::Ordering::SeqCst);
+                }
                 Ok(_) => panic!("set {n} succeeded after the pod was gone"),
                 Err(Error::PodNotFound { .. }) => outcomes.1 += 1,
                 Err(e) => panic!("set {n}: {e}"),
@@ -296,7 +301,12 @@ async fn a_pod_deleted_while_its_limits_are_applied() {
         }
         outcomes
     });
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    // The removal starts once the sets are running.
+    carina_tests::wait_until("a set succeeds", std::time::Duration::from_secs(60), || {
+        sets_ok.load(std::sync::atomic::Ordering::SeqCst) > 0
+    })
+    .await
+    .expect("the setter runs");
     tokio::task::spawn_blocking({
         let pod_dir = pod.pod.clone();
         move || {

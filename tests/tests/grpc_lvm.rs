@@ -97,9 +97,16 @@ async fn lvm_volume_over_grpc_and_aborted_concurrent_operation() {
         let req = create_lv("held", &group, 8 * MIB);
         async move { c.create_lv(req).await }
     });
-    // Let the first call reach the engine and take the volume's lock (it
-    // then waits for LVM, which waits for our lock).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first call reaches the engine and takes the volume's lock; it
+    // then waits for LVM, whose lvcreate (in this process's lvm shell)
+    // waits for our lock.
+    carina_tests::wait_until(
+        "the first create's lvcreate waits for the VG lock",
+        HANG_GUARD,
+        || carina_tests::lvmlock::a_descendant_waits(std::process::id()),
+    )
+    .await
+    .expect("the first create reaches LVM");
     assert!(!first.is_finished(), "the first create waits for LVM");
     let second = tokio::time::timeout(
         HANG_GUARD,
