@@ -190,12 +190,12 @@ proptest! {
             ])
         });
         let user = UserInfo { username: Some(username.clone()), extra, ..Default::default() };
-        if let Ok((pod, uid)) = review::bound_pod(&user, &expected) {
+        if let Ok(pod) = review::bound_pod(&user, &expected) {
             prop_assert_eq!(username, expected.username());
             prop_assert!(with_extras);
             prop_assert_eq!(&pod_names, &vec![pod.name.clone()]);
-            prop_assert_eq!(&pod_uids, &vec![uid.clone()]);
-            prop_assert!(!pod.name.is_empty() && !uid.is_empty());
+            prop_assert_eq!(&pod_uids, &vec![pod.uid.clone()]);
+            prop_assert!(!pod.name.is_empty() && !pod.uid.is_empty());
             prop_assert_eq!(pod.namespace, expected.namespace);
         }
     }

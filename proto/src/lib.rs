@@ -26,6 +26,7 @@ mod generated {
     }
 }
 
+pub mod anchors;
 pub mod devcerts;
 pub mod metrics;
 pub mod telemetry;

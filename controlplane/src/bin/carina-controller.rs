@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use carina_controlplane::direct::DirectProvisioner;
-use carina_controlplane::identity::review::ServiceAccountRef;
+use carina_controlplane::identity::limit::{DEFAULT_BURST, RateSettings};
+use carina_controlplane::identity::review::{DEFAULT_NODE_DAEMONSET, ServiceAccountRef};
 use carina_controlplane::identity::store::CaLocation;
 use carina_controlplane::identity::{self, DEFAULT_AUDIENCE, IdentityConfig, parse_ttl};
 use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
@@ -208,6 +209,23 @@ struct Args {
     #[arg(long, env = "CARINA_IDENTITY_NODE_SERVICE_ACCOUNT")]
     identity_node_service_account: Option<String>,
 
+    /// Kube mode: the DaemonSet (in the node ServiceAccount's namespace)
+    /// that must control a pod asking for a node certificate.
+    #[arg(long, env = "CARINA_IDENTITY_NODE_DAEMONSET", default_value = DEFAULT_NODE_DAEMONSET)]
+    identity_node_daemonset: String,
+
+    /// Kube mode: certificates one node (and one pod) may be issued at
+    /// once; past them, one per --identity-rate-interval, and further
+    /// requests are answered RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CARINA_IDENTITY_RATE_BURST", default_value_t = DEFAULT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    identity_rate_burst: u32,
+
+    /// Kube mode: one more certificate per node and pod every interval
+    /// (90s, 15m; default: a third of --identity-cert-ttl, at most 1m, so
+    /// renewals at two thirds never run out).
+    #[arg(long, env = "CARINA_IDENTITY_RATE_INTERVAL", value_parser = parse_interval)]
+    identity_rate_interval: Option<Duration>,
+
     /// Kube mode: lifetime of issued certificates (90s, 15m, 24h, 7d);
     /// they are renewed at two thirds of it.
     #[arg(long, env = "CARINA_IDENTITY_CERT_TTL", default_value = "24h", value_parser = parse_ttl)]
@@ -343,6 +361,15 @@ fn own_client_cert(args: &Args) -> Result<bool> {
     }
 }
 
+/// A rate interval: a lifetime as `--identity-cert-ttl` takes, or `0s`
+/// (no limit).
+fn parse_interval(input: &str) -> Result<Duration, String> {
+    if input.trim().trim_end_matches('s') == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_ttl(input)
+}
+
 /// The identity settings from the flags.
 fn identity_config(args: &Args, own_client_cert: bool) -> Result<IdentityConfig> {
     let sa = args
@@ -360,6 +387,13 @@ fn identity_config(args: &Args, own_client_cert: bool) -> Result<IdentityConfig>
         listen: args.identity_listen,
         audience: args.identity_audience.clone(),
         node_service_account,
+        node_daemonset: args.identity_node_daemonset.clone(),
+        rate: RateSettings {
+            burst: args.identity_rate_burst,
+            interval: args
+                .identity_rate_interval
+                .unwrap_or(RateSettings::for_ttl(args.identity_cert_ttl).interval),
+        },
         cert_ttl: args.identity_cert_ttl,
         extra_server_names: args
             .identity_server_names
@@ -613,6 +647,14 @@ mod tests {
         assert_eq!(args.identity_audience, "carina.storage.io/node-identity");
         assert_eq!(args.identity_cert_ttl, Duration::from_secs(24 * 3600));
         let config = identity_config(&args, true).expect("config");
+        assert_eq!(config.node_daemonset, "carina-node");
+        assert_eq!(
+            config.rate,
+            RateSettings {
+                burst: 5,
+                interval: Duration::from_secs(60)
+            }
+        );
         assert_eq!(
             config.node_service_account.username(),
             "system:serviceaccount:kube-system:carina-node"
@@ -635,6 +677,25 @@ mod tests {
         assert_eq!(args.identity_cert_ttl, Duration::from_secs(90));
         assert_eq!(args.identity_server_names, ["localhost", "carina.example"]);
         let config = identity_config(&args, false).expect("config");
+        assert_eq!(
+            config.rate.interval,
+            Duration::from_secs(30),
+            "a third of 90s"
+        );
+        let fixed = Args::try_parse_from([
+            "carina-controller",
+            "--identity-rate-burst=2",
+            "--identity-rate-interval=0s",
+        ])
+        .expect("parses");
+        assert_eq!(
+            identity_config(&fixed, true).expect("config").rate,
+            RateSettings {
+                burst: 2,
+                interval: Duration::ZERO
+            }
+        );
+        assert!(Args::try_parse_from(["carina-controller", "--identity-rate-burst=0"]).is_err());
         assert_eq!(
             config.node_service_account.to_string(),
             "carina:carina-node"

@@ -24,6 +24,7 @@ use rcgen::{
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use x509_parser::pem::Pem;
+use x509_parser::prelude::{FromDer, X509Certificate};
 
 use carina_proto::tls::spiffe_id;
 
@@ -203,6 +204,56 @@ impl ClusterCa {
         &self.bundle_pem
     }
 
+    /// A cross-certificate that endorses the CA certificate `anchor` (DER):
+    /// its subject and public key, a CA, signed by this CA, valid as long
+    /// as `anchor` is. A node that trusts this CA takes `anchor` as a new
+    /// trust anchor on its word (`carina_proto::anchors`).
+    pub fn endorse(&self, anchor: &[u8]) -> Result<String, CaError> {
+        let (_, cert) = X509Certificate::from_der(anchor)
+            .map_err(|e| invalid("the CA to endorse", e.to_string()))?;
+        let spki = rcgen::SubjectPublicKeyInfo::from_der(cert.tbs_certificate.subject_pki.raw)
+            .map_err(rcgen_err("read the public key of the CA to endorse"))?;
+        let mut params = self.leaf(
+            "",
+            cert.tbs_certificate.subject_pki.raw,
+            GENERATED_CA_VALIDITY,
+        );
+        let mut dn = DistinguishedName::new();
+        for attr in cert.subject().iter_attributes() {
+            let oid: Vec<u64> = attr
+                .attr_type()
+                .iter()
+                .map(Iterator::collect)
+                .unwrap_or_default();
+            let value = attr
+                .as_str()
+                .map_err(|e| invalid("the CA to endorse", format!("subject: {e}")))?;
+            dn.push(DnType::from_oid(&oid), value);
+        }
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.not_after = cert.validity().not_after.to_datetime();
+        let subject = cert.subject().to_string();
+        Ok(params
+            .signed_by(&spki, &self.issuer)
+            .map_err(rcgen_err(format!("endorse the CA {subject}")))?
+            .pem())
+    }
+
+    /// The DER of the signing certificate (the first of `tls.crt`).
+    pub fn signing_cert_der(&self) -> Vec<u8> {
+        Pem::iter_from_buffer(self.cert_pem.as_bytes())
+            .next()
+            .and_then(Result::ok)
+            .map(|p| p.contents)
+            .unwrap_or_default()
+    }
+
     /// A server certificate for node `node_name` (its only DNS SAN and
     /// common name, extended key usage serverAuth) over `public_key`,
     /// valid for `ttl`.
@@ -326,7 +377,6 @@ fn with_newline(pem: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use x509_parser::prelude::{FromDer, X509Certificate};
 
     fn leaf_of(chain: &str) -> Vec<u8> {
         Pem::iter_from_buffer(chain.as_bytes())

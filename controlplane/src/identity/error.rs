@@ -5,7 +5,8 @@
 //! | --- | --- |
 //! | a missing or malformed field, a CSR asking for more than the node's name | `INVALID_ARGUMENT` |
 //! | no token, or a token Kubernetes does not accept (expired, another audience, its pod gone) | `UNAUTHENTICATED` |
-//! | a valid token that may not have this certificate (another ServiceAccount, no pod, a pod on another node) | `PERMISSION_DENIED` |
+//! | a valid token that may not have this certificate (another ServiceAccount, no pod, a pod on another node, a pod the node DaemonSet does not control, a terminating or finished pod) | `PERMISSION_DENIED` |
+//! | more certificates for one node or one pod than the rate limit allows | `RESOURCE_EXHAUSTED` |
 //! | the Kubernetes API could not be asked | `UNAVAILABLE` |
 //! | the CA could not sign | `INTERNAL` |
 
@@ -46,6 +47,23 @@ pub enum Refusal {
     },
     #[error("token: its pod {pod} is not scheduled to a node, so not to {node:?}")]
     NotScheduled { pod: String, node: String },
+    #[error("token: its pod {pod} is not controlled by DaemonSet {daemonset}: {found}")]
+    NotDaemonSetPod {
+        pod: String,
+        daemonset: String,
+        found: String,
+    },
+    #[error("token: its pod {pod} is {state}; only a running node pod gets a certificate")]
+    PodNotRunning { pod: String, state: String },
+    #[error(
+        "rate limit: {what} {key:?} was issued its allowance of certificates; retry in {}s",
+        .retry_after.as_secs().max(1)
+    )]
+    RateLimited {
+        what: &'static str,
+        key: String,
+        retry_after: std::time::Duration,
+    },
     #[error("cannot check the token: {what}: {source}")]
     Kubernetes {
         what: String,
@@ -69,7 +87,10 @@ impl Refusal {
             | Refusal::PodGone { .. }
             | Refusal::PodReplaced { .. }
             | Refusal::WrongNode { .. }
-            | Refusal::NotScheduled { .. } => Code::PermissionDenied,
+            | Refusal::NotScheduled { .. }
+            | Refusal::NotDaemonSetPod { .. }
+            | Refusal::PodNotRunning { .. } => Code::PermissionDenied,
+            Refusal::RateLimited { .. } => Code::ResourceExhausted,
             Refusal::Kubernetes { .. } => Code::Unavailable,
             Refusal::Sign(_) => Code::Internal,
         }
@@ -104,5 +125,12 @@ mod tests {
         });
         assert_eq!(csr.code(), Code::InvalidArgument);
         assert!(csr.to_string().starts_with("csr_pem:"));
+        let limited = Status::from(Refusal::RateLimited {
+            what: "node",
+            key: "node-a".into(),
+            retry_after: std::time::Duration::from_millis(1500),
+        });
+        assert_eq!(limited.code(), Code::ResourceExhausted);
+        assert!(limited.message().contains("retry in 1s"), "{limited:?}");
     }
 }

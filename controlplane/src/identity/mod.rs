@@ -7,8 +7,10 @@
 //! node name with its pod's projected ServiceAccount token to the issuing
 //! endpoint `carina.identity.v1.NodeIdentity` ([`server`]); the token is
 //! checked with TokenReview and the pod it is bound to must run on that
-//! node ([`review`]); the CSR may ask for nothing else ([`csr`]); the CA
-//! signs a short-lived server certificate ([`ca`]). Refusals carry a
+//! node, be controlled by the node DaemonSet and not be terminating
+//! ([`review`]); the CSR may ask for nothing else ([`csr`]); one node and
+//! one pod get at most a few certificates at once, then one per interval
+//! ([`limit`]); the CA signs a short-lived server certificate ([`ca`]). Refusals carry a
 //! precise status ([`error`]). The controller's own client certificate
 //! and the issuer's server certificate come from the same CA and are
 //! renewed in memory ([`own`]).
@@ -17,7 +19,9 @@
 
 pub mod ca;
 pub mod csr;
+pub mod endorse;
 pub mod error;
+pub mod limit;
 pub mod own;
 pub mod review;
 pub mod server;
@@ -33,6 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use self::limit::RateSettings;
 use self::own::OwnCertError;
 use self::review::{KubeTokenChecker, ServiceAccountRef};
 use self::server::IdentityService;
@@ -48,7 +53,7 @@ pub const DEFAULT_CERT_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const MIN_CERT_TTL: Duration = Duration::from_secs(3);
 
 /// How often the published CA ConfigMap is checked.
-pub const REPUBLISH_INTERVAL: Duration = Duration::from_secs(60);
+pub const REPUBLISH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What the controller's identity work needs.
 #[derive(Debug, Clone)]
@@ -61,6 +66,11 @@ pub struct IdentityConfig {
     pub audience: String,
     /// The only ServiceAccount whose tokens are accepted.
     pub node_service_account: ServiceAccountRef,
+    /// The DaemonSet (in the ServiceAccount's namespace) that must control
+    /// the token's pod.
+    pub node_daemonset: String,
+    /// How many certificates one node and one pod may get.
+    pub rate: RateSettings,
     /// Lifetime of every certificate issued (nodes, the controller's own).
     pub cert_ttl: Duration,
     /// DNS names of the issuer's certificate besides the Service's.
@@ -107,12 +117,11 @@ pub async fn start(
     stop: watch::Receiver<bool>,
 ) -> Result<Started, IdentityError> {
     let ca = Arc::new(store::load_or_create_ca(&client, &config.ca).await?);
-    store::publish_ca(&client, &config.ca, ca.bundle_pem()).await?;
+    store::publish_ca(&client, &config.ca, &ca, None).await?;
     let mut tasks = vec![tokio::spawn(store::keep_published(
         client.clone(),
         config.ca.clone(),
-        ca.cert_pem().to_string(),
-        ca.bundle_pem().to_string(),
+        ca.clone(),
         REPUBLISH_INTERVAL,
         stop.clone(),
     ))];
@@ -154,8 +163,9 @@ pub async fn start(
                 client.clone(),
                 config.audience.clone(),
                 config.node_service_account.clone(),
+                config.node_daemonset.clone(),
             );
-            let service = IdentityService::new(ca.clone(), checker, config.cert_ttl);
+            let service = IdentityService::new(ca.clone(), checker, config.cert_ttl, config.rate);
             let mut stop = stop.clone();
             tasks.push(tokio::spawn(async move {
                 let shutdown = async move {
@@ -169,6 +179,9 @@ pub async fn start(
                 identity.listen = %bound,
                 identity.audience = %config.audience,
                 identity.service_account = %config.node_service_account,
+                identity.daemonset = %config.node_daemonset,
+                identity.rate_burst = config.rate.burst,
+                identity.rate_interval = ?config.rate.interval,
                 identity.cert_ttl = ?config.cert_ttl,
                 identity.server_names = ?names,
                 "serving the node identity issuer"

@@ -3,13 +3,14 @@
 //! [`IdentityService`] validates the request at the edge (`node_name` a
 //! DNS name, `csr_pem` a request for that name only, a token present),
 //! then asks its [`TokenChecker`] whether the token's pod runs on that
-//! node, then signs. Each issuance is logged at info (node, pod,
+//! node, then charges the node's and the pod's rate limit ([`RateLimit`]),
+//! then signs. Each issuance is logged at info (node, pod,
 //! not_after); each refusal at warn with its code and reason, and answered
 //! with the status of `error.rs`.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use carina_proto::identity::node_identity_server::{NodeIdentity, NodeIdentityServer};
 use carina_proto::identity::{IssueCertificateRequest, IssueCertificateResponse};
@@ -24,6 +25,7 @@ use tracing::Instrument;
 use super::ca::ClusterCa;
 use super::csr::check_csr;
 use super::error::Refusal;
+use super::limit::{RateLimit, RateSettings};
 use super::review::{PodIdentity, TokenChecker};
 
 /// `NodeIdentity` over a CA and a token checker.
@@ -32,13 +34,35 @@ pub struct IdentityService<C> {
     ca: Arc<ClusterCa>,
     checker: C,
     ttl: Duration,
+    limit: RateLimit,
 }
 
 impl<C: TokenChecker> IdentityService<C> {
     /// Signs certificates valid for `ttl` with `ca` for callers `checker`
-    /// accepts.
-    pub fn new(ca: Arc<ClusterCa>, checker: C, ttl: Duration) -> Self {
-        IdentityService { ca, checker, ttl }
+    /// accepts, at most as often as `rate` allows per node and per pod.
+    pub fn new(ca: Arc<ClusterCa>, checker: C, ttl: Duration, rate: RateSettings) -> Self {
+        IdentityService {
+            ca,
+            checker,
+            ttl,
+            limit: RateLimit::new(rate),
+        }
+    }
+
+    /// Charges one certificate to the node and to the pod.
+    fn charge(&self, node: &str, pod: &PodIdentity) -> Result<(), Refusal> {
+        let (node_key, pod_key) = (format!("node/{node}"), format!("pod/{}", pod.uid));
+        self.limit
+            .try_take(&[&node_key, &pod_key], Instant::now())
+            .map_err(|(which, retry_after)| Refusal::RateLimited {
+                what: if which == 0 { "node" } else { "pod" },
+                key: if which == 0 {
+                    node.to_string()
+                } else {
+                    pod.to_string()
+                },
+                retry_after,
+            })
     }
 
     pub fn into_server(self) -> NodeIdentityServer<Self> {
@@ -61,6 +85,7 @@ impl<C: TokenChecker> IdentityService<C> {
             return Err(Refusal::NoToken);
         }
         let pod = self.checker.check(req.token.trim(), &req.node_name).await?;
+        self.charge(&req.node_name, &pod)?;
         let issued = self
             .ca
             .sign_node(&req.node_name, &csr.public_key, self.ttl)?;
@@ -175,6 +200,17 @@ mod tests {
                 ("good", "node-a") => Ok(PodIdentity {
                     namespace: "kube-system".into(),
                     name: "carina-node-x".into(),
+                    uid: "uid-x".into(),
+                }),
+                ("other-pod", "node-a") => Ok(PodIdentity {
+                    namespace: "kube-system".into(),
+                    name: "carina-node-y".into(),
+                    uid: "uid-y".into(),
+                }),
+                ("other-pod", "node-b") => Ok(PodIdentity {
+                    namespace: "kube-system".into(),
+                    name: "carina-node-y".into(),
+                    uid: "uid-y".into(),
                 }),
                 ("good", other) => Err(Refusal::WrongNode {
                     pod: "kube-system/carina-node-x".into(),
@@ -209,7 +245,58 @@ mod tests {
 
     fn service() -> IdentityService<FixedChecker> {
         let ca = Arc::new(ClusterCa::generate("ca").expect("CA"));
-        IdentityService::new(ca, FixedChecker, Duration::from_secs(600))
+        IdentityService::new(
+            ca,
+            FixedChecker,
+            Duration::from_secs(600),
+            RateSettings::for_ttl(Duration::from_secs(600)),
+        )
+    }
+
+    #[tokio::test]
+    async fn too_many_certificates_for_a_node_or_a_pod_are_refused() {
+        let ca = Arc::new(ClusterCa::generate("ca").expect("CA"));
+        let rate = RateSettings {
+            burst: 2,
+            interval: Duration::from_secs(3600),
+        };
+        let svc = IdentityService::new(ca, FixedChecker, Duration::from_secs(600), rate);
+        for _ in 0..2 {
+            svc.issue_certificate(request("node-a", csr_for("node-a"), "good"))
+                .await
+                .expect("within the burst");
+        }
+        let status = svc
+            .issue_certificate(request("node-a", csr_for("node-a"), "good"))
+            .await
+            .expect_err("over the limit");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("node \"node-a\""), "{status:?}");
+        // Another pod on the same node: the node's allowance is spent.
+        let status = svc
+            .issue_certificate(request("node-a", csr_for("node-a"), "other-pod"))
+            .await
+            .expect_err("the node is over the limit");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        // Refusals before the token check charge nothing: node-b is fresh,
+        // and the pod was not charged by the refused call above.
+        for _ in 0..2 {
+            let refused = svc
+                .issue_certificate(request("node-b", csr_for("node-b"), "bad"))
+                .await
+                .expect_err("bad token");
+            assert_eq!(refused.code(), Code::Unauthenticated);
+        }
+        for _ in 0..2 {
+            svc.issue_certificate(request("node-b", csr_for("node-b"), "other-pod"))
+                .await
+                .expect("the pod's and node-b's allowance");
+        }
+        let status = svc
+            .issue_certificate(request("node-b", csr_for("node-b"), "other-pod"))
+            .await
+            .expect_err("over the limit");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     }
 
     #[tokio::test]

@@ -7,10 +7,13 @@
 //!   every replica ends with the same CA. A Secret the user provides
 //!   (cert-manager, their own PKI) is used as it is, never rewritten.
 //! - [`publish_ca`]: creates or updates the ConfigMap's `ca.crt` (the
-//!   trust anchors, nothing secret) when it differs.
+//!   trust anchors, nothing secret) and `ca-endorsements.crt` (the
+//!   cross-certificates that let nodes move to new anchors, see
+//!   `endorse.rs`) when they differ.
 //! - [`keep_published`]: re-checks both every interval until stopped: a
 //!   deleted or edited ConfigMap is put back; a Secret whose CA differs
-//!   from the one in use is reported (the replacement takes effect when
+//!   from the one in use is endorsed with the CA in use (still in memory)
+//!   and published beside it, and reported (issuing from it starts when
 //!   the controllers restart).
 //!
 //! Verbs used: `secrets get,create`, `configmaps get,create,update`.
@@ -25,6 +28,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
 
 use super::ca::{CaError, ClusterCa};
+use super::endorse::{ENDORSEMENTS_KEY, Publication, publication};
 
 /// The ConfigMap key holding the CA certificate(s).
 pub const CA_CONFIGMAP_KEY: &str = "ca.crt";
@@ -163,35 +167,56 @@ pub async fn load_or_create_ca(client: &Client, at: &CaLocation) -> Result<Clust
     }
 }
 
-/// Makes the ConfigMap at `at` hold `bundle_pem` as `ca.crt`; returns
-/// whether it had to be written.
+/// Makes the ConfigMap at `at` hold what `ca` (and the CA of the Secret,
+/// `successor`, when it differs) should publish ([`publication`]: the
+/// endorsements already published are read back); returns whether it had
+/// to be written.
 pub async fn publish_ca(
     client: &Client,
     at: &CaLocation,
-    bundle_pem: &str,
+    ca: &ClusterCa,
+    successor: Option<&ClusterCa>,
 ) -> Result<bool, StoreError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
     let name = at.configmap_name();
-    let data = BTreeMap::from([(CA_CONFIGMAP_KEY.to_string(), bundle_pem.to_string())]);
-    match api
+    let found = api
         .get_opt(&at.configmap)
         .await
-        .map_err(api_err(format!("get ConfigMap {name}")))?
-    {
-        Some(current)
-            if current
-                .data
-                .as_ref()
-                .and_then(|d| d.get(CA_CONFIGMAP_KEY))
-                .is_some_and(|v| v == bundle_pem) =>
-        {
-            Ok(false)
-        }
+        .map_err(api_err(format!("get ConfigMap {name}")))?;
+    let value = |key: &str| {
+        found
+            .as_ref()
+            .and_then(|c| c.data.as_ref())
+            .and_then(|d| d.get(key))
+            .cloned()
+    };
+    let Publication {
+        bundle_pem,
+        endorsements_pem,
+        endorsed,
+    } = publication(ca, &value(ENDORSEMENTS_KEY).unwrap_or_default(), successor).map_err(
+        |source| StoreError::Ca {
+            secret: at.secret_name(),
+            source,
+        },
+    )?;
+    for subject in &endorsed {
+        tracing::warn!(
+            carina.ca.secret = %at.secret_name(),
+            carina.ca.endorsed = %subject,
+            "the CA Secret holds a new CA: endorsed it with the CA in use and published both, so the nodes trust it; restart the controllers to issue from it"
+        );
+    }
+    let data = BTreeMap::from([
+        (CA_CONFIGMAP_KEY.to_string(), bundle_pem.clone()),
+        (ENDORSEMENTS_KEY.to_string(), endorsements_pem.clone()),
+    ]);
+    let same = value(CA_CONFIGMAP_KEY).as_deref() == Some(bundle_pem.as_str())
+        && value(ENDORSEMENTS_KEY).unwrap_or_default() == endorsements_pem;
+    match found {
+        Some(_) if same => Ok(false),
         Some(mut current) => {
-            current
-                .data
-                .get_or_insert_with(BTreeMap::new)
-                .insert(CA_CONFIGMAP_KEY.to_string(), bundle_pem.to_string());
+            current.data.get_or_insert_with(BTreeMap::new).extend(data);
             // Update (not patch) carries the resourceVersion read above: a
             // concurrent writer makes this fail and the next round retry.
             api.replace(&at.configmap, &PostParams::default(), &current)
@@ -228,14 +253,14 @@ pub async fn publish_ca(
     }
 }
 
-/// Every `interval` until `stop`: puts the ConfigMap back to `bundle_pem`
-/// if it changed, and warns when the Secret no longer holds the CA in use.
-/// Errors are logged and tried again next round.
+/// Every `interval` until `stop`: reads the Secret, and puts the ConfigMap
+/// back to what `ca` publishes (with the Secret's CA endorsed beside it
+/// when the Secret holds another one); warns when the Secret no longer
+/// holds the CA in use. Errors are logged and tried again next round.
 pub async fn keep_published(
     client: Client,
     at: CaLocation,
-    in_use_cert_pem: String,
-    bundle_pem: String,
+    ca: std::sync::Arc<ClusterCa>,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -246,15 +271,12 @@ pub async fn keep_published(
             _ = stop.wait_for(|s| *s) => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        if let Err(e) = publish_ca(&client, &at, &bundle_pem).await {
-            tracing::warn!(error = %e, "cannot publish the CA certificate; trying again");
-        }
-        match secrets.get_opt(&at.secret).await {
+        let successor = match secrets.get_opt(&at.secret).await {
             Ok(secret) => {
                 let same = secret
                     .as_ref()
                     .and_then(|s| text(s, TLS_CRT))
-                    .is_some_and(|crt| crt.trim() == in_use_cert_pem.trim());
+                    .is_some_and(|crt| crt.trim() == ca.cert_pem().trim());
                 if !same && !warned {
                     tracing::warn!(
                         carina.ca.secret = %at.secret_name(),
@@ -262,8 +284,24 @@ pub async fn keep_published(
                     );
                 }
                 warned = !same;
+                match secret.filter(|_| !same) {
+                    Some(s) => match ca_from_secret(&s, &at.secret_name()) {
+                        Ok(next) => Some(next),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the CA Secret holds no usable CA: not endorsed");
+                            None
+                        }
+                    },
+                    None => None,
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot read the CA Secret; trying again"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the CA Secret; trying again");
+                None
+            }
+        };
+        if let Err(e) = publish_ca(&client, &at, &ca, successor.as_ref()).await {
+            tracing::warn!(error = %e, "cannot publish the CA certificate; trying again");
         }
     }
 }

@@ -74,7 +74,10 @@ struct Args {
     tls_key: Option<PathBuf>,
 
     /// CA that signs client certificates (PEM); reloaded when it changes.
-    /// With --identity-issuer it also verifies the issuer.
+    /// With --identity-issuer it also verifies the issuer, and a changed
+    /// bundle is taken only if a CA the node trusts endorses each new CA
+    /// in it (ca-endorsements.crt beside it; the trusted bundle is pinned
+    /// in --state-dir).
     #[arg(long, env = "CARINA_TLS_CA")]
     tls_ca: PathBuf,
 
@@ -352,6 +355,7 @@ async fn issued_tls(
         node_name: args.node_name.clone(),
         token_file: args.identity_token_file.clone(),
         ca_file: args.tls_ca.clone(),
+        pin_file: Some(args.state_dir.join(identity::trust::PIN_FILE)),
         backoff: Backoff::default(),
         metrics,
     };
@@ -361,9 +365,10 @@ async fn issued_tls(
         "asking the issuer for the node certificate; NodeStorage is served once it arrives"
     );
     let mut waiting = stop.clone();
-    let (first, config) = identity::obtain(&options, &mut waiting).await?;
+    let mut trust = options.trusted_ca();
+    let (first, config) = identity::obtain(&options, &mut trust, &mut waiting).await?;
     let (updater, tls) = ReloadingServerConfig::updatable(config);
-    tokio::spawn(identity::keep_renewed(options, first, updater, stop));
+    tokio::spawn(identity::keep_renewed(options, trust, first, updater, stop));
     Some(tls)
 }
 

@@ -9,13 +9,17 @@
 //! the certificate in force: it asks for a new one (with a new key) two
 //! thirds into the lifetime, retrying with backoff while the old one is
 //! still served, and rebuilds the server TLS config when the certificate
-//! or the CA file (`--tls-ca`, the mounted CA ConfigMap) changes. New
-//! connections use the new config, established ones keep theirs, and the
-//! process never restarts. The key never leaves memory.
+//! or the trusted CA bundle changes. The bundle comes from the CA file
+//! (`--tls-ca`, the mounted CA ConfigMap), but only as far as [`trust`]
+//! lets it: a bundle rewritten without a trusted CA's key is refused and
+//! the trusted one stays. New connections use the new config, established
+//! ones keep theirs, and the process never restarts. The key never leaves
+//! memory.
 
 pub mod request;
+pub mod trust;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,6 +30,7 @@ use tokio::sync::watch;
 use crate::server::metrics::Metrics;
 
 use self::request::{IssuedCert, IssuerTarget, RequestError, request_certificate};
+use self::trust::{Change, TrustedCa};
 
 /// Where the token of the node's pod is projected unless configured.
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/carina.storage.io/token";
@@ -41,6 +46,9 @@ pub struct IdentityOptions {
     pub token_file: PathBuf,
     /// The CA that verifies the issuer and the node's clients.
     pub ca_file: PathBuf,
+    /// Where the trusted CA bundle is pinned across restarts (`None`: in
+    /// memory only).
+    pub pin_file: Option<PathBuf>,
     /// Retry delays after a failed request.
     pub backoff: Backoff,
     /// Where issuances and failures are counted (`/metrics`).
@@ -48,12 +56,42 @@ pub struct IdentityOptions {
 }
 
 impl IdentityOptions {
-    fn target(&self) -> IssuerTarget<'_> {
+    fn target<'a>(&'a self, ca_pem: &'a str) -> IssuerTarget<'a> {
         IssuerTarget {
             issuer: &self.issuer,
             node_name: &self.node_name,
             token_file: &self.token_file,
-            ca_file: &self.ca_file,
+            ca_pem,
+        }
+    }
+
+    /// The trusted CA bundle, following `ca_file` from the pin.
+    pub fn trusted_ca(&self) -> TrustedCa {
+        TrustedCa::open(&self.ca_file, self.pin_file.clone())
+    }
+}
+
+/// Looks at the CA files again; logs what was taken or refused. Returns
+/// whether the trusted bundle changed.
+fn refresh_trust(options: &IdentityOptions, trust: &mut TrustedCa) -> bool {
+    match trust.refresh() {
+        Ok(Change::Unchanged) => false,
+        Ok(Change::Taken { added, first }) => {
+            tracing::info!(
+                carina.tls.ca = %options.ca_file.display(),
+                added = ?added,
+                first_use = first,
+                "trusting the CA bundle: new connections use it"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                carina.tls.ca = %options.ca_file.display(),
+                error = %e,
+                "refused a CA bundle: a new CA must be endorsed by one the node trusts (the controller does so when its CA Secret is replaced)"
+            );
+            false
         }
     }
 }
@@ -124,17 +162,19 @@ fn utc(t: SystemTime) -> time::OffsetDateTime {
 }
 
 /// Asks until a certificate arrives that makes a server config with the
-/// CA file (`Some`), or `stop` turns true (`None`). Every failure is
-/// logged with its reason.
+/// trusted CA bundle (`Some`), or `stop` turns true (`None`). Every
+/// failure is logged with its reason.
 pub async fn obtain(
     options: &IdentityOptions,
+    trust: &mut TrustedCa,
     stop: &mut watch::Receiver<bool>,
 ) -> Option<(IssuedCert, Arc<ServerConfig>)> {
     let mut failures = 0;
     loop {
+        refresh_trust(options, trust);
         let attempt = tokio::select! {
             _ = stopped(stop) => return None,
-            r = request_usable(options) => r,
+            r = request_usable(options, trust.pem()) => r,
         };
         match attempt {
             Ok((cert, config)) => {
@@ -161,43 +201,44 @@ pub async fn obtain(
     }
 }
 
-/// One request, and the server config its answer makes.
+/// One request, and the server config its answer makes, both with the
+/// trusted CA bundle `ca_pem`.
 async fn request_usable(
     options: &IdentityOptions,
+    ca_pem: Option<&str>,
 ) -> Result<(IssuedCert, Arc<ServerConfig>), RequestError> {
-    let cert = request_certificate(&options.target()).await?;
-    let config =
-        config_for(&cert, &options.ca_file).map_err(|e| RequestError::Answer(e.to_string()))?;
+    let ca_pem = ca_pem.ok_or_else(|| {
+        RequestError::Ca(format!(
+            "{} holds no bundle the node takes",
+            options.ca_file.display()
+        ))
+    })?;
+    let cert = request_certificate(&options.target(ca_pem)).await?;
+    let config = config_for(&cert, ca_pem).map_err(|e| RequestError::Answer(e.to_string()))?;
     Ok((cert, config))
 }
 
-/// The server config for `cert` with the CA file's current content.
-pub fn config_for(cert: &IssuedCert, ca_file: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    let ca = std::fs::read(ca_file).map_err(|source| TlsError::Read {
-        path: ca_file.to_path_buf(),
-        source,
-    })?;
-    server_config(cert.chain_pem.as_bytes(), cert.key_pem.as_bytes(), &ca)
+/// The server config for `cert` with the trusted CA bundle `ca_pem`.
+pub fn config_for(cert: &IssuedCert, ca_pem: &str) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config(
+        cert.chain_pem.as_bytes(),
+        cert.key_pem.as_bytes(),
+        ca_pem.as_bytes(),
+    )
 }
 
-fn ca_fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
-    std::fs::metadata(path)
-        .ok()
-        .and_then(|m| Some((m.modified().ok()?, m.len())))
-}
-
-/// Renews `current` two thirds into its lifetime and follows the CA file,
-/// replacing the config through `updater`, until `stop` or until no
-/// server uses the config any more.
+/// Renews `current` two thirds into its lifetime and follows the trusted
+/// CA bundle, replacing the config through `updater`, until `stop` or
+/// until no server uses the config any more.
 pub async fn keep_renewed(
     options: IdentityOptions,
+    mut trust: TrustedCa,
     mut current: IssuedCert,
     updater: ServerConfigUpdater,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut failures = 0;
     let mut next = current.renew_at();
-    let mut ca_seen = ca_fingerprint(&options.ca_file);
     let mut tick = tokio::time::interval(RELOAD_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -208,21 +249,17 @@ pub async fn keep_renewed(
             _ = stopped(&mut stop) => return,
             _ = updater.closed() => return,
             _ = tick.tick() => {
-                let now = ca_fingerprint(&options.ca_file);
-                if now == ca_seen {
+                if !refresh_trust(&options, &mut trust) {
                     continue;
                 }
-                ca_seen = now;
-                match config_for(&current, &options.ca_file) {
-                    Ok(config) => {
-                        tracing::info!(carina.tls.ca = %options.ca_file.display(), "the CA changed: new connections use it");
-                        updater.replace(config);
-                    }
+                let Some(ca_pem) = trust.pem() else { continue };
+                match config_for(&current, ca_pem) {
+                    Ok(config) => updater.replace(config),
                     Err(e) => tracing::warn!(error = %e, "the CA changed but cannot be loaded; keeping the previous one"),
                 }
             }
             _ = tokio::time::sleep(wait) => {
-                match request_usable(&options).await {
+                match request_usable(&options, trust.pem()).await {
                     Ok((cert, config)) => {
                         updater.replace(config);
                         log_issued(&options, &cert, "renewed the certificate: new connections use it");

@@ -1,7 +1,8 @@
 //! One certificate request to the issuer: a new key and a CSR for the
 //! node name ([`new_key_and_csr`]), the token read fresh from its file
 //! (kubelet rotates it), and the `IssueCertificate` call over TLS that
-//! verifies the issuer against the CA file ([`request_certificate`]).
+//! verifies the issuer against the trusted CA bundle
+//! ([`request_certificate`]).
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -26,12 +27,8 @@ pub enum RequestError {
     },
     #[error("the token file {path} is empty")]
     EmptyToken { path: String },
-    #[error("read the CA {path}: {source}")]
-    Ca {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("no trusted CA yet: {0}")]
+    Ca(String),
     #[error("make a key and CSR: {0}")]
     Csr(#[source] rcgen::Error),
     #[error("issuer {issuer}: {reason}")]
@@ -113,13 +110,14 @@ pub fn issuer_host(issuer: &str) -> Result<String, RequestError> {
     }
 }
 
-/// Where the issuer is and what the node sends it.
+/// Where the issuer is, what the node sends it, and the CA bundle that
+/// verifies it.
 #[derive(Debug, Clone)]
 pub struct IssuerTarget<'a> {
     pub issuer: &'a str,
     pub node_name: &'a str,
     pub token_file: &'a Path,
-    pub ca_file: &'a Path,
+    pub ca_pem: &'a str,
 }
 
 /// Asks the issuer once for a certificate with a new key.
@@ -134,14 +132,9 @@ pub async fn request_certificate(target: &IssuerTarget<'_>) -> Result<IssuedCert
     if token.trim().is_empty() {
         return Err(RequestError::EmptyToken { path: token_path });
     }
-    let ca_pem = tokio::fs::read(target.ca_file)
-        .await
-        .map_err(|source| RequestError::Ca {
-            path: target.ca_file.display().to_string(),
-            source,
-        })?;
     let host = issuer_host(target.issuer)?;
-    let config = client_config_without_cert(&ca_pem).map_err(RequestError::Connect)?;
+    let config =
+        client_config_without_cert(target.ca_pem.as_bytes()).map_err(RequestError::Connect)?;
     let (csr_pem, key_pem) = new_key_and_csr(target.node_name).map_err(RequestError::Csr)?;
     let call = async {
         let channel = connect_with_config(target.issuer, &host, config)
