@@ -19,6 +19,9 @@
 //! - [`blockdev`]: whether a block device is mounted or held open.
 //! - [`fsctl`]: a mounted filesystem frozen and thawed (an ioctl, its
 //!   `unsafe` allowed at the call site), special files made.
+//! - [`fdtree`]: directory trees read and written through directory
+//!   descriptors, never through a symbolic link (for trees a pod can change
+//!   while the node walks them).
 //! - [`IoError`]: the failed file or device operation all of them report.
 //!
 //! Callers give these modules plain values (paths, sizes, options) and get
@@ -29,6 +32,7 @@ pub mod blockdev;
 pub mod command;
 pub mod coprocess;
 pub mod crashpoint;
+pub mod fdtree;
 pub mod format;
 pub mod fsctl;
 mod io_error;

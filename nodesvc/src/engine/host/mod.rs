@@ -5,7 +5,8 @@
 //! - `<root>/<volume>/` is the volume's data directory;
 //! - `<root>/.carina/<volume>.json` is our ownership marker (owner, name,
 //!   size, creation time, project id when a quota is set), written to a
-//!   temporary file and renamed into place.
+//!   new temporary file and renamed into place, never through a link
+//!   ([`store`]).
 //!
 //! A directory without our marker is foreign: it is never listed, resized or
 //! deleted. Create writes the marker first and the directory second; delete
@@ -41,9 +42,18 @@ pub const OWNER: &str = "carina";
 /// Sizes are rounded up to a multiple of this.
 pub const ALLOCATION_UNIT: u64 = 4096;
 
-/// Mode of a new data directory: workloads run as any user, as with the
-/// usual host-path provisioners.
+/// Mode of a new data directory: a workload may run as any user and must
+/// be able to write its volume without an `fsGroup`, so everyone may write
+/// (no sticky bit: the users of one volume may remove each other's files).
+/// Only pods that mount the volume reach it: the root is
+/// [`ROOT_DIR_MODE`], and a pod's access goes through its bind mount, which
+/// the root's mode does not gate. With an `fsGroup`, kubelet narrows it to
+/// the group (the driver's `fsGroupPolicy` is `File`).
 const DATA_DIR_MODE: u32 = 0o777;
+/// Mode of a root the node creates (and of any parent it creates): only
+/// root traverses it, so no user on the host reaches the world-writable
+/// data directories inside. A root that exists is left as it is.
+const ROOT_DIR_MODE: u32 = 0o700;
 /// Mode of the marker directory: only the daemon reads it.
 const MARKER_DIR_MODE: u32 = 0o700;
 
@@ -409,6 +419,78 @@ mod tests {
         let err = g.create(&req("v", 4096)).await.expect_err("nor for create");
         assert!(matches!(err, Error::Io(_)), "{err}");
         assert!(!tmp.path().join("v.json").exists());
+    }
+
+    #[tokio::test]
+    async fn links_planted_at_marker_names_are_not_followed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        let g = group(&root, 0);
+        g.rescan(&[]).await.expect("rescan");
+        let markers = root.join(MARKER_DIR);
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).expect("mkdir");
+        let victim = outside.join("victim");
+        fs::write(&victim, "precious").expect("write");
+        let symlink = |to: &Path, at: &str| {
+            std::os::unix::fs::symlink(to, markers.join(at)).expect("symlink");
+        };
+
+        // A link at the temporary name the node used to write through.
+        symlink(&victim, ".v.json.tmp");
+        g.create(&req("v", 4096)).await.expect("create");
+        assert_eq!(fs::read_to_string(&victim).expect("read"), "precious");
+        let marker = fs::symlink_metadata(markers.join("v.json")).expect("stat");
+        assert!(marker.is_file(), "the marker is a file of its own");
+        // A resize rewrites it the same way.
+        let _ = fs::remove_file(markers.join(".v.json.tmp"));
+        symlink(&victim, ".v.json.tmp");
+        g.resize("v", 8192).await.expect("grow");
+        assert_eq!(fs::read_to_string(&victim).expect("read"), "precious");
+        assert_eq!(
+            g.get("v").await.expect("get").map(|v| v.size_bytes),
+            Some(8192)
+        );
+
+        // A link at a marker's own name, to a file that reads as a marker
+        // of ours: not a volume.
+        let fake = outside.join("fake.json");
+        fs::write(
+            &fake,
+            r#"{"carina.storage.io/owner":"carina","name":"w","sizeBytes":4096,"createdUnix":0}"#,
+        )
+        .expect("write");
+        symlink(&fake, "w.json");
+        assert!(g.get("w").await.is_err(), "not read through the link");
+        let names: Vec<String> = g
+            .list()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(names, ["v"]);
+        assert!(g.delete("w").await.is_err());
+        assert!(fake.exists() && victim.exists());
+    }
+
+    #[tokio::test]
+    async fn a_new_root_is_reached_by_root_only() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("made/root");
+        let g = group(&root, 0);
+        g.rescan(&[]).await.expect("rescan");
+        for dir in [&root, &tmp.path().join("made")] {
+            let mode = fs::metadata(dir).expect("stat").permissions().mode();
+            assert_eq!(mode & 0o777, ROOT_DIR_MODE, "{}", dir.display());
+        }
+        // An existing root keeps its mode.
+        let existing = tmp.path().join("existing");
+        fs::create_dir(&existing).expect("mkdir");
+        fs::set_permissions(&existing, fs::Permissions::from_mode(0o755)).expect("chmod");
+        group(&existing, 0).rescan(&[]).await.expect("rescan");
+        let mode = fs::metadata(&existing).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
     }
 
     #[tokio::test]

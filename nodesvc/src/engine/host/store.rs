@@ -1,17 +1,27 @@
 //! The file-system side of a HOST group: the ownership markers, the data
 //! directories and the free-space arithmetic. Every function blocks; the
 //! backend in [`super`] runs them on the blocking pool.
+//!
+//! Markers are read, written and removed through the marker directory's
+//! descriptor ([`carina_sys::fdtree`]), never through a link: a marker is
+//! opened `O_NOFOLLOW`, written to a new temporary file of an unpredictable
+//! name (`O_CREAT | O_EXCL | O_NOFOLLOW`) and renamed into place, so a link
+//! planted at a marker's or a temporary file's name is neither read nor
+//! written through. A new data directory's mode is set on its descriptor.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use carina_sys::fdtree::Dir;
 use carina_sys::statvfs;
 use serde::{Deserialize, Serialize};
 
-use super::{DATA_DIR_MODE, MARKER_DIR_MODE, OWNER};
+use super::{DATA_DIR_MODE, MARKER_DIR_MODE, OWNER, ROOT_DIR_MODE};
 use crate::engine::config::{GroupConfig, Policy};
 use crate::engine::error::{Error, Result};
 use crate::engine::names;
@@ -97,12 +107,21 @@ impl Store {
     }
 
     fn marker_path(&self, name: &str) -> PathBuf {
-        self.markers.join(format!("{name}.json"))
+        self.markers.join(marker_file(name))
     }
 
-    /// Temporary files start with a dot, which no marker name does.
-    fn temp_marker_path(&self, name: &str) -> PathBuf {
-        self.markers.join(format!(".{name}.json.tmp"))
+    /// The marker directory, opened without following a link there;
+    /// `None` if there is none yet.
+    fn marker_dir(&self) -> Result<Option<Dir>> {
+        match Dir::open(&self.markers) {
+            Ok(dir) => Ok(Some(dir)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("open", &self.markers, e)),
+        }
+    }
+
+    fn existing_marker_dir(&self) -> Result<Dir> {
+        Dir::open(&self.markers).map_err(|e| Error::io("open", &self.markers, e))
     }
 
     pub(super) fn volume(&self, marker: &Marker) -> Volume {
@@ -124,21 +143,29 @@ impl Store {
     /// temporary markers a crash left behind.
     pub(super) fn ensure_layout(&self) -> Result<()> {
         self.ensure_dirs()?;
-        for entry in read_dir(&self.markers)? {
-            let file_name = entry.file_name();
-            let file_name = file_name.to_string_lossy();
-            if file_name.starts_with('.') && file_name.ends_with(".json.tmp") {
-                let path = entry.path();
-                fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+        let dir = self.existing_marker_dir()?;
+        for name in dir
+            .names()
+            .map_err(|e| Error::io("list", &self.markers, e))?
+        {
+            if is_temp_marker(&name) {
+                let path = self.markers.join(&name);
+                dir.remove_file(&name)
+                    .map_err(|e| Error::io("remove", &path, e))?;
             }
         }
         Ok(())
     }
 
-    /// Creates the root and the marker directory if missing; a marker
-    /// path that is not a directory (a file, a link) is an error.
+    /// Creates the root (with [`ROOT_DIR_MODE`], as any missing parent) and
+    /// the marker directory if missing; a marker path that is not a
+    /// directory (a file, a link) is an error.
     fn ensure_dirs(&self) -> Result<()> {
-        fs::create_dir_all(&self.root).map_err(|e| Error::io("create", &self.root, e))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(ROOT_DIR_MODE)
+            .create(&self.root)
+            .map_err(|e| Error::io("create", &self.root, e))?;
         match fs::symlink_metadata(&self.markers) {
             Ok(meta) if meta.is_dir() => {}
             Ok(_) => {
@@ -190,9 +217,15 @@ impl Store {
     /// overwrites it.
     pub(super) fn read_marker(&self, name: &str) -> Result<Option<Marker>> {
         let path = self.marker_path(name);
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        let Some(dir) = self.marker_dir()? else {
+            return Ok(None);
+        };
+        let mut text = String::new();
+        match dir.open_file(OsStr::new(&marker_file(name))) {
+            Ok(Some(mut file)) => file
+                .read_to_string(&mut text)
+                .map_err(|e| Error::io("read", &path, e))?,
+            Ok(None) => return Ok(None),
             Err(e) => return Err(Error::io("read", &path, e)),
         };
         let marker: Marker = serde_json::from_str(&text)
@@ -203,15 +236,14 @@ impl Store {
     /// Every marker of ours. Files that are not markers, name another owner
     /// or cannot be parsed are skipped (the last with a warning).
     pub(super) fn markers(&self) -> Result<Vec<Marker>> {
-        let entries = match fs::read_dir(&self.markers) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("read", &self.markers, e)),
+        let Some(dir) = self.marker_dir()? else {
+            return Ok(Vec::new());
         };
+        let names = dir
+            .names()
+            .map_err(|e| Error::io("read", &self.markers, e))?;
         let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("read", &self.markers, e))?;
-            let file_name = entry.file_name();
+        for file_name in names {
             let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
@@ -227,28 +259,38 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes `marker` atomically: a temporary file, flushed, renamed over
-    /// the marker, and the directory flushed.
+    /// Writes `marker` atomically: a new temporary file (see the module
+    /// header), flushed, renamed over the marker (a link there is replaced,
+    /// not followed), and the directory flushed.
     pub(super) fn write_marker(&self, marker: &Marker) -> Result<()> {
-        let temp = self.temp_marker_path(&marker.name);
+        let dir = self.existing_marker_dir()?;
+        let temp_name = temp_marker_file(&marker.name);
+        let temp = self.markers.join(&temp_name);
+        let final_name = OsString::from(marker_file(&marker.name));
         let path = self.marker_path(&marker.name);
         let text = serde_json::to_vec_pretty(marker)
             .map_err(|e| Error::parse(format!("marker of {}", marker.name), e))?;
-        let write = || -> io::Result<()> {
-            let mut file = File::create(&temp)?;
+        let mut file = dir
+            .create_file(&temp_name, MARKER_FILE_MODE)
+            .map_err(|e| Error::io("create", &temp, e))?;
+        let mut write = || -> io::Result<()> {
             file.write_all(&text)?;
             file.write_all(b"\n")?;
             file.sync_all()
         };
-        if let Err(e) = write() {
-            let _ = fs::remove_file(&temp);
-            return Err(Error::io("write", &temp, e));
+        let placed = write()
+            .map_err(|e| Error::io("write", &temp, e))
+            .and_then(|()| {
+                dir.rename(&temp_name, &final_name)
+                    .map_err(|e| Error::io("rename into place", &path, e))
+            });
+        if let Err(e) = placed {
+            if let Err(undo) = dir.remove_file(&temp_name) {
+                tracing::warn!(path = %temp.display(), error = %undo, "could not remove a temporary marker");
+            }
+            return Err(e);
         }
-        if let Err(e) = fs::rename(&temp, &path) {
-            let _ = fs::remove_file(&temp);
-            return Err(Error::io("rename into place", &path, e));
-        }
-        sync_dir(&self.markers)
+        dir.sync().map_err(|e| Error::io("flush", &self.markers, e))
     }
 
     /// Marker first, then the directory; the marker is removed again if the
@@ -398,28 +440,57 @@ impl Store {
 
     pub(super) fn remove_marker(&self, name: &str) -> Result<()> {
         let path = self.marker_path(name);
-        match fs::remove_file(&path) {
-            Ok(()) => sync_dir(&self.markers),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        let Some(dir) = self.marker_dir()? else {
+            return Ok(());
+        };
+        match dir.remove_file(OsStr::new(&marker_file(name))) {
+            Ok(true) => dir.sync().map_err(|e| Error::io("flush", &self.markers, e)),
+            Ok(false) => Ok(()),
             Err(e) => Err(Error::io("remove", &path, e)),
         }
     }
 }
 
+/// Mode of a marker file: only the daemon reads it.
+const MARKER_FILE_MODE: u32 = 0o600;
+
+fn marker_file(name: &str) -> String {
+    format!("{name}.json")
+}
+
+/// A temporary marker's name: a dot (which no marker name starts with),
+/// the volume, a suffix no one can guess ahead, `.json.tmp`.
+fn temp_marker_file(name: &str) -> OsString {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    OsString::from(format!(
+        ".{name}.{:x}-{nanos:x}-{seq:x}.json.tmp",
+        std::process::id()
+    ))
+}
+
+/// A temporary marker left by a crash (of this version's names or of the
+/// older fixed ones, `.<volume>.json.tmp`).
+fn is_temp_marker(file_name: &OsStr) -> bool {
+    let name = file_name.to_string_lossy();
+    name.starts_with('.') && name.ends_with(".json.tmp")
+}
+
+/// Makes the data directory `dir` and gives it [`DATA_DIR_MODE`] through
+/// its descriptor (the umask narrowed the mode given to `mkdir`); a link
+/// put in its place in between is not followed.
 fn make_data_dir(dir: &Path) -> Result<()> {
     fs::DirBuilder::new()
         .mode(DATA_DIR_MODE)
         .create(dir)
         .map_err(|e| Error::io("create", dir, e))?;
-    // The umask narrowed the mode given above.
-    fs::set_permissions(dir, fs::Permissions::from_mode(DATA_DIR_MODE))
+    Dir::open(dir)
+        .and_then(|d| d.set_mode(DATA_DIR_MODE))
         .map_err(|e| Error::io("set the mode of", dir, e))
-}
-
-fn read_dir(dir: &Path) -> Result<Vec<fs::DirEntry>> {
-    fs::read_dir(dir)
-        .and_then(|entries| entries.collect::<io::Result<Vec<_>>>())
-        .map_err(|e| Error::io("read", dir, e))
 }
 
 /// Flushes a directory so a rename or a new entry in it survives a crash.
