@@ -12,6 +12,8 @@
 //!   mount and unmount.
 //! - [`format`]: what a block device holds (`blkid -p`), a filesystem made
 //!   on a blank device only, grown online, and a device's size.
+//! - [`fsid`]: a filesystem's UUID read from its device and replaced by a
+//!   new one (what a block copy needs to mount beside its source).
 //! - [`statvfs`]: block and inode usage of a mounted filesystem.
 //! - [`loopdev`]: loop devices attached at an offset and size, listed,
 //!   grown in place and detached (the ioctls and `coprocess`'s `fcntl` are
@@ -34,6 +36,7 @@ pub mod coprocess;
 pub mod crashpoint;
 pub mod fdtree;
 pub mod format;
+pub mod fsid;
 pub mod fsctl;
 mod io_error;
 pub mod loopdev;

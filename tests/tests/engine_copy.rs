@@ -410,6 +410,17 @@ fn sha256_bytes(data: &[u8]) -> String {
         .to_string()
 }
 
+/// The filesystem UUID on `dev`, probed from the device.
+fn fs_uuid(dev: &Path) -> String {
+    let uuid = run(
+        "blkid",
+        &["-p", "-o", "value", "-s", "UUID", &dev.to_string_lossy()],
+    )
+    .expect("blkid");
+    assert!(!uuid.trim().is_empty(), "{} has no UUID", dev.display());
+    uuid.trim().to_string()
+}
+
 /// Writes `len` pseudo-random bytes to the new file `path` and syncs it.
 fn write_file(path: &Path, seed: u64, len: usize) -> String {
     let data = pseudo_random(seed, len);
@@ -948,7 +959,7 @@ async fn lvm_cancelled_copy_thaws_and_can_be_repeated() {
     n.block("small", 8 * MIB).await;
     mkfs_ext4(dev(&src));
     let source = Mounted::new(dev(&src), None);
-    write_file(&source.path().join("data.bin"), 30, 32 * MIB as usize);
+    let data = write_file(&source.path().join("data.bin"), 30, 32 * MIB as usize);
 
     let cancelled = copy_watched(e, "src", "tgt", false, Some(1)).await;
     let (err, seen) = cancelled.refused();
@@ -984,8 +995,8 @@ async fn lvm_cancelled_copy_thaws_and_can_be_repeated() {
     );
     assert_eq!(e.copy_record("small"), None);
 
-    // The repeat starts over and completes: with the source unmounted
-    // (nothing changes it), the target is the source, bit for bit.
+    // The repeat starts over and completes: the target holds the
+    // source's files, in a filesystem with a UUID of its own.
     drop(source);
     let (copied, seen) = copy(e, "src", "tgt", false).await.copied();
     assert!(copied.copied);
@@ -993,12 +1004,13 @@ async fn lvm_cancelled_copy_thaws_and_can_be_repeated() {
     assert_eq!(seen.last.copied_bytes, 256 * MIB);
     let record = e.copy_record("tgt").expect("a record");
     assert!(record.complete && record.frozen_at.is_none(), "{record:?}");
-    assert_eq!(
-        sha256_prefix(dev(&tgt), 256 * MIB),
-        sha256_prefix(dev(&src), 256 * MIB)
-    );
+    assert_ne!(fs_uuid(dev(&tgt)), fs_uuid(dev(&src)));
     let check = Mounted::new(dev(&tgt), Some("ro"));
     assert!(check.path().join("after-cancel").exists());
+    assert_eq!(
+        sha256_bytes(&std::fs::read(check.path().join("data.bin")).expect("read")),
+        data
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1017,7 +1029,7 @@ async fn lvm_freeze_timeout_stops_the_copy_and_thaws() {
     n.block("tgt", 256 * MIB).await;
     mkfs_ext4(dev(&src));
     let source = Mounted::new(dev(&src), None);
-    write_file(&source.path().join("data.bin"), 40, 16 * MIB as usize);
+    let data = write_file(&source.path().join("data.bin"), 40, 16 * MIB as usize);
 
     let (err, seen) = copy(e, "src", "tgt", false).await.refused();
     match &err {
@@ -1040,9 +1052,11 @@ async fn lvm_freeze_timeout_stops_the_copy_and_thaws() {
     let _ro = Mounted::new(dev(&src), Some("ro"));
     let (copied, seen) = copy(e, "src", "tgt", false).await.copied();
     assert!(copied.copied && !seen.frozen, "{seen:?}");
+    assert_ne!(fs_uuid(dev(&copied.volume)), fs_uuid(dev(&src)));
+    let check = Mounted::new(dev(&copied.volume), Some("ro"));
     assert_eq!(
-        sha256_prefix(dev(&copied.volume), 256 * MIB),
-        sha256_prefix(dev(&src), 256 * MIB)
+        sha256_bytes(&std::fs::read(check.path().join("data.bin")).expect("read")),
+        data
     );
 }
 
@@ -1130,4 +1144,101 @@ async fn refused_copies_change_nothing() {
         b"host source"
     );
     assert_eq!(n.record_files(), ["hdst.json", "mounted.json"]);
+}
+
+// ---------------------------------------------------------------------------
+// 7. A node stopped between the copied blocks and the new UUID.
+// ---------------------------------------------------------------------------
+
+/// What a node killed at `copy.blocks_copied` leaves (every block of an
+/// xfs source frozen while mounted is on the target, the record says so,
+/// the UUID is still the source's) is finished by the repeated copy: no
+/// block is copied again (the source is not frozen, and what was written
+/// to it since is not in the target), the target gets a UUID of its own
+/// (its log replayed first) and mounts beside the mounted source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lvm_copy_stopped_before_its_new_uuid_is_finished_by_the_repeat() {
+    let test = "lvm_copy_stopped_before_its_new_uuid_is_finished_by_the_repeat";
+    let Some(n) = Node::new(test, Some(("LVM", 700 * MIB)), None, None).await else {
+        return;
+    };
+    let e = &n.engine;
+    let size = 320 * MIB;
+    let src = n.block("src", size).await;
+    let tgt = n.block("tgt", size).await;
+    run("mkfs.xfs", &["-q", "-f", &dev(&src).to_string_lossy()]).expect("mkfs.xfs");
+    let source_dir = mount_dir("carina-copy-xfs-src-");
+    let _source = MountGuard::mount(
+        &dev(&src).to_string_lossy(),
+        source_dir.path(),
+        Some("xfs"),
+        None,
+    )
+    .expect("mount the source");
+    let before = write_file(&source_dir.path().join("before.bin"), 70, 4 * MIB as usize);
+
+    // The state of the kill: the blocks of the frozen source, a record
+    // saying they are all there.
+    let at = source_dir.path().to_string_lossy().into_owned();
+    run("fsfreeze", &["-f", &at]).expect("freeze");
+    let copied = run(
+        "dd",
+        &[
+            &format!("if={}", dev(&src).display()),
+            &format!("of={}", dev(&tgt).display()),
+            "bs=4M",
+            "iflag=direct",
+            "oflag=direct,sync",
+            "status=none",
+        ],
+    );
+    run("fsfreeze", &["-u", &at]).expect("thaw");
+    copied.expect("dd");
+    let record = CopyRecord {
+        source: "src".into(),
+        snapshot: false,
+        blocks_copied: true,
+        complete: false,
+        completed_unix_nanos: 0,
+        source_size_bytes: size,
+        frozen_at: None,
+    };
+    let records = n.records.path().join("copies");
+    std::fs::create_dir_all(&records).expect("the records directory");
+    std::fs::write(
+        records.join("tgt.json"),
+        serde_json::to_string(&record).expect("json"),
+    )
+    .expect("write the record");
+    assert_eq!(
+        fs_uuid(dev(&tgt)),
+        fs_uuid(dev(&src)),
+        "the UUID is the source's"
+    );
+    write_file(&source_dir.path().join("after.bin"), 71, MIB as usize);
+
+    let (copied, seen) = copy(e, "src", "tgt", false).await.copied();
+    assert!(copied.copied && copied.record.complete, "{copied:?}");
+    assert!(!seen.frozen, "nothing copied, so nothing frozen: {seen:?}");
+    assert_eq!(seen.last.copied_bytes, size, "{seen:?}");
+    assert_ne!(fs_uuid(dev(&tgt)), fs_uuid(dev(&src)));
+    let target_dir = mount_dir("carina-copy-xfs-tgt-");
+    let _target = MountGuard::mount(
+        &dev(&tgt).to_string_lossy(),
+        target_dir.path(),
+        Some("xfs"),
+        None,
+    )
+    .expect("the copy mounts beside its source");
+    assert_eq!(
+        sha256_bytes(&std::fs::read(target_dir.path().join("before.bin")).expect("read")),
+        before
+    );
+    assert!(
+        !target_dir.path().join("after.bin").exists(),
+        "the blocks were not copied again"
+    );
+    // A repeat now is a no-op.
+    let (again, _) = copy(e, "src", "tgt", false).await.copied();
+    assert!(!again.copied);
 }

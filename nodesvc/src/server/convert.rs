@@ -460,6 +460,7 @@ mod tests {
         let record = CopyRecord {
             source: "s".into(),
             snapshot: true,
+            blocks_copied: true,
             complete: true,
             completed_unix_nanos: 5,
             source_size_bytes: 4096,

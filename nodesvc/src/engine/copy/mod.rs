@@ -11,17 +11,30 @@
 //! target marked incomplete: its content is not usable, and a repeated
 //! copy starts over. A complete record makes a repeat a no-op, and a
 //! snapshot's record keeps it read-only.
+//!
+//! A block copy carries its source's filesystem UUID, and XFS does not
+//! mount a second filesystem with a UUID already mounted. So once the
+//! blocks are copied and synced the record says so (`blocks_copied`),
+//! and the target's ext2/3/4 or xfs filesystem gets a new random UUID
+//! ([`carina_sys::fsid::renew_uuid`]) before the record is complete; a
+//! target holding anything else is left as it is. A node stopped between
+//! the two (crash point `copy.blocks_copied`) finishes on the repeated
+//! copy: the copied blocks are kept (a snapshot keeps its point in time)
+//! and only the UUID is changed.
 
 pub mod block;
 pub mod freeze;
 pub mod record;
 pub mod tree;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use carina_sys::command::CommandError;
+use carina_sys::fsid::{self, FsIdError, Renewal};
+use carina_sys::mount::MountError;
 use tokio::sync::watch;
 use tracing::instrument;
 
@@ -207,6 +220,7 @@ impl Engine {
                 holds: format!("{kind} of {:?}", done.source),
             });
         }
+        let earlier = copies.get(&req.target)?;
         if copies.get(&req.source)?.is_some_and(|r| !r.complete) {
             return Err(precondition(
                 &req.source,
@@ -230,27 +244,63 @@ impl Engine {
         }
         let plan = self.plan(&source, &target).await?;
         let what = format!("the copy of {:?} into {:?}", req.source, req.target);
-        let mut record = CopyRecord {
-            source: req.source.clone(),
-            snapshot: req.snapshot,
-            complete: false,
-            completed_unix_nanos: 0,
-            source_size_bytes: source.size_bytes,
-            frozen_at: match &plan {
-                Plan::Block { freeze_at, .. } => freeze_at.clone(),
-                Plan::Tree { .. } => None,
-            },
+        let renew_at = match &plan {
+            Plan::Block { target, .. } => Some(target.clone()),
+            Plan::Tree { .. } => None,
         };
-        copies.put(&req.target, &record)?;
-        if let Err(e) = self.run_copy(plan, progress, stop, &what).await {
-            // Thawed by now: a later start must not thaw a freeze someone
-            // else set there since.
-            if record.frozen_at.take().is_some()
-                && let Err(put) = copies.put(&req.target, &record)
-            {
-                tracing::warn!(error = %put, "could not record that the source was thawed");
+        let mut record = match earlier.filter(|r| {
+            r.blocks_copied
+                && r.source == req.source
+                && r.snapshot == req.snapshot
+                && r.source_size_bytes == source.size_bytes
+                && renew_at.is_some()
+        }) {
+            Some(copied) => {
+                tracing::info!(
+                    "the blocks of an interrupted copy are all on the target; finishing it"
+                );
+                progress.send_replace(Progress {
+                    copied_bytes: source.size_bytes,
+                    total_bytes: source.size_bytes,
+                    frozen: false,
+                });
+                copied
             }
-            return Err(e);
+            None => {
+                let mut record = CopyRecord {
+                    source: req.source.clone(),
+                    snapshot: req.snapshot,
+                    blocks_copied: false,
+                    complete: false,
+                    completed_unix_nanos: 0,
+                    source_size_bytes: source.size_bytes,
+                    frozen_at: match &plan {
+                        Plan::Block { freeze_at, .. } => freeze_at.clone(),
+                        Plan::Tree { .. } => None,
+                    },
+                };
+                copies.put(&req.target, &record)?;
+                if let Err(e) = self.run_copy(plan, progress, stop, &what).await {
+                    // Thawed by now: a later start must not thaw a freeze
+                    // someone else set there since.
+                    if record.frozen_at.take().is_some()
+                        && let Err(put) = copies.put(&req.target, &record)
+                    {
+                        tracing::warn!(error = %put, "could not record that the source was thawed");
+                    }
+                    return Err(e);
+                }
+                record
+            }
+        };
+        if let Some(device) = renew_at {
+            if !record.blocks_copied {
+                record.blocks_copied = true;
+                record.frozen_at = None;
+                copies.put(&req.target, &record)?;
+            }
+            carina_sys::crashpoint::reach("copy.blocks_copied", &req.target);
+            renew_identity(&device).await?;
         }
         record.complete = true;
         record.completed_unix_nanos = nanos_now();
@@ -397,6 +447,58 @@ impl Engine {
                 };
                 result.map_err(|e| copy_failed(e, what, stopped))
             }
+        }
+    }
+}
+
+/// Gives the filesystem on the copied `device` a UUID of its own, or
+/// leaves what is not an ext2/3/4 or xfs filesystem as it is.
+#[instrument(err, fields(device = %device.display()))]
+async fn renew_identity(device: &Path) -> Result<()> {
+    match fsid::renew_uuid(device, &std::env::temp_dir()).await {
+        Ok(Renewal::Renewed { .. }) => Ok(()),
+        Ok(Renewal::Left { found }) => {
+            tracing::info!(
+                fs_type = found.fs_type.as_deref().unwrap_or("-"),
+                partition_table = found.pt_type.as_deref().unwrap_or("-"),
+                "the copy holds no ext2/3/4 or xfs filesystem; its content is left as it is"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The failures of renewing a copy's UUID, as the engine reports command
+/// and IO failures.
+impl From<FsIdError> for Error {
+    fn from(e: FsIdError) -> Self {
+        match e {
+            FsIdError::Command(c) => Error::Command(c),
+            FsIdError::Io(e) => Error::Io(e),
+            FsIdError::Replay { source, device } => match source {
+                MountError::Command(c) => Error::Command(c),
+                MountError::Io(e) => Error::Io(e),
+                other => Error::parse(
+                    format!("the mounts of {} (an xfs log replay)", device.display()),
+                    other,
+                ),
+            },
+            FsIdError::Unchanged {
+                command,
+                device,
+                fs,
+                uuid,
+                output,
+            } => Error::Command(CommandError::Failed {
+                command,
+                status: format!(
+                    "exit status 0, but the {fs} UUID of {} is still {uuid}",
+                    device.display()
+                ),
+                code: Some(0),
+                stderr: output,
+            }),
         }
     }
 }

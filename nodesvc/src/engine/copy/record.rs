@@ -25,7 +25,13 @@ pub struct CopyRecord {
     pub source: String,
     /// The target is a read-only snapshot of the source.
     pub snapshot: bool,
-    /// The copy finished and was synced.
+    /// Every block of a block copy is on the target and synced; what is
+    /// left is giving its filesystem a UUID of its own. A node stopped
+    /// here finishes that on the repeated copy instead of copying again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocks_copied: bool,
+    /// The copy finished and was synced (and a block copy's filesystem
+    /// has its own UUID).
     pub complete: bool,
     /// When it finished, nanoseconds since the Unix epoch (0 until then).
     pub completed_unix_nanos: i64,
@@ -155,6 +161,7 @@ mod tests {
         CopyRecord {
             source: "src".into(),
             snapshot: true,
+            blocks_copied: complete,
             complete,
             completed_unix_nanos: if complete { 7 } else { 0 },
             source_size_bytes: 4096,
@@ -187,5 +194,17 @@ mod tests {
         let records = CopyRecords::new(Some(dir.path().to_path_buf()));
         let err = records.get("t").expect_err("refused");
         assert!(err.to_string().contains("t.json"), "{err}");
+    }
+
+    #[test]
+    fn a_record_written_before_blocks_copied_existed_reads_as_not_copied() {
+        let old = r#"{"source":"src","snapshot":false,"complete":false,"completedUnixNanos":0,"sourceSizeBytes":4096}"#;
+        let record: CopyRecord = serde_json::from_str(old).expect("reads");
+        assert!(!record.blocks_copied);
+        assert_eq!(
+            serde_json::to_string(&record).expect("writes"),
+            old,
+            "unset, the field is not written"
+        );
     }
 }
