@@ -1,6 +1,8 @@
 //! Node identity on a real cluster, without kubelets: the objects a node
-//! pod stands for (a namespace, ServiceAccounts, Pods whose `spec.nodeName`
-//! is set directly), real TokenRequest tokens bound to those Pods, a
+//! pod stands for (a namespace, ServiceAccounts, the node DaemonSet, Pods
+//! whose `spec.nodeName` is set directly and whose controller reference
+//! names that DaemonSet, as its controller would have made them), real
+//! TokenRequest tokens bound to those Pods, a
 //! client of the issuer, CSRs to send it, and the arguments of
 //! `carina-controller` serving the issuer and `carina-node` asking it.
 //!
@@ -19,8 +21,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use carina_proto::identity::node_identity_client::NodeIdentityClient;
 use carina_proto::tls::{client_config_without_cert, connect_with_config};
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, Pod, PodSpec, PodTemplateSpec, ServiceAccount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kube::api::{Api, ObjectMeta, PostParams};
 use rcgen::{CertificateParams, KeyPair, SanType, SigningKey};
 use tonic::transport::Channel;
@@ -31,11 +37,16 @@ pub const AUDIENCE: &str = "carina.storage.io/node-identity";
 /// The node ServiceAccount's name by default.
 pub const NODE_SA: &str = "carina-node";
 
-/// A namespace of node pods and their ServiceAccounts.
+/// The node DaemonSet's name by default.
+pub const NODE_DS: &str = "carina-node";
+
+/// A namespace of node pods, their ServiceAccounts and DaemonSet.
 #[derive(Clone)]
 pub struct NodePods {
     client: kube::Client,
     pub namespace: String,
+    /// The uid of the DaemonSet [`NODE_DS`].
+    pub daemonset_uid: String,
 }
 
 impl std::fmt::Debug for NodePods {
@@ -47,7 +58,8 @@ impl std::fmt::Debug for NodePods {
 }
 
 impl NodePods {
-    /// Creates `namespace` and the ServiceAccount [`NODE_SA`] in it.
+    /// Creates `namespace`, the ServiceAccount [`NODE_SA`] and the
+    /// DaemonSet [`NODE_DS`] in it (no controller runs it).
     pub async fn create(client: &kube::Client, namespace: &str) -> Result<NodePods> {
         Api::<Namespace>::all(client.clone())
             .create(
@@ -62,12 +74,62 @@ impl NodePods {
             )
             .await
             .with_context(|| format!("create namespace {namespace}"))?;
-        let pods = NodePods {
+        let mut pods = NodePods {
             client: client.clone(),
             namespace: namespace.to_string(),
+            daemonset_uid: String::new(),
         };
         pods.service_account(NODE_SA).await?;
+        pods.daemonset_uid = pods
+            .daemonset(NODE_DS)
+            .await?
+            .metadata
+            .uid
+            .context("a DaemonSet without uid")?;
         Ok(pods)
+    }
+
+    /// Creates DaemonSet `name` of node pods (ServiceAccount [`NODE_SA`]).
+    pub async fn daemonset(&self, name: &str) -> Result<DaemonSet> {
+        let labels = std::collections::BTreeMap::from([("app".to_string(), name.to_string())]);
+        let ds = DaemonSet {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DaemonSetSpec {
+                selector: LabelSelector {
+                    match_labels: Some(labels.clone()),
+                    ..LabelSelector::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels),
+                        ..ObjectMeta::default()
+                    }),
+                    spec: Some(PodSpec {
+                        service_account_name: Some(NODE_SA.into()),
+                        containers: vec![Container {
+                            name: "carina-node".into(),
+                            image: Some("carina-node:test".into()),
+                            ..Container::default()
+                        }],
+                        ..PodSpec::default()
+                    }),
+                },
+                ..DaemonSetSpec::default()
+            }),
+            ..DaemonSet::default()
+        };
+        Api::<DaemonSet>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &ds)
+            .await
+            .with_context(|| format!("create DaemonSet {name}"))
+    }
+
+    /// The controller reference the DaemonSet [`NODE_DS`] puts on its pods.
+    pub fn node_daemonset_owner(&self) -> OwnerReference {
+        owner("apps/v1", "DaemonSet", NODE_DS, &self.daemonset_uid)
     }
 
     /// Creates ServiceAccount `name` (no RBAC binding).
@@ -89,11 +151,25 @@ impl NodePods {
     }
 
     /// Creates Pod `name` of ServiceAccount `sa` already bound to `node`
-    /// (as the scheduler would have; no kubelet runs it).
+    /// (as the scheduler would have; no kubelet runs it), controlled by the
+    /// DaemonSet [`NODE_DS`].
     pub async fn pod(&self, name: &str, sa: &str, node: &str) -> Result<Pod> {
+        self.pod_owned(name, sa, node, vec![self.node_daemonset_owner()])
+            .await
+    }
+
+    /// [`NodePods::pod`] with the owner references `owners`.
+    pub async fn pod_owned(
+        &self,
+        name: &str,
+        sa: &str,
+        node: &str,
+        owners: Vec<OwnerReference>,
+    ) -> Result<Pod> {
         let pod = Pod {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
+                owner_references: Some(owners),
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
@@ -153,6 +229,18 @@ impl NodePods {
             .and_then(|s| s.token)
             .filter(|t| !t.is_empty())
             .context("TokenRequest answered no token")
+    }
+}
+
+/// A controller owner reference (`controller: true`).
+pub fn owner(api_version: &str, kind: &str, name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+        controller: Some(true),
+        ..OwnerReference::default()
     }
 }
 
@@ -268,21 +356,45 @@ pub struct IssuedNode {
     pub metrics_port: u16,
     pub csi_socket: PathBuf,
     pub token_file: PathBuf,
+    /// `ca.crt` of the mounted CA ConfigMap; its `ca-endorsements.crt`
+    /// beside it.
     pub ca_file: PathBuf,
+    /// `--state-dir` (where the trusted CA bundle is pinned).
+    pub state_dir: PathBuf,
 }
 
 impl IssuedNode {
     /// Node `name` with its files in `dir` and free ports.
     pub fn new(name: &str, dir: &Path) -> Result<IssuedNode> {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir.join("ca"))?;
         Ok(IssuedNode {
             name: name.to_string(),
             port: crate::cluster::free_port()?,
             metrics_port: crate::cluster::free_port()?,
             csi_socket: dir.join("csi.sock"),
             token_file: dir.join("token"),
-            ca_file: dir.join("ca.crt"),
+            ca_file: dir.join("ca").join("ca.crt"),
+            state_dir: dir.join("state"),
         })
+    }
+
+    /// Writes the CA ConfigMap's files as kubelet mounts them: `ca.crt`
+    /// and `ca-endorsements.crt` (empty when absent), replaced at once.
+    pub fn write_ca(&self, ca_pem: &str, endorsements_pem: &str) -> Result<()> {
+        let dir = self
+            .ca_file
+            .parent()
+            .context("the CA file has no directory")?;
+        std::fs::create_dir_all(dir)?;
+        for (name, text) in [
+            ("ca.crt", ca_pem),
+            (carina_proto::anchors::ENDORSEMENTS_KEY, endorsements_pem),
+        ] {
+            let tmp = dir.join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, text)?;
+            std::fs::rename(&tmp, dir.join(name))?;
+        }
+        Ok(())
     }
 
     /// `127.0.0.1:<port>`, NodeStorage.
@@ -300,11 +412,32 @@ impl IssuedNode {
             format!("--identity-issuer=https://localhost:{issuer_port}"),
             format!("--identity-token-file={}", self.token_file.display()),
             format!("--tls-ca={}", self.ca_file.display()),
+            format!("--state-dir={}", self.state_dir.display()),
             "--lvm-shell=false".to_string(),
             "--shutdown-grace-secs=5".to_string(),
         ]
         .into()
     }
+}
+
+/// The `ca.crt` and `ca-endorsements.crt` (empty when absent) of the
+/// issuer's ConfigMap `name` in `namespace` now.
+pub async fn published_files(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, String)> {
+    let cm =
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await?;
+    let data = cm.data.unwrap_or_default();
+    Ok((
+        data.get("ca.crt").cloned().unwrap_or_default(),
+        data.get(carina_proto::anchors::ENDORSEMENTS_KEY)
+            .cloned()
+            .unwrap_or_default(),
+    ))
 }
 
 /// Waits (at most `within`) until the issuer's CA certificate is
