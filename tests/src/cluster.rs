@@ -781,27 +781,61 @@ impl LvmNode {
 
 /// A kubeconfig that authenticates as the chart's controller
 /// ServiceAccount (a client certificate of its user name and group), after
-/// applying the ClusterRole and ClusterRoleBinding for it from `objs` (the
-/// chart rendered into `kube-system`), so what runs with it has the chart's
-/// permissions and no more.
+/// applying every binding of `objs` (the chart rendered into `kube-system`)
+/// that names that ServiceAccount, with the ClusterRole or Role it refers
+/// to, so what runs with it has the chart's permissions and no more.
 pub async fn as_chart_service_account(
     cluster: &KubeCluster,
     objs: &[serde_json::Value],
     dir: &Path,
 ) -> Result<PathBuf> {
-    use crate::manifests::find;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let role: ClusterRole =
-        serde_json::from_value(find(objs, "ClusterRole", "carina-controller")?.clone())?;
-    let binding: ClusterRoleBinding =
-        serde_json::from_value(find(objs, "ClusterRoleBinding", "carina-controller")?.clone())?;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     let client = cluster.client();
-    Api::<ClusterRole>::all(client.clone())
-        .create(&PostParams::default(), &role)
-        .await?;
-    Api::<ClusterRoleBinding>::all(client)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    let pp = PostParams::default();
+    let mut applied = 0;
+    for b in objs {
+        let kind = b["kind"].as_str().unwrap_or_default();
+        if kind != "ClusterRoleBinding" && kind != "RoleBinding" {
+            continue;
+        }
+        let names_controller = b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == "carina-controller"
+                && s["namespace"] == "kube-system"
+        });
+        if !names_controller {
+            continue;
+        }
+        let ns = b["metadata"]["namespace"].as_str().unwrap_or("kube-system");
+        let role_kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
+        let role_name = &b["roleRef"]["name"];
+        let role = objs
+            .iter()
+            .find(|o| o["kind"] == role_kind && o["metadata"]["name"] == *role_name)
+            .with_context(|| {
+                format!(
+                    "{kind} {} refers to no rendered role",
+                    b["metadata"]["name"]
+                )
+            })?;
+        if kind == "ClusterRoleBinding" {
+            Api::<ClusterRole>::all(client.clone())
+                .create(&pp, &serde_json::from_value(role.clone())?)
+                .await?;
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&pp, &serde_json::from_value(b.clone())?)
+                .await?;
+        } else {
+            Api::<Role>::namespaced(client.clone(), ns)
+                .create(&pp, &serde_json::from_value(role.clone())?)
+                .await?;
+            Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .create(&pp, &serde_json::from_value(b.clone())?)
+                .await?;
+        }
+        applied += 1;
+    }
+    anyhow::ensure!(applied > 0, "the chart binds nothing to carina-controller");
     let (cert, key) = cluster.write_client_cert(
         dir,
         "carina-controller-sa",

@@ -8,6 +8,7 @@
 //! Needs helm, etcd, kube-apiserver, csi-provisioner and csi-snapshotter
 //! from `tests/tools/build.sh helm etcd kube csi-provisioner csi-snapshotter`.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -982,6 +983,124 @@ fn each_service_account_has_exactly_the_reviewed_rights() -> Result<()> {
         table, reviewed,
         "the chart's RBAC differs from {RBAC_TABLE} (review, then CARINA_UPDATE_RBAC=1)"
     );
+    Ok(())
+}
+
+/// The strings of a JSON array (none for anything else).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The rules bound to the controller's ServiceAccount in `objs`: (scope,
+/// rule), scope `cluster` for a ClusterRoleBinding, else the namespace of
+/// the RoleBinding.
+fn controller_rules(objs: &[Value]) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for b in objs
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+    {
+        let names_it = b["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == "carina-controller");
+        if !names_it {
+            continue;
+        }
+        let scope = match b["kind"].as_str() {
+            Some("RoleBinding") => b["metadata"]["namespace"].as_str().unwrap_or_default(),
+            _ => "cluster",
+        };
+        let role = objs.iter().find(|o| {
+            o["kind"] == b["roleRef"]["kind"] && o["metadata"]["name"] == b["roleRef"]["name"]
+        });
+        for rule in role
+            .and_then(|r| r["rules"].as_array())
+            .into_iter()
+            .flatten()
+        {
+            out.push((scope.to_string(), rule.clone()));
+        }
+    }
+    out
+}
+
+/// The controller reaches Secrets and ConfigMaps only by name, Leases
+/// only in its namespace and by name (but `create`, which cannot name an
+/// object that does not exist yet), and deletes pods and claims only with
+/// pod migration on. The one unnamed Secret and ConfigMap rule is the
+/// `create` of `identity.createCaObjects`, in the release namespace, gone
+/// when that is off. Checked on every rendering, migration off and the
+/// create rule off included.
+#[test]
+fn the_controller_reaches_secrets_configmaps_and_leases_only_by_name() -> Result<()> {
+    let chart = Chart::new()?;
+    let migration_off = ValueSet {
+        name: "migration off, no CA objects made",
+        namespace: "kube-system",
+        values: Some(
+            "controller: {podMigrationGraceSecs: 0}\nidentity: {createCaObjects: false}\n",
+        ),
+    };
+    for set in SETS.into_iter().chain([&RBAC_SET, &migration_off]) {
+        let objs = render(&chart, set)?;
+        let rules = controller_rules(&objs);
+        assert!(rules.len() >= 10, "{}: {rules:?}", set.name);
+        let migration = set
+            .values
+            .is_none_or(|v| !v.contains("podMigrationGraceSecs: 0"));
+        let create_ca = set
+            .values
+            .is_none_or(|v| !v.contains("createCaObjects: false"));
+        let mut deletes = BTreeSet::new();
+        let mut unnamed_create = 0;
+        for (scope, rule) in &rules {
+            let what = format!("{}: {scope} {rule}", set.name);
+            let resources = strings(&rule["resources"]);
+            let verbs = strings(&rule["verbs"]);
+            let named = !strings(&rule["resourceNames"]).is_empty();
+            assert!(
+                !resources.iter().any(|r| r.contains('*')) && !verbs.iter().any(|v| v == "*"),
+                "{what}"
+            );
+            let touches = |r: &str| resources.iter().any(|x| x == r);
+            if (touches("secrets") || touches("configmaps")) && !named {
+                assert_eq!(verbs, ["create"], "{what}");
+                assert_eq!(scope, set.namespace, "{what}");
+                unnamed_create += 1;
+            }
+            if touches("leases") {
+                assert_eq!(
+                    scope, set.namespace,
+                    "a Lease rule outside the namespace: {what}"
+                );
+                assert!(named || verbs == ["create"], "{what}");
+            }
+            for r in ["pods", "persistentvolumeclaims"] {
+                if touches(r) && verbs.iter().any(|v| v == "delete") {
+                    deletes.insert(r);
+                }
+            }
+        }
+        let issued = !set.values.is_some_and(|v| v.contains("mode: manual"));
+        assert_eq!(
+            unnamed_create,
+            usize::from(issued && create_ca),
+            "{}: the create rule of the CA's objects",
+            set.name
+        );
+        let want: BTreeSet<&str> = if migration {
+            ["pods", "persistentvolumeclaims"].into()
+        } else {
+            BTreeSet::new()
+        };
+        assert_eq!(deletes, want, "{}: delete of pods and claims", set.name);
+    }
     Ok(())
 }
 

@@ -8,17 +8,25 @@
 //! is given are the rights it needs. The Nodes have no kubelet:
 //! this test renews their Leases in `kube-node-lease` as kubelets would.
 //!
-//! Two StatefulSets with a Carina claim each start on `node-a` (the other
-//! node is cordoned until then); one opts in with
-//! `carina.storage.io/allow-pod-migration-if-node-notready: "true"`. Then
-//! `node-a` dies (its carina-node is killed and its Lease is no longer
-//! renewed). It proves:
+//! Three StatefulSets with a Carina claim each start on `node-a` (the
+//! other node is cordoned until then): `moving` opts in with
+//! `carina.storage.io/allow-pod-migration-if-node-notready: "true"` and
+//! its StorageClass allows it (the same key as a class annotation),
+//! `staying` does not opt in, `closed` opts in but its StorageClass does
+//! not allow it. Two plain pods share one claim of the allowing class:
+//! `shared-mover` opts in, `shared-reader` does not. Then `node-a` dies
+//! (its carina-node is killed and its Lease is no longer renewed). It
+//! proves:
 //! - nothing happens while the node is Ready;
 //! - the opted-in pod is deleted with its claim once the node has been
 //!   NotReady past the grace period; its StatefulSet makes both again and
 //!   the new pod runs on `node-b` with a new volume there;
 //! - Warning Events on the pod and on the claim say the data on `node-a`
 //!   is given up;
+//! - a pod's word is not enough: `closed` (its class does not allow it)
+//!   and `shared-mover` (another pod uses its claim) are refused with a
+//!   `PodMigrationRefused` Event saying why, and neither they nor their
+//!   claims are touched;
 //! - the pod without the annotation and its claim are untouched, and the
 //!   moved pod is not moved again.
 //!
@@ -39,12 +47,13 @@ use carina_tests::cluster::{
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::manifests::{Chart, objects};
-use carina_tests::workload::{WAIT, add_class, add_namespace};
+use carina_tests::workload::{WAIT, add_class, add_namespace, claim};
 use carina_tests::{have_root, unique};
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -58,6 +67,8 @@ const A: &str = "node-a";
 const B: &str = "node-b";
 const GIB: u64 = 1 << 30;
 const CLASS: &str = "carina-migration";
+/// A class of the same group that does not allow pod migration.
+const CLOSED_CLASS: &str = "carina-no-migration";
 /// The controller's `--pod-migration-grace-secs`.
 const GRACE_SECS: u64 = 3;
 
@@ -122,16 +133,45 @@ impl Drop for Heartbeats {
     }
 }
 
-/// A StatefulSet `name` of one pause pod with a 64 MiB Carina claim
-/// `data`; `migrate` adds the opt-in. The pod tolerates an unreachable
-/// node for an hour, so only Carina moves it.
-fn stateful_set(ns: &str, name: &str, migrate: bool) -> Result<StatefulSet> {
-    let annotations = if migrate {
+/// The opt-in annotations of a pod.
+fn opt_in(migrate: bool) -> serde_json::Value {
+    if migrate {
         json!({POD_MIGRATION: "true"})
     } else {
         json!({})
-    };
+    }
+}
+
+/// Tolerating an unreachable node for an hour, so only Carina moves a pod.
+fn tolerations() -> serde_json::Value {
     let toleration = |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 3600});
+    json!([
+        toleration("node.kubernetes.io/unreachable"),
+        toleration("node.kubernetes.io/not-ready"),
+    ])
+}
+
+/// A plain pause pod `name` mounting the claim `claim`; `migrate` adds the
+/// opt-in.
+fn plain_pod(ns: &str, name: &str, migrate: bool, claim: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "annotations": opt_in(migrate)},
+        "spec": {
+            "containers": [{
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+            "tolerations": tolerations(),
+        },
+    }))?)
+}
+
+/// A StatefulSet `name` of one pause pod with a 64 MiB claim `data` of
+/// `class`; `migrate` adds the opt-in.
+fn stateful_set(ns: &str, name: &str, migrate: bool, class: &str) -> Result<StatefulSet> {
+    let annotations = opt_in(migrate);
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns},
         "spec": {
@@ -146,17 +186,14 @@ fn stateful_set(ns: &str, name: &str, migrate: bool) -> Result<StatefulSet> {
                         "image": "registry.k8s.io/pause:3.10",
                         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                     }],
-                    "tolerations": [
-                        toleration("node.kubernetes.io/unreachable"),
-                        toleration("node.kubernetes.io/not-ready"),
-                    ],
+                    "tolerations": tolerations(),
                 },
             },
             "volumeClaimTemplates": [{
                 "metadata": {"name": "data"},
                 "spec": {
                     "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": CLASS,
+                    "storageClassName": class,
                     "resources": {"requests": {"storage": "64Mi"}},
                 },
             }],
@@ -248,7 +285,9 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
     let kubeconfig = chart_service_account(&cluster, dir.path()).await?;
     let mut controller_args = KubeControllerArgs::new(
         "carina-controller",
-        &unique("carina-controller"),
+        // The chart's Lease name: its Role names no other (the cluster is
+        // this test's own).
+        "carina-controller",
         &kubeconfig,
         &pki,
         dir.path(),
@@ -274,6 +313,15 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
     let ns = unique("migration");
     add_namespace(&client, &ns).await?;
     add_class(&client, CLASS, &group).await?;
+    add_class(&client, CLOSED_CLASS, &group).await?;
+    // The class allows migration as Carina's StorageClasses do: annotated.
+    Api::<StorageClass>::all(client.clone())
+        .patch(
+            CLASS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {POD_MIGRATION: "true"}}})),
+        )
+        .await?;
     let node_api: Api<Node> = Api::all(client.clone());
     let cordon = |on: bool| {
         let node_api = node_api.clone();
@@ -289,15 +337,37 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
     };
     cordon(true).await?;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    for (name, migrate) in [("moving", true), ("staying", false)] {
-        sets.create(&PostParams::default(), &stateful_set(&ns, name, migrate)?)
-            .await?;
+    for (name, migrate, class) in [
+        ("moving", true, CLASS),
+        ("staying", false, CLASS),
+        ("closed", true, CLOSED_CLASS),
+    ] {
+        sets.create(
+            &PostParams::default(),
+            &stateful_set(&ns, name, migrate, class)?,
+        )
+        .await?;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    claims
+        .create(&PostParams::default(), &claim(&ns, "shared", CLASS, "64Mi"))
+        .await?;
+    for (name, migrate) in [("shared-mover", true), ("shared-reader", false)] {
+        pods.create(
+            &PostParams::default(),
+            &plain_pod(&ns, name, migrate, "shared")?,
+        )
+        .await?;
+    }
     let moving = new_pod_on_a_node(&pods, "moving-0", "").await?;
     let staying = new_pod_on_a_node(&pods, "staying-0", "").await?;
-    assert_eq!((node_of(&moving), node_of(&staying)), (A.into(), A.into()));
+    let closed = new_pod_on_a_node(&pods, "closed-0", "").await?;
+    let mover = new_pod_on_a_node(&pods, "shared-mover", "").await?;
+    let reader = new_pod_on_a_node(&pods, "shared-reader", "").await?;
+    for p in [&moving, &staying, &closed, &mover, &reader] {
+        assert_eq!(node_of(p), A, "{}", p.name_any());
+    }
     let moving_claim = claims.get("data-moving-0").await?;
     let staying_claim = claims.get("data-staying-0").await?;
     cordon(false).await?;
@@ -372,6 +442,42 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
         &old_volume,
     )
     .await?;
+
+    // A pod's word is not enough: refused, with the reason, and untouched.
+    for (pod, claim, reason) in [
+        (
+            &closed,
+            "data-closed-0",
+            format!("StorageClass {CLOSED_CLASS}"),
+        ),
+        (
+            &mover,
+            "shared",
+            "also used by pod shared-reader".to_string(),
+        ),
+    ] {
+        let name = pod.name_any();
+        let e = event_with(&client, &ns, &name, "PodMigrationRefused", &reason).await?;
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        let now = pods.get(&name).await?;
+        assert_eq!(uid(&now), uid(pod), "{name} was deleted");
+        assert!(now.metadata.deletion_timestamp.is_none(), "{name}");
+        let c = claims.get(claim).await?;
+        assert!(
+            c.metadata.deletion_timestamp.is_none(),
+            "claim {claim} of the refused {name} is being deleted"
+        );
+        let lv: carina_api::LogicVolume = Api::all(client.clone())
+            .get(&carina_csi::names::local_name(
+                c.spec
+                    .as_ref()
+                    .and_then(|s| s.volume_name.as_deref())
+                    .context("bound")?,
+            ))
+            .await?;
+        assert!(lv.metadata.deletion_timestamp.is_none(), "{name}");
+    }
+    assert_eq!(uid(&pods.get("shared-reader").await?), uid(&reader));
 
     // The pod without the opt-in, its claim, and the moved pod stay.
     tokio::time::sleep(Duration::from_secs(GRACE_SECS + 2)).await;

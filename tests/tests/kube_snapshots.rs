@@ -304,7 +304,9 @@ async fn volume_snapshots_and_clones_hold_the_source_data() -> Result<()> {
     let kubeconfig = as_chart_service_account(&cluster, &chart, dir.path()).await?;
     let controller = KubeControllerArgs::new(
         "carina-controller",
-        &unique("carina-controller"),
+        // The chart's Lease name: its Role names no other (the cluster is
+        // this test's own).
+        "carina-controller",
         &kubeconfig,
         &pki,
         dir.path(),
@@ -321,6 +323,9 @@ async fn volume_snapshots_and_clones_hold_the_source_data() -> Result<()> {
             &as_sa,
             "--feature-gates=Topology=true",
             "--extra-create-metadata",
+            // Its Lease, as in the chart: only that name may be renewed.
+            "--leader-election",
+            "--leader-election-namespace=kube-system",
         ],
         &[],
     )?;

@@ -9,6 +9,14 @@
 //! - Never for a Pod without the annotation (or with any other value),
 //!   never while the node is Ready, never before the grace period has
 //!   passed since the `Ready` condition last changed.
+//! - The Pod's word is not enough to give up a claim: each Carina claim's
+//!   StorageClass must allow it too ([`class_allows_migration`]: the same
+//!   key as a StorageClass annotation, as Carina has it, or parameter,
+//!   `"true"`), and no other Pod that is not finished (phase neither
+//!   `Succeeded` nor `Failed`) may use the claim. Otherwise nothing of that
+//!   Pod is touched (neither a claim nor the Pod): a Warning Event
+//!   (`PodMigrationRefused`) on the Pod says why, once per reason, and the
+//!   Pod is looked at again every 10 s while the outage lasts.
 //! - Once per Pod per outage: the Pods acted on are remembered by UID for
 //!   the outage (the `Ready` condition's `lastTransitionTime`); a node
 //!   that comes back forgets them. A leader that takes over acts on what
@@ -22,7 +30,8 @@
 //!   still deleted (it asked to move).
 //!
 //! The sweep runs when a Node changes, when the next outage reaches its
-//! grace period, and 10 s after a sweep that an API error cut short.
+//! grace period, and 10 s after a sweep that an API error cut short or
+//! that refused a Pod.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -83,6 +92,33 @@ pub fn allows_migration(pod: &Pod) -> bool {
     pod.annotations().get(POD_MIGRATION).map(String::as_str) == Some("true")
 }
 
+/// Whether a StorageClass lets its claims be given up when their Pod asks
+/// to move: [`POD_MIGRATION`]` = "true"` as an annotation of the class
+/// (where Carina reads it) or as one of its parameters (where Carina's
+/// documentation also shows it).
+pub fn class_allows_migration(class: &StorageClass) -> bool {
+    let yes = |m: Option<&BTreeMap<String, String>>| {
+        m.and_then(|m| m.get(POD_MIGRATION)).map(String::as_str) == Some("true")
+    };
+    yes(class.metadata.annotations.as_ref()) || yes(class.parameters.as_ref())
+}
+
+/// Whether a Pod has finished (it holds its volumes no more).
+fn finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// The Pods of `pods`, other than `pod` and not finished, that use the
+/// claim `claim` (of `pod`'s namespace), by name.
+fn other_users(pod: &Pod, claim: &str, pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| p.uid() != pod.uid() && !finished(p))
+        .filter(|p| claim_names(p).iter().any(|c| c == claim))
+        .map(|p| p.name_any())
+        .collect()
+}
+
 /// The claims a Pod names (generic ephemeral ones included), in order.
 fn claim_names(pod: &Pod) -> Vec<String> {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
@@ -102,6 +138,17 @@ fn claim_names(pod: &Pod) -> Vec<String> {
 struct Outage {
     since: Option<Timestamp>,
     pods: BTreeSet<String>,
+    /// Pods refused, by UID, with the reason last told in an Event.
+    refused: BTreeMap<String, String>,
+}
+
+/// What became of one Pod.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Its claims and the Pod are deleted.
+    Moved,
+    /// Nothing was touched, for this reason.
+    Refused(String),
 }
 
 struct Migrator {
@@ -144,13 +191,14 @@ impl Migrator {
     }
 
     /// Moves every opted-in Pod off `node`, whose outage began at `since`;
-    /// false when something failed and is to be tried again.
+    /// false when something failed or a Pod was refused: both are looked
+    /// at again.
     async fn migrate_from(&mut self, node: &str, since: Timestamp) -> bool {
         let outage = self.outages.entry(node.to_string()).or_default();
         if outage.since != Some(since) {
             *outage = Outage {
                 since: Some(since),
-                pods: BTreeSet::new(),
+                ..Outage::default()
             };
         }
         let pods: Api<Pod> = Api::all(self.client.clone());
@@ -174,10 +222,22 @@ impl Migrator {
             if done {
                 continue;
             }
-            match self.migrate(pod, node, since).await {
-                Ok(()) => {
+            let told = self
+                .outages
+                .get(node)
+                .and_then(|o| o.refused.get(&uid).cloned());
+            match self.migrate(pod, node, since, told.as_deref()).await {
+                Ok(Outcome::Moved) => {
                     if let Some(o) = self.outages.get_mut(node) {
+                        o.refused.remove(&uid);
                         o.pods.insert(uid);
+                    }
+                }
+                // Looked at again soon: the other Pod may finish.
+                Ok(Outcome::Refused(reason)) => {
+                    all_done = false;
+                    if let Some(o) = self.outages.get_mut(node) {
+                        o.refused.insert(uid, reason);
                     }
                 }
                 Err(e) => {
@@ -189,9 +249,17 @@ impl Migrator {
         all_done
     }
 
-    /// Deletes the Pod's Carina claims, then the Pod.
+    /// Deletes the Pod's Carina claims, then the Pod, unless a claim may
+    /// not be given up ([`Self::refusal`]); then nothing is deleted and,
+    /// unless `told` is that reason already, an Event says why.
     #[tracing::instrument(name = "migration.pod", skip_all, err, fields(k8s.pod.name = %pod.name_any(), k8s.namespace.name = %pod.namespace().unwrap_or_default(), k8s.node.name = %node))]
-    async fn migrate(&self, pod: &Pod, node: &str, since: Timestamp) -> Result<(), kube::Error> {
+    async fn migrate(
+        &self,
+        pod: &Pod,
+        node: &str,
+        since: Timestamp,
+        told: Option<&str>,
+    ) -> Result<Outcome, kube::Error> {
         let ns = pod.namespace().unwrap_or_default();
         let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
         let mut claims = Vec::new();
@@ -206,6 +274,16 @@ impl Migrator {
             "node {node} has not been Ready since {since} (longer than {:?})",
             self.grace
         );
+        if let Some(reason) = self.refusal(pod, &claims).await? {
+            if told != Some(reason.as_str()) {
+                let note = format!(
+                    "{outage}; the pod allows migration but {reason}: neither the pod nor any of its claims is deleted"
+                );
+                tracing::warn!(%note, "pod migration refused");
+                self.event(pod, "PodMigrationRefused", &note).await;
+            }
+            return Ok(Outcome::Refused(reason));
+        }
         let volumes: Vec<String> = claims
             .iter()
             .map(|c| {
@@ -255,10 +333,72 @@ impl Migrator {
             resource_version: None,
         });
         match pods.delete(&pod.name_any(), &delete).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Ok(_) => Ok(Outcome::Moved),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Outcome::Moved),
             Err(e) => Err(e),
         }
+    }
+
+    /// Why the Carina claims `claims` of `pod` may not be given up: a
+    /// claim whose StorageClass does not allow it (or is gone), or one that
+    /// another Pod, not finished, uses. `None` when every claim may go.
+    async fn refusal(
+        &self,
+        pod: &Pod,
+        claims: &[PersistentVolumeClaim],
+    ) -> Result<Option<String>, kube::Error> {
+        if claims.is_empty() {
+            return Ok(None);
+        }
+        let ns = pod.namespace().unwrap_or_default();
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        let mut reasons = Vec::new();
+        for claim in claims {
+            let name = format!("{ns}/{}", claim.name_any());
+            match self.class_of(claim).await? {
+                None => reasons.push(format!("claim {name} names no StorageClass")),
+                Some(class) => match classes.get_opt(&class).await? {
+                    None => reasons.push(format!("the StorageClass {class} of claim {name} is gone")),
+                    Some(c) if !class_allows_migration(&c) => reasons.push(format!(
+                        "the StorageClass {class} of claim {name} does not allow it ({POD_MIGRATION}: \"true\")"
+                    )),
+                    Some(_) => {}
+                },
+            }
+        }
+        // Listed after the claims were read: a Pod made meanwhile counts.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let listed = pods.list(&ListParams::default()).await?.items;
+        for claim in claims {
+            let users = other_users(pod, &claim.name_any(), &listed);
+            if !users.is_empty() {
+                reasons.push(format!(
+                    "claim {ns}/{} is also used by pod {}",
+                    claim.name_any(),
+                    users.join(", ")
+                ));
+            }
+        }
+        Ok((!reasons.is_empty()).then(|| reasons.join("; ")))
+    }
+
+    /// The StorageClass a claim names, or, when it names none, its bound
+    /// volume's.
+    async fn class_of(&self, claim: &PersistentVolumeClaim) -> Result<Option<String>, kube::Error> {
+        let spec = claim.spec.clone().unwrap_or_default();
+        if let Some(class) = spec.storage_class_name.filter(|c| !c.is_empty()) {
+            return Ok(Some(class));
+        }
+        let Some(pv) = spec.volume_name.filter(|n| !n.is_empty()) else {
+            return Ok(None);
+        };
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        Ok(pvs
+            .get_opt(&pv)
+            .await?
+            .and_then(|pv| pv.spec)
+            .and_then(|s| s.storage_class_name)
+            .filter(|c| !c.is_empty()))
     }
 
     /// Whether the claim's volume is (or will be) this driver's.
@@ -423,5 +563,54 @@ mod tests {
         }))
         .expect("a pod");
         assert_eq!(claim_names(&pod), ["data-db-0", "db-0-scratch"]);
+    }
+
+    #[test]
+    fn a_class_allows_migration_only_with_the_exact_key_and_value() {
+        let class = |annotation: Option<&str>, parameter: Option<&str>| StorageClass {
+            metadata: ObjectMeta {
+                annotations: annotation
+                    .map(|v| BTreeMap::from([(POD_MIGRATION.to_string(), v.to_string())])),
+                ..ObjectMeta::default()
+            },
+            parameters: parameter
+                .map(|v| BTreeMap::from([(POD_MIGRATION.to_string(), v.to_string())])),
+            ..StorageClass::default()
+        };
+        assert!(class_allows_migration(&class(Some("true"), None)));
+        assert!(class_allows_migration(&class(None, Some("true"))));
+        for (a, p) in [
+            (None, None),
+            (Some("false"), None),
+            (None, Some("TRUE")),
+            (Some("yes"), Some("1")),
+        ] {
+            assert!(!class_allows_migration(&class(a, p)), "{a:?} {p:?}");
+        }
+    }
+
+    #[test]
+    fn only_other_unfinished_pods_hold_a_claim() {
+        let pod = |name: &str, uid: &str, phase: &str, claim: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "uid": uid},
+                "spec": {"containers": [], "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+                ]},
+                "status": {"phase": phase},
+            }))
+            .expect("a pod")
+        };
+        let moving = pod("db-0", "u0", "Running", "data");
+        let pods = [
+            moving.clone(),
+            pod("reader", "u1", "Running", "data"),
+            pod("pending", "u2", "Pending", "data"),
+            pod("done", "u3", "Succeeded", "data"),
+            pod("failed", "u4", "Failed", "data"),
+            pod("elsewhere", "u5", "Running", "other"),
+        ];
+        assert_eq!(other_users(&moving, "data", &pods), ["reader", "pending"]);
+        assert!(other_users(&moving, "other", &pods[..1]).is_empty());
     }
 }
