@@ -12,18 +12,22 @@
 //!   delete through CSI; the `LogicVolume` status, the node's own answer
 //!   (`GetLV` over mTLS) and `lvs` on the node's disk agree; the other
 //!   node has nothing;
-//! - a controller killed (SIGKILL) in the middle of a create and started
-//!   again converges to exactly one volume, and the retried
+//! - a controller killed (SIGKILL) in the middle of a create, while the
+//!   node's `lvcreate` is seen waiting (the test holds the VG's lvm lock),
+//!   and started again converges to exactly one volume, and the retried
 //!   `CreateVolume` returns it;
 //! - a create pinned to a node whose process is down fails with a
 //!   retryable code, and the same request succeeds once the node is back;
 //!   nothing leaks on either node or in the API;
 //! - a controller killed (SIGKILL) in the middle of a delete, and in the
-//!   middle of an expand, with the node call in flight: another replica's
-//!   retry finishes it, and nothing is left over;
+//!   middle of an expand, with the node call seen in flight (its `lvremove`
+//!   or `lvextend` waits on the held lock): another replica's retry
+//!   finishes it, and nothing is left over;
 //! - 50 creates in flight while kube-apiserver is killed and restarted,
-//!   then etcd: every create, retried as external-provisioner retries,
-//!   ends with exactly one volume, and deleting them leaves nothing;
+//!   then etcd (at each kill none has answered and both nodes' `lvcreate`
+//!   are seen waiting on the held lock): every create, retried as
+//!   external-provisioner retries, ends with exactly one volume, and
+//!   deleting them leaves nothing;
 //! - two replicas: one holds the Lease and runs the bridge while both
 //!   serve CSI; the other takes over when the leader stops (SIGTERM), and
 //!   volumes are made and deleted afterwards.
@@ -34,6 +38,8 @@
 //! `tests/tools/build.sh etcd kube`, and `cargo build --workspace --bins`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -49,7 +55,8 @@ use carina_tests::cluster::{
 use carina_tests::csi::{Csi, delete, make, mount_cap, on};
 use carina_tests::grpc::get_lv;
 use carina_tests::kube::KubeCluster;
-use carina_tests::{have_root, lvm, unique};
+use carina_tests::lvmlock::{VgLock, a_descendant_waits};
+use carina_tests::{have_root, lvm, unique, wait_until};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -317,6 +324,18 @@ fn made(lv: Option<&LogicVolume>) -> bool {
         .is_some_and(|s| s.volume_id.is_some())
 }
 
+/// Waits until `node`'s process has an `lvm` command waiting on a file
+/// lock (the test holds the VG's lock): the node is inside the call.
+async fn await_lvm_waiting(e2e: &E2e, node: &str, what: &str) -> Result<()> {
+    let pid = e2e.node(node).service.pid().context("the node runs")?;
+    wait_until(
+        &format!("{node}'s {what} waits on the VG lock"),
+        WAIT,
+        || a_descendant_waits(pid),
+    )
+    .await
+}
+
 /// The Lease's holder.
 async fn holder(e2e: &E2e) -> Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(e2e.client(), "kube-system");
@@ -338,23 +357,6 @@ async fn await_holder(e2e: &E2e, who: &str, within: Duration) -> Result<()> {
     })
     .await?;
     Ok(())
-}
-
-/// A paused process, resumed (SIGCONT) when this drops, also when the
-/// test fails first.
-struct Paused<'a>(&'a Service);
-
-impl<'a> Paused<'a> {
-    fn pause(service: &'a Service) -> Result<Paused<'a>> {
-        service.signal("STOP")?;
-        Ok(Paused(service))
-    }
-}
-
-impl Drop for Paused<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.signal("CONT");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -449,25 +451,25 @@ async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> 
     let object = object_name(name);
     let request = create(name, 64 * MIB, &e2e.group, Some(B));
 
-    // Node B is paused, so the create cannot finish: the object is
-    // written, the bridge's CreateLV waits on the node.
-    let paused = Paused::pause(&e2e.node(B).service)?;
+    // The VG's lock is held, so the create cannot finish: the object is
+    // written, the bridge's CreateLV reaches node B, whose lvcreate waits.
+    // The kill lands while that node call is seen in flight (a kill
+    // before it is the easier case: nothing reached the node).
+    // (The node's /metrics waits for LVM too: read before.)
+    let calls_before = e2e.calls(B, "CreateLV").await?;
+    let lock = VgLock::shared(&e2e.group);
     let mut csi = Csi::new(first.channel().await?);
     let req = request.clone();
     let pending = tokio::spawn(async move { csi.create_volume(req).await });
-    await_lv(&e2e, &object, "written", |lv| lv.is_some()).await?;
-    // Give the bridge a moment to send CreateLV to the paused node, so
-    // the kill lands while the node call is in flight (a kill before it
-    // is the easier case: nothing reached the node).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    await_lvm_waiting(&e2e, B, "lvcreate").await?;
     first.kill();
     let answer = tokio::time::timeout(WAIT, pending).await??;
     assert!(
         answer.is_err(),
         "CreateVolume answered although its controller was killed: {answer:?}"
     );
-    // The node goes on; whatever reached it may now run, its caller gone.
-    drop(paused);
+    // The node goes on; the call that reached it now runs, its caller gone.
+    drop(lock);
     let lv = Api::<LogicVolume>::all(e2e.client()).get(&object).await?;
     assert!(!made(Some(&lv)), "made before the restart: {:?}", lv.status);
 
@@ -488,11 +490,12 @@ async fn a_controller_killed_mid_create_converges_to_one_volume() -> Result<()> 
         "one LV of the returned size"
     );
     assert_eq!(holder(&e2e).await?.as_deref(), Some("ctl-2"));
-    // 2 when the killed controller's CreateLV reached the node and ran
-    // after all, 1 when it never got there.
-    eprintln!(
-        "node B answered {} CreateLV calls",
-        e2e.calls(B, "CreateLV").await?
+    // The retry's CreateLV reached the node (the killed one's was seen
+    // waiting in its lvcreate above).
+    let calls = e2e.calls(B, "CreateLV").await?;
+    assert!(
+        calls > calls_before,
+        "node B answered {calls} CreateLV calls, {calls_before} before the create"
     );
     second.check_running()?;
     second.stop().await;
@@ -566,21 +569,21 @@ async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() 
         volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     };
-    let paused = Paused::pause(&e2e.node(B).service)?;
+    let lock = VgLock::shared(&e2e.group);
     let req = expand.clone();
     let pending = tokio::spawn(async move { csi.controller_expand_volume(req).await });
     await_lv(&e2e, &object, "grown in its spec", |lv| {
         lv.is_some_and(|lv| quantity_bytes(&lv.spec.size).is_ok_and(|b| b >= 128 * MIB))
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    await_lvm_waiting(&e2e, B, "lvextend").await?;
     first.kill();
     let answer = tokio::time::timeout(WAIT, pending).await??;
     assert!(
         answer.is_err(),
         "answered by a killed controller: {answer:?}"
     );
-    drop(paused);
+    drop(lock);
     let mut second = e2e.controller("ctl-2").start().await?;
     let csi = Csi::new(second.channel().await?);
     let started = Instant::now();
@@ -608,9 +611,10 @@ async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() 
         .context("currentSize")?;
     assert_eq!(quantity_bytes(&current)?, grown);
 
-    // Delete: the object is marked deleted, the bridge's DeleteLV waits
-    // on the paused node, and the controller dies.
-    let paused = Paused::pause(&e2e.node(B).service)?;
+    // Delete: the object is marked deleted, the bridge's DeleteLV reaches
+    // node B, whose lvremove waits on the held lock, and the controller
+    // dies.
+    let lock = VgLock::shared(&e2e.group);
     let mut csi2 = csi.clone();
     let id = v.volume_id.clone();
     let pending = tokio::spawn(async move { delete(&mut csi2, &id).await });
@@ -618,14 +622,14 @@ async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() 
         lv.is_some_and(|lv| lv.metadata.deletion_timestamp.is_some())
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    await_lvm_waiting(&e2e, B, "lvremove").await?;
     second.kill();
     let answer = tokio::time::timeout(WAIT, pending).await??;
     assert!(
         answer.is_err(),
         "answered by a killed controller: {answer:?}"
     );
-    drop(paused);
+    drop(lock);
     let mut third = e2e.controller("ctl-3").start().await?;
     let mut csi = Csi::new(third.channel().await?);
     let started = Instant::now();
@@ -652,6 +656,21 @@ async fn a_controller_killed_mid_delete_or_mid_expand_is_finished_by_the_next() 
     Ok(())
 }
 
+/// Asserts, just before `stage`, that no create has answered and that both
+/// nodes are inside a create (an `lvcreate` waits on the held VG lock).
+fn assert_in_flight(e2e: &E2e, answered: &AtomicUsize, stage: &str) -> Result<()> {
+    let answered = answered.load(Ordering::SeqCst);
+    assert_eq!(answered, 0, "{answered} creates answered before {stage}");
+    for node in [A, B] {
+        let pid = e2e.node(node).service.pid().context("the node runs")?;
+        assert!(
+            a_descendant_waits(pid),
+            "no lvcreate of {node} waits at {stage}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_creates_survive_an_apiserver_and_an_etcd_restart() -> Result<()> {
     let Some(mut e2e) = E2e::start(
@@ -665,9 +684,15 @@ async fn fifty_creates_survive_an_apiserver_and_an_etcd_restart() -> Result<()> 
     let mut ctl = e2e.serving_controller("ctl-1").await?;
     let csi = Csi::new(ctl.channel().await?);
     const N: usize = 50;
+    // The VG's lock is held until both restarts are over, so no create can
+    // finish before: every one is in flight when the apiserver dies and
+    // when etcd dies.
+    let lock = VgLock::shared(&e2e.group);
+    let answered = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut creates = tokio::task::JoinSet::new();
     for i in 0..N {
+        let answered = answered.clone();
         let csi = csi.clone();
         let request = create(
             &format!("pvc-e2e-storm-{i:02}"),
@@ -682,20 +707,25 @@ async fn fifty_creates_survive_an_apiserver_and_an_etcd_restart() -> Result<()> 
                 async move { csi.create_volume(req).await }
             })
             .await?;
+            answered.fetch_add(1, Ordering::SeqCst);
             let v = v.into_inner().volume.context("no volume")?;
             anyhow::Ok((request.name, v.volume_id, failures, Instant::now()))
         });
     }
-    // The creates are in flight: the apiserver dies and comes back, then
-    // etcd.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The creates are in flight, some of them inside the nodes: the
+    // apiserver dies and comes back, then etcd.
+    await_lvm_waiting(&e2e, A, "lvcreate").await?;
+    await_lvm_waiting(&e2e, B, "lvcreate").await?;
+    assert_in_flight(&e2e, &answered, "the apiserver's kill")?;
+    let objects = e2e.logic_volumes().await?.len();
     e2e.cluster
         .restart_apiserver(Duration::from_secs(2))
         .await?;
     let apiserver_back = Instant::now();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_in_flight(&e2e, &answered, "etcd's kill")?;
     e2e.cluster.restart_etcd(Duration::from_secs(2)).await?;
     let etcd_back = Instant::now();
+    drop(lock);
     let mut made = Vec::new();
     let mut retried = 0;
     let mut last = started;
@@ -706,7 +736,7 @@ async fn fifty_creates_survive_an_apiserver_and_an_etcd_restart() -> Result<()> 
         made.push((name, id));
     }
     eprintln!(
-        "{N} creates: {retried} needed retries; apiserver back after {:?}, etcd back after {:?}, the last create answered {:?} after etcd was back",
+        "{N} creates, {objects} objects written when the apiserver died: {retried} needed retries; apiserver back after {:?}, etcd back after {:?}, the last create answered {:?} after etcd was back",
         apiserver_back - started,
         etcd_back - started,
         last.saturating_duration_since(etcd_back)
