@@ -1,7 +1,12 @@
 //! The node's device-group configuration: Carina's `config.json`
 //! (`diskSelector[]`, `diskScanInterval`, `schedulerStrategy`) plus this
 //! project's additions per selector (`reserveBytes`, `activation`, `root`,
-//! `minDiskBytes`).
+//! `minDiskBytes`, `adoptOrphanPVs`).
+//!
+//! An LVM or RAW selector with no patterns (`"re": []`) is a group that
+//! names no disks yet: it takes none, and the node reports it with its
+//! `no_disks` reason (the chart's default, so a fresh install takes no
+//! disk until the user names them).
 //!
 //! Parsing is a pure function of the text; every error names the field path
 //! (`diskSelector[1].re[0]: invalid regex ...`).
@@ -84,6 +89,11 @@ pub struct GroupConfig {
     /// Only disks of this kind: `Some(true)` rotational, `Some(false)`
     /// solid-state, `None` any (Carina v0.9's list form groups by kind).
     pub rotational: Option<bool>,
+    /// LVM groups: also take a matched LVM physical volume that belongs to
+    /// no volume group (an orphan PV, e.g. left by an old VG or made by
+    /// another tool). Off unless the selector says `"adoptOrphanPVs":
+    /// true`: a PV is someone's on purpose more often than not.
+    pub adopt_orphan_pvs: bool,
 }
 
 impl GroupConfig {
@@ -183,6 +193,8 @@ struct RawSelector {
     min_disk_bytes: Option<u64>,
     activation: Option<String>,
     root: Option<String>,
+    #[serde(rename = "adoptOrphanPVs")]
+    adopt_orphan_pvs: Option<bool>,
 }
 
 impl RawConfig {
@@ -285,7 +297,7 @@ impl RawSelector {
                         format!("only HOST groups take a root, not {policy}"),
                     ));
                 }
-                (compile_patterns(at, policy, &self.re)?, None)
+                (compile_patterns(at, &self.re)?, None)
             }
         };
         let activation = match self.activation.as_deref() {
@@ -305,6 +317,12 @@ impl RawSelector {
                 "only LVM groups take an activation mode",
             ));
         }
+        if policy != Policy::Lvm && self.adopt_orphan_pvs.is_some() {
+            return Err(Error::config(
+                format!("{at}.adoptOrphanPVs"),
+                format!("only LVM groups take physical volumes, not {policy}"),
+            ));
+        }
         Ok(GroupConfig {
             name,
             policy,
@@ -315,6 +333,7 @@ impl RawSelector {
             activation,
             root,
             rotational: None,
+            adopt_orphan_pvs: self.adopt_orphan_pvs.unwrap_or(false),
         })
     }
 }
@@ -360,6 +379,7 @@ fn type_groups(
         activation: Activation::Auto,
         root: None,
         rotational: Some(rotational),
+        adopt_orphan_pvs: false,
     };
     Ok(vec![
         group(V09_SSD_GROUP, false),
@@ -367,9 +387,9 @@ fn type_groups(
     ])
 }
 
-/// The disk patterns of an LVM or RAW group: at least one, each a valid
-/// regex.
-fn compile_patterns(at: &str, policy: Policy, re: &[String]) -> Result<Vec<Regex>> {
+/// The disk patterns of an LVM or RAW group, each a valid regex. None at
+/// all is a group that names no disks yet: it takes none.
+fn compile_patterns(at: &str, re: &[String]) -> Result<Vec<Regex>> {
     let mut patterns = Vec::with_capacity(re.len());
     for (j, re) in re.iter().enumerate() {
         if re.is_empty() {
@@ -378,12 +398,6 @@ fn compile_patterns(at: &str, policy: Policy, re: &[String]) -> Result<Vec<Regex
         let compiled = Regex::new(re)
             .map_err(|e| Error::config(format!("{at}.re[{j}]"), format!("invalid regex: {e}")))?;
         patterns.push(compiled);
-    }
-    if patterns.is_empty() {
-        return Err(Error::config(
-            format!("{at}.re"),
-            format!("a {policy} group needs at least one disk pattern"),
-        ));
     }
     Ok(patterns)
 }
@@ -445,224 +459,4 @@ fn parse_interval(value: &serde_json::Value) -> Result<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::*;
-
-    fn err(text: &str) -> String {
-        Config::from_json(text)
-            .expect_err("must be rejected")
-            .to_string()
-    }
-
-    #[test]
-    fn parses_carina_example() {
-        let cfg = Config::from_json(
-            r#"{
-              "diskSelector": [
-                {"name": "carina-vg-ssd", "re": ["loop2+"], "policy": "LVM", "nodeLabel": "kubernetes.io/hostname"},
-                {"name": "carina-raw-hdd", "re": ["vdb+", "sd+"], "policy": "RAW", "nodeLabel": "kubernetes.io/hostname"}
-              ],
-              "diskScanInterval": "300",
-              "schedulerStrategy": "spreadout"
-            }"#,
-        )
-        .expect("valid");
-        assert_eq!(cfg.groups.len(), 2);
-        assert_eq!(cfg.groups[0].policy, Policy::Lvm);
-        assert_eq!(cfg.groups[0].reserve_bytes, DEFAULT_RESERVE_BYTES);
-        assert!(cfg.groups[0].matches(Path::new("/dev/loop22"), "loop22"));
-        assert!(!cfg.groups[0].matches(Path::new("/dev/sda"), "sda"));
-        assert_eq!(cfg.groups[1].policy, Policy::Raw);
-        assert_eq!(cfg.scan_interval, Duration::from_secs(300));
-        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Spreadout);
-        assert_eq!(
-            cfg.groups[0].node_label.as_deref(),
-            Some("kubernetes.io/hostname")
-        );
-    }
-
-    /// Carina's documented HOST group: the directory is the one entry of
-    /// `re`, and no disk is ever matched by it.
-    #[test]
-    fn carina_host_form() {
-        let cfg = Config::from_json(
-            r#"{"diskSelector": [
-                {"name": "carina-host", "re": ["/opt/carina-hostpath"], "policy": "HOST", "nodeLabel": "kubernetes.io/hostname"}
-              ]}"#,
-        )
-        .expect("Carina's HOST form loads");
-        let g = &cfg.groups[0];
-        assert_eq!(g.policy, Policy::Host);
-        assert_eq!(g.root.as_deref(), Some(Path::new("/opt/carina-hostpath")));
-        assert!(g.patterns.is_empty());
-        assert!(!g.matches(Path::new("/opt/carina-hostpath"), "carina-hostpath"));
-        // Both spellings at once, when they agree.
-        let cfg = Config::from_json(
-            r#"{"diskSelector": [{"name": "h", "re": ["/srv/h"], "root": "/srv/h", "policy": "host"}]}"#,
-        )
-        .expect("agreeing root and re");
-        assert_eq!(cfg.groups[0].root.as_deref(), Some(Path::new("/srv/h")));
-    }
-
-    /// A pattern selects a disk by its path (Carina's `lsblk --paths`
-    /// names) or by its kernel name.
-    #[test]
-    fn patterns_match_path_or_kernel_name() {
-        let cfg = Config::from_json(
-            r#"{"diskSelector": [
-                {"name": "by-path", "re": ["^/dev/sdb$"], "policy": "LVM"},
-                {"name": "by-name", "re": ["^sdc$"], "policy": "LVM"},
-                {"name": "loose", "re": ["loop2+"], "policy": "RAW"}
-              ]}"#,
-        )
-        .expect("valid");
-        let m = |g: usize, name: &str| cfg.groups[g].matches(&Path::new("/dev").join(name), name);
-        assert!(m(0, "sdb"));
-        assert!(!m(0, "sdbb"));
-        assert!(!m(0, "sdc"));
-        assert!(m(1, "sdc"));
-        assert!(!m(1, "sdcd"));
-        assert!(m(2, "loop2"));
-        assert!(m(2, "loop22"));
-        assert!(!m(2, "loop3"));
-    }
-
-    /// The forms Carina's documentation shows, each loading unchanged.
-    #[test]
-    fn carina_documented_forms() {
-        // v0.10+ objects, with the diskGroupPolicy line the docs keep.
-        let cfg = Config::from_json(
-            r#"{"diskSelector": [
-                  {"name": "carina-vg-ssd", "re": ["loop2+"], "policy": "LVM", "nodeLabel": "kubernetes.io/hostname"},
-                  {"name": "carina-raw-loop", "re": ["loop4", "loop5"], "policy": "RAW", "nodeLabel": "kubernetes.io/hostname"},
-                  {"name": "carina-host", "re": ["/opt/carina-hostpath"], "policy": "HOST", "nodeLabel": "kubernetes.io/hostname"}
-                ],
-                "diskScanInterval": "300", "diskGroupPolicy": "type", "schedulerStrategy": "binpack"}"#,
-        )
-        .expect("objects with diskGroupPolicy");
-        assert_eq!(cfg.groups.len(), 3);
-        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Binpack);
-        assert!(cfg.warnings.iter().any(|w| w.contains("diskGroupPolicy")));
-        // v0.9: a list of patterns grouped by disk type, and the
-        // documentation's spelling "spradout".
-        let cfg = Config::from_json(
-            r#"{"diskSelector": ["loop*", "vd*"], "diskScanInterval": "300",
-                "diskGroupPolicy": "type", "schedulerStrategy": "spradout"}"#,
-        )
-        .expect("v0.9 list form");
-        let names: Vec<_> = cfg.groups.iter().map(|g| g.name.as_str()).collect();
-        assert_eq!(names, [V09_SSD_GROUP, V09_HDD_GROUP]);
-        assert!(cfg.groups.iter().all(|g| g.policy == Policy::Lvm));
-        assert_eq!(cfg.groups[0].rotational, Some(false));
-        assert_eq!(cfg.groups[1].rotational, Some(true));
-        assert!(cfg.groups[0].matches(Path::new("/dev/vda"), "vda"));
-        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Spreadout);
-        assert_eq!(cfg.warnings.len(), 2, "{:?}", cfg.warnings);
-        // The scheduling-only form.
-        let cfg = Config::from_json(
-            r#"{"diskScanInterval": "300", "diskGroupPolicy": "type", "schedulerStrategy": "spreadout"}"#,
-        )
-        .expect("no selectors");
-        assert!(cfg.groups.is_empty());
-    }
-
-    #[test]
-    fn our_additions() {
-        let cfg = Config::from_json(
-            r#"{"diskSelector": [
-                {"name": "fast", "re": ["^loop7$"], "policy": "LVM", "reserveBytes": 0, "activation": "loop", "minDiskBytes": 1},
-                {"name": "dirs", "policy": "HOST", "root": "/var/lib/carina/dirs"}
-              ], "diskScanInterval": 0, "schedulerStrategy": "binpack"}"#,
-        )
-        .expect("valid");
-        assert_eq!(cfg.groups[0].reserve_bytes, 0);
-        assert_eq!(cfg.groups[0].activation, Activation::Loop);
-        assert_eq!(
-            cfg.groups[1].root.as_deref(),
-            Some(std::path::Path::new("/var/lib/carina/dirs"))
-        );
-        assert_eq!(cfg.scan_interval, Duration::ZERO);
-        assert_eq!(cfg.scheduler_strategy, SchedulerStrategy::Binpack);
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let cases = [
-            (
-                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"LVM"},{"name":"b","re":["("],"policy":"LVM"}]}"#,
-                "diskSelector[1].re[0]: invalid regex",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"LVM"},{"name":"a","re":["y"],"policy":"RAW"}]}"#,
-                "diskSelector[1].name: duplicate group name \"a\"",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"ZFS"}]}"#,
-                "diskSelector[0].policy: unknown policy",
-            ),
-            (
-                r#"{"diskSelector":[{"re":["x"],"policy":"LVM"}]}"#,
-                "diskSelector[0].name: missing",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"-a","re":["x"],"policy":"LVM"}]}"#,
-                "diskSelector[0].name",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":[],"policy":"LVM"}]}"#,
-                "diskSelector[0].re",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","policy":"HOST"}]}"#,
-                "diskSelector[0].re: a HOST group needs its directory",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["/a","/b"],"policy":"HOST"}]}"#,
-                "diskSelector[0].re: a HOST group takes one directory, not 2 entries",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["opt/carina"],"policy":"HOST"}]}"#,
-                "diskSelector[0].re[0]: \"opt/carina\" is not an absolute path",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["/a"],"root":"/b","policy":"HOST"}]}"#,
-                "diskSelector[0].root: \"/b\" differs from the directory \"/a\"",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["x"],"root":"/b","policy":"LVM"}]}"#,
-                "diskSelector[0].root: only HOST groups take a root",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","policy":"HOST","root":"rel/dir"}]}"#,
-                "diskSelector[0].root",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"LVM","activation":"magic"}]}"#,
-                "diskSelector[0].activation",
-            ),
-            (
-                r#"{"diskSelector":[{"name":"a","re":["x"],"policy":"RAW","activation":"loop"}]}"#,
-                "diskSelector[0].activation",
-            ),
-            (r#"{"diskScanInterval":"soon"}"#, "diskScanInterval"),
-            (r#"{"schedulerStrategy":"random"}"#, "schedulerStrategy"),
-            (r#"{"diskSelector": 3}"#, "diskSelector: expected a list"),
-            (
-                r#"{"diskSelector": ["sd+", {"name": "a"}]}"#,
-                "diskSelector[0]",
-            ),
-            (
-                r#"{"diskSelector": ["("]}"#,
-                "diskSelector[0]: invalid regex",
-            ),
-            (r#"{"diskScanInterval": []}"#, "diskScanInterval"),
-            (r#"[]"#, "config.json"),
-        ];
-        for (text, want) in cases {
-            let got = err(text);
-            assert!(got.contains(want), "{text}: got {got:?}, want {want:?}");
-        }
-    }
-}
+mod tests;

@@ -218,8 +218,10 @@ pub async fn list_loops() -> Result<Vec<LosetupDevice>> {
 /// if it is usable for that policy: writable, not mounted or stacked on,
 /// large enough, not a loop device backed by another block device (our own
 /// LV exposures), and either blank or already ours (a PV of this group's
-/// VG, a GPT disk with our partitions). Disks that match no group are
-/// reported with no group and no reason, and are never touched.
+/// VG, a GPT disk with our partitions). An LVM physical volume of no
+/// volume group (an orphan) is taken only by a group with
+/// `adoptOrphanPVs`. Disks that match no group are reported with no group
+/// and no reason, and are never touched.
 pub fn assign(
     config: &Config,
     disks: &[Disk],
@@ -235,13 +237,7 @@ pub fn assign(
             });
             continue;
         };
-        let reason = unusable_reason(
-            disk,
-            group.policy,
-            &group.name,
-            group.min_disk_bytes,
-            raw_disks_with_our_partitions,
-        );
+        let reason = unusable_reason(disk, group, raw_disks_with_our_partitions);
         out.push(DiskStatus {
             disk: disk.clone(),
             group: reason.is_none().then(|| group.name.clone()),
@@ -308,8 +304,17 @@ impl EmptyGroup {
 }
 
 impl std::fmt::Display for EmptyGroup {
-    /// One line: the group, its patterns and each disk with its reason.
+    /// One line: the group, its patterns and each disk with its reason;
+    /// a group with no patterns says that it names no disks.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.patterns.is_empty() {
+            return write!(
+                f,
+                "group {:?} names no disks: its selector's re is empty, so it takes none \
+                 (name this node's disks in re, e.g. [\"^sdb$\"])",
+                self.group
+            );
+        }
         write!(
             f,
             "group {:?} took no disk: patterns [{}] (matched against /dev/<name> and <name>)",
@@ -380,13 +385,13 @@ fn why_not(config: &Config, group: &GroupConfig, status: &DiskStatus) -> String 
     }
 }
 
-fn unusable_reason(
-    disk: &Disk,
-    policy: Policy,
-    group: &str,
-    min_bytes: u64,
-    ours: &[String],
-) -> Option<String> {
+/// [`DiskStatus::reason`] of an orphan PV an LVM group did not take.
+pub const ORPHAN_PV: &str =
+    "LVM physical volume of no volume group (set adoptOrphanPVs on the selector to take it)";
+
+fn unusable_reason(disk: &Disk, group: &GroupConfig, ours: &[String]) -> Option<String> {
+    let (policy, min_bytes) = (group.policy, group.min_disk_bytes);
+    let group_name = group.name.as_str();
     if disk.read_only {
         return Some("read-only".into());
     }
@@ -405,7 +410,7 @@ fn unusable_reason(
     // A disk that is already ours keeps its group while our volumes on it
     // are mounted or activated; any other disk with users is off limits.
     let already_ours = match policy {
-        Policy::Lvm => disk.lvm_vg.as_deref() == Some(group),
+        Policy::Lvm => disk.lvm_vg.as_deref() == Some(group_name),
         Policy::Raw => ours.iter().any(|d| d == &disk.name),
         Policy::Host => false,
     };
@@ -423,7 +428,8 @@ fn unusable_reason(
     }
     match policy {
         Policy::Lvm => match (&disk.lvm_vg, &disk.fstype) {
-            (Some(vg), _) if vg.is_empty() => None,
+            (Some(vg), _) if vg.is_empty() && group.adopt_orphan_pvs => None,
+            (Some(vg), _) if vg.is_empty() => Some(ORPHAN_PV.into()),
             (Some(vg), _) => Some(format!("physical volume of another volume group {vg:?}")),
             (None, Some(fs)) => Some(format!("carries {fs}")),
             (None, None) if disk.pttype.is_some() || !disk.partitions.is_empty() => {
@@ -631,6 +637,39 @@ mod tests {
         );
         let none = empty_groups(&cfg, &[]);
         assert!(none[0].to_string().ends_with("the scan saw no disks"));
+    }
+
+    /// An LVM physical volume of no volume group is someone's unless the
+    /// selector says to adopt it; a group with no patterns takes nothing
+    /// and says so.
+    #[test]
+    fn orphan_pvs_and_groups_without_patterns() {
+        let mut orphan = disk("loop4");
+        orphan.fstype = Some("LVM2_member".into());
+        orphan.lvm_vg = Some(String::new());
+        let disks = [orphan, disk("loop5")];
+        let strict =
+            config(r#"{"diskSelector": [{"name": "vg", "re": ["^loop4$"], "policy": "LVM"}]}"#);
+        let s = assign(&strict, &disks, &[]);
+        assert_eq!(s[0].group, None);
+        assert_eq!(s[0].reason, ORPHAN_PV);
+        let adopting = config(
+            r#"{"diskSelector": [{"name": "vg", "re": ["^loop4$"], "policy": "LVM", "adoptOrphanPVs": true}]}"#,
+        );
+        assert_eq!(
+            assign(&adopting, &disks, &[])[0].group.as_deref(),
+            Some("vg")
+        );
+
+        let unnamed = config(
+            r#"{"diskSelector": [{"name": "ssd", "re": [], "policy": "LVM"}, {"name": "raw", "re": [], "policy": "RAW"}]}"#,
+        );
+        let s = assign(&unnamed, &disks, &[]);
+        assert!(s.iter().all(|s| s.group.is_none() && s.reason.is_empty()));
+        let empty = empty_groups(&unnamed, &s);
+        assert_eq!(empty.len(), 2);
+        let line = empty[0].to_string();
+        assert!(line.contains("group \"ssd\" names no disks"), "{line}");
     }
 
     /// Carina v0.9's list of patterns: one LVM group per disk kind.
