@@ -47,10 +47,7 @@ pub fn in_guest() -> bool {
 
 /// Prints a check's pass line (in the guest), with its time.
 pub fn pass(check: &str, started: Instant) {
-    println!(
-        "{PASS} {check} ({:.1}s)",
-        started.elapsed().as_secs_f64()
-    );
+    println!("{PASS} {check} ({:.1}s)", started.elapsed().as_secs_f64());
 }
 
 /// The guest's kernel and initramfs: `CARINA_VM_KERNEL_DIR`, else the dir
@@ -59,8 +56,7 @@ pub fn kernel_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os("CARINA_VM_KERNEL_DIR") {
         Some(d) => PathBuf::from(d),
         None => {
-            let script =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/build.sh");
+            let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/build.sh");
             let out = Command::new(&script)
                 .args(["--print-path", "kernel"])
                 .env("CARINA_TOOLS_CACHE", tools_cache())

@@ -2,9 +2,9 @@
 //! `bcache-super-show` on volumes of real LVM and RAW groups on loop
 //! devices, and the kernel driver played by the stand-in in
 //! `carina_tests::bcache` (this machine's kernel has no bcache; see that
-//! module for what the stand-in proves and what it does not). Set
-//! `CARINA_TEST_BCACHE_KERNEL=1` and pass `--ignored` on a machine with the
-//! driver to run `real_kernel_flow` against `/sys`.
+//! module for what the stand-in proves and what it does not). The flow
+//! against the real driver runs in the `vm` tier (`vm_storage`), on a
+//! Debian kernel under QEMU.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use carina_node::engine::bcache::record::{OwnedVolumes, Phase};
 use carina_node::engine::bcache::{BcacheDevice, BcacheRequest, CacheMode};
 use carina_node::engine::{CreateRequest, Engine, Error, Volume};
-use carina_tests::bcache::{BcacheFixture, KernelStandIn, real_kernel, superblock_of};
+use carina_tests::bcache::{BcacheFixture, KernelStandIn, superblock_of};
 use carina_tests::{lvm, run};
 
 const MIB: u64 = 1 << 20;
@@ -685,50 +685,4 @@ async fn failures_undo_everything() {
 
 const fn libc_o_excl() -> i32 {
     0o200
-}
-
-/// The whole flow against the real driver under `/sys`; ignored (counted
-/// as such, never as passed) because this machine has none: run it with
-/// `CARINA_TEST_BCACHE_KERNEL=1` and `--ignored` on a machine that has.
-#[tokio::test]
-#[ignore = "needs the bcache module and CARINA_TEST_BCACHE_KERNEL=1"]
-async fn real_kernel_flow() {
-    assert!(
-        real_kernel(),
-        "set CARINA_TEST_BCACHE_KERNEL=1 on a machine with the bcache module"
-    );
-    let Some(f) = BcacheFixture::new("real_kernel_flow", "LVM", 512 * MIB, "LVM", 256 * MIB).await
-    else {
-        return;
-    };
-    assert!(
-        std::path::Path::new("/sys/fs/bcache").is_dir(),
-        "CARINA_TEST_BCACHE_KERNEL=1 but /sys/fs/bcache is missing"
-    );
-    let (d, created) = f
-        .engine
-        .ensure_bcache(f.request("real", 256 * MIB, 50, CacheMode::Writethrough))
-        .await
-        .expect("created");
-    assert!(created);
-    assert_up(&d, CacheMode::Writethrough);
-    let dev = d.device_path.clone().expect("bcache device");
-    assert_eq!(
-        carina_tests::blockdev_size(&dev),
-        256 * MIB - 8192,
-        "the backing volume less its 8 KiB superblock area"
-    );
-    let d = f
-        .engine
-        .set_cache_mode("real", CacheMode::Writeback)
-        .await
-        .expect("mode");
-    assert_up(&d, CacheMode::Writeback);
-    let engine = f.restart().await;
-    assert_up(
-        &engine.get_bcache("real").await.expect("get"),
-        CacheMode::Writeback,
-    );
-    engine.delete_bcache("real").await.expect("deleted");
-    assert!(!dev.exists(), "{} still there", dev.display());
 }

@@ -47,7 +47,7 @@ async fn bcache_rpcs() {
         return;
     };
     if f.kernel.is_none() {
-        return; // the real-driver run is engine_bcache's real_kernel_flow
+        return; // the real-driver run is the vm tier's vm_storage
     }
     let node = TestNode::start(f.engine.clone(), "bcache-node")
         .await

@@ -104,7 +104,7 @@ async fn tiered_logic_volumes_through_the_bridge() -> Result<()> {
         return Ok(());
     };
     if f.kernel.is_none() {
-        return Ok(()); // the real-driver run is engine_bcache's real_kernel_flow
+        return Ok(()); // the real-driver run is the vm tier's vm_storage
     }
     let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;

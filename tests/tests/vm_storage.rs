@@ -202,7 +202,10 @@ async fn lvm_through_nodestorage() {
     let t = Instant::now();
     node.stop().await.expect("stop");
     let engine = start_engine().await;
-    let v = engine.get_volume("vol-a").await.expect("found after restart");
+    let v = engine
+        .get_volume("vol-a")
+        .await
+        .expect("found after restart");
     assert_eq!(v.size_bytes, 128 * MIB);
     assert!(is_dm(&dev));
     drop(engine);
@@ -317,8 +320,11 @@ async fn grow(
     })
     .await
     .expect("publish");
-    let fstype = run("findmnt", &["-n", "-o", "FSTYPE,SOURCE", &target.to_string_lossy()])
-        .expect("findmnt");
+    let fstype = run(
+        "findmnt",
+        &["-n", "-o", "FSTYPE,SOURCE", &target.to_string_lossy()],
+    )
+    .expect("findmnt");
     println!("vm: {name} mounted: {}", fstype.trim());
     assert!(fstype.starts_with(fs), "{fstype}");
     std::fs::write(target.join("kept"), b"grown under me").expect("write");
@@ -380,9 +386,17 @@ async fn raw_partitions() {
             .await
             .expect("create a partition");
         let dev = v.device_path.clone().expect("device");
-        let kname = dev.file_name().expect("name").to_string_lossy().into_owned();
+        let kname = dev
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         assert!(
-            kname.starts_with("vdb") && Path::new("/sys/class/block").join(&kname).join("partition").exists(),
+            kname.starts_with("vdb")
+                && Path::new("/sys/class/block")
+                    .join(&kname)
+                    .join("partition")
+                    .exists(),
             "the kernel sees {} as a partition of vdb",
             dev.display()
         );
@@ -412,7 +426,11 @@ async fn raw_partitions() {
 
 /// The kernel's cache mode of `/dev/bcacheN` (the bracketed one).
 fn kernel_mode(dev: &Path) -> String {
-    let name = dev.file_name().expect("name").to_string_lossy().into_owned();
+    let name = dev
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
     let modes = std::fs::read_to_string(format!("/sys/block/{name}/bcache/cache_mode"))
         .expect("cache_mode");
     modes
@@ -443,10 +461,13 @@ async fn stage(node: &mut NodeClient<Channel>, id: &str, staging: &Path) -> Stri
     })
     .await
     .expect("stage");
-    run("findmnt", &["-n", "-o", "SOURCE", &staging.to_string_lossy()])
-        .expect("findmnt")
-        .trim()
-        .to_string()
+    run(
+        "findmnt",
+        &["-n", "-o", "SOURCE", &staging.to_string_lossy()],
+    )
+    .expect("findmnt")
+    .trim()
+    .to_string()
 }
 
 async fn unstage(node: &mut NodeClient<Channel>, id: &str, staging: &Path) {
@@ -495,17 +516,36 @@ async fn bcache_through_nodestorage_and_csi() {
     assert!(created.created);
     let d = created.device.expect("a device");
     let dev = PathBuf::from(&d.device_path);
-    println!("vm: bcache {NAME} is {} ({}, {:?})", dev.display(), d.state, d);
+    println!(
+        "vm: bcache {NAME} is {} ({}, {:?})",
+        dev.display(),
+        d.state,
+        d
+    );
     assert!(
-        dev.file_name().is_some_and(|n| n.to_string_lossy().starts_with("bcache")),
+        dev.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("bcache")),
         "{d:?}"
     );
-    assert!(std::fs::metadata(&dev).expect("node").file_type().is_block_device());
+    assert!(
+        std::fs::metadata(&dev)
+            .expect("node")
+            .file_type()
+            .is_block_device()
+    );
     assert!(d.running, "{d:?}");
-    assert_eq!(d.kernel_cache_mode, pb::CacheMode::Writeback as i32, "{d:?}");
+    assert_eq!(
+        d.kernel_cache_mode,
+        pb::CacheMode::Writeback as i32,
+        "{d:?}"
+    );
     assert_eq!(kernel_mode(&dev), "writeback");
     let cset = PathBuf::from("/sys/fs/bcache").join(&d.cache_set_uuid);
-    assert!(cset.is_dir(), "the cache set is registered: {}", cset.display());
+    assert!(
+        cset.is_dir(),
+        "the cache set is registered: {}",
+        cset.display()
+    );
     pass("bcache-create", t);
 
     let t = Instant::now();
@@ -519,7 +559,10 @@ async fn bcache_through_nodestorage_and_csi() {
         .into_inner()
         .device
         .expect("a device");
-    assert_eq!(changed.kernel_cache_mode, pb::CacheMode::Writethrough as i32);
+    assert_eq!(
+        changed.kernel_cache_mode,
+        pb::CacheMode::Writethrough as i32
+    );
     assert_eq!(kernel_mode(&dev), "writethrough");
     pass("bcache-mode", t);
 
@@ -542,7 +585,11 @@ async fn bcache_through_nodestorage_and_csi() {
     drop(served);
     node.stop().await.expect("stop");
     drop(engine);
-    let name = dev.file_name().expect("name").to_string_lossy().into_owned();
+    let name = dev
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
     std::fs::write(format!("/sys/block/{name}/bcache/stop"), "1").expect("stop the device");
     std::fs::write(cset.join("stop"), "1").expect("stop the cache set");
     gone(&dev).await;
