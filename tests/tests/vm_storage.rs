@@ -61,6 +61,7 @@ const CHECKS: &[&str] = &[
     "bcache-stage",
     "bcache-restart",
     "bcache-delete",
+    "iolimits-cgroup-v2",
 ];
 
 #[test]
@@ -150,6 +151,7 @@ async fn guest_storage() {
     online_expansion().await;
     raw_partitions().await;
     bcache_through_nodestorage_and_csi().await;
+    io_limits_on_cgroup_v2().await;
 }
 
 async fn lvm_through_nodestorage() {
@@ -630,4 +632,81 @@ async fn bcache_through_nodestorage_and_csi() {
     }
     node.stop().await.expect("stop");
     pass("bcache-delete", t);
+}
+
+/// Writes 2 MiB with direct IO to `dev` from a shell in the cgroup `dir`;
+/// the seconds it took.
+fn timed_write(dir: &Path, dev: &Path) -> f64 {
+    let t = Instant::now();
+    run(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "echo $$ > {}/cgroup.procs && exec dd if=/dev/zero of={} bs=64k count=32 oflag=direct",
+                dir.display(),
+                dev.display()
+            ),
+        ],
+    )
+    .expect("dd in the pod's cgroup");
+    t.elapsed().as_secs_f64()
+}
+
+/// A pod's cgroup in the guest's cgroup v2 hierarchy (as the kubelet's
+/// cgroupfs driver names it) gets `io.max` for a device-mapper volume,
+/// and a writer in it is held to the limit.
+async fn io_limits_on_cgroup_v2() {
+    const UID: &str = "0f7c8a52-9d1e-4c3b-8a6f-2b4d5e6f7a8b";
+    let t = Instant::now();
+    let root = Path::new("/sys/fs/cgroup");
+    std::fs::write(root.join("cgroup.subtree_control"), "+io").expect("enable io");
+    let kubepods = root.join("kubepods");
+    std::fs::create_dir_all(&kubepods).expect("kubepods");
+    std::fs::write(kubepods.join("cgroup.subtree_control"), "+io").expect("enable io below");
+    let pod = kubepods.join(format!("pod{UID}"));
+    std::fs::create_dir_all(&pod).expect("the pod's cgroup");
+    let engine = start_engine().await;
+    let v = engine
+        .create_volume(CreateRequest {
+            name: "throttled".into(),
+            group: VG.into(),
+            size_bytes: 64 * MIB,
+            exclusive: false,
+        })
+        .await
+        .expect("create");
+    let dev = v.device_path.clone().expect("device");
+    assert!(is_dm(&dev));
+    let unlimited = timed_write(&pod, &dev);
+    let limits = carina_node::engine::iolimits::Limits {
+        write_bps: MIB,
+        ..Default::default()
+    };
+    let set = engine
+        .set_pod_io_limits(UID, "throttled", limits)
+        .await
+        .expect("SetPodIOLimits")
+        .expect("limits in force");
+    println!("vm: {set:?}");
+    let io_max = std::fs::read_to_string(pod.join("io.max")).expect("io.max");
+    println!("vm: io.max: {}", io_max.trim());
+    assert!(
+        io_max.contains(&format!("{}:{} ", v.major, v.minor)) && io_max.contains("wbps=1048576"),
+        "{io_max}"
+    );
+    let limited = timed_write(&pod, &dev);
+    println!("vm: 2 MiB direct writes: {unlimited:.2}s unlimited, {limited:.2}s at 1 MiB/s");
+    assert!(limited >= 1.5, "held to 1 MiB/s: {limited:.2}s");
+    let cleared = engine
+        .clear_pod_io_limits(UID, None)
+        .await
+        .expect("ClearPodIOLimits");
+    assert_eq!(cleared, 1);
+    let io_max = std::fs::read_to_string(pod.join("io.max")).expect("io.max");
+    assert!(!io_max.contains("wbps=1048576"), "{io_max}");
+    // The shells that wrote are gone; the cgroups can go.
+    std::fs::remove_dir(&pod).expect("rmdir the pod's cgroup");
+    engine.delete_volume("throttled").await.expect("delete");
+    pass("iolimits-cgroup-v2", t);
 }
