@@ -18,6 +18,7 @@ pub mod gpt;
 pub mod health;
 pub mod host;
 pub mod intents;
+pub mod inuse;
 pub mod iolimits;
 pub mod locks;
 pub mod lvm;
@@ -573,6 +574,7 @@ impl Engine {
         };
         let deleted = {
             let (slot, _lock) = self.lock_current(slot).await?;
+            self.ensure_not_in_use(slot.backend.as_ref(), name).await?;
             self.inner.intents.begin(
                 name,
                 &Intent {
@@ -604,6 +606,51 @@ impl Engine {
         forget();
         self.notify(ChangeReason::Delete).await;
         Ok(())
+    }
+
+    /// Refuses to delete a volume that is mounted on this node (staged,
+    /// published, its device node or directory bound): `FailedPrecondition`
+    /// naming the mounts, the volume kept whole. The operator's word is the
+    /// unmount: once the pod that uses it is gone from this node, the
+    /// control plane's next DeleteLV goes through. There is no force: a
+    /// delete under a running pod is what this refuses.
+    async fn ensure_not_in_use(&self, backend: &dyn Backend, name: &str) -> Result<()> {
+        let Some(volume) = backend.get(name).await? else {
+            // Not there: the backend's delete answers NOT_FOUND.
+            return Ok(());
+        };
+        let text = tokio::fs::read_to_string(quota::MOUNTINFO)
+            .await
+            .map_err(|e| Error::io("read", quota::MOUNTINFO, e))?;
+        let entries =
+            carina_sys::mount::parse_mountinfo(&text).map_err(|e| Error::parse("mountinfo", e))?;
+        let table = carina_sys::mount::MountTable::from_entries(entries);
+        let host_dir = match &volume.host_path {
+            Some(dir) => tokio::fs::canonicalize(dir).await.ok(),
+            None => None,
+        };
+        let mounts = inuse::mounts_of(&table, &volume, host_dir.as_deref());
+        if mounts.is_empty() {
+            return Ok(());
+        }
+        let list = mounts
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::warn!(
+            carina.volume.name = %name,
+            carina.volume.mounts = %list,
+            "delete refused: the volume is still mounted on this node; kept until it is unmounted"
+        );
+        Err(Error::FailedPrecondition {
+            operation: "delete",
+            name: name.to_string(),
+            reason: format!(
+                "still mounted on this node at {list}; it is kept: stop the pod that uses it \
+                 here (or unmount it) and delete again"
+            ),
+        })
     }
 
     /// Capacity of every group (or of one).
