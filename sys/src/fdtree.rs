@@ -75,7 +75,7 @@ pub struct Meta {
 
 impl Meta {
     fn of(st: &Stat) -> Meta {
-        let raw_mode = st.st_mode as u32;
+        let raw_mode = st.st_mode;
         let kind = match FileType::from_raw_mode(raw_mode) {
             FileType::Directory => Kind::Dir,
             FileType::Symlink => Kind::Symlink,
@@ -92,12 +92,12 @@ impl Meta {
             mode: raw_mode & 0o7777,
             uid: st.st_uid,
             gid: st.st_gid,
-            rdev: st.st_rdev as u64,
+            rdev: st.st_rdev,
             size: u64::try_from(st.st_size).unwrap_or(0),
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
-            accessed: (st.st_atime as i64, st.st_atime_nsec as i64),
-            modified: (st.st_mtime as i64, st.st_mtime_nsec as i64),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            accessed: (st.st_atime, st.st_atime_nsec as i64),
+            modified: (st.st_mtime, st.st_mtime_nsec as i64),
         }
     }
 
