@@ -208,7 +208,14 @@ mod tests {
             assert!(err.to_string().contains("evil"), "{err}");
         }
         // An endorsement of the stranger by another stranger.
-        assert!(check_replacement(&trusted, &[evil.der.clone()], &[cross(&evil, &b)]).is_err());
+        assert!(
+            check_replacement(
+                &trusted,
+                std::slice::from_ref(&evil.der),
+                &[cross(&evil, &b)]
+            )
+            .is_err()
+        );
         // B endorsed by A; C by B (a chain); the old one may go.
         let added = check_replacement(
             &trusted,
@@ -226,7 +233,7 @@ mod tests {
             .expect("leaf")
             .der()
             .to_vec();
-        assert!(check_replacement(&trusted, &[b.der.clone()], &[not_ca]).is_err());
+        assert!(check_replacement(&trusted, std::slice::from_ref(&b.der), &[not_ca]).is_err());
         assert!(matches!(
             check_replacement(&trusted, &[], &[]),
             Err(AnchorError::Empty { .. })
