@@ -26,6 +26,11 @@
 //!   `LogicVolume`; deleting the claims deletes their volumes, and the
 //!   volume group is empty at the end.
 //!
+//! And, on a node with an LVM and a RAW group, that an xfs claim's
+//! restore and clone stage beside the still mounted claim (their
+//! filesystems have UUIDs of their own), as kubelet stages them through
+//! the node's CSI socket.
+//!
 //! Needs root and loop devices, `tests/tools/build.sh etcd kube helm
 //! csi-provisioner csi-snapshotter`, and `cargo build --workspace --bins`.
 
