@@ -339,6 +339,22 @@ fn default_values_issue_identities_and_register_with_kubelet() -> Result<()> {
     )?;
     assert_eq!(json["diskSelector"][0]["name"], "carina-vg-ssd");
     assert_eq!(json["schedulerStrategy"], "spreadout");
+    // A fresh install takes no disk: no default group names one.
+    for (i, group) in json["diskSelector"]
+        .as_array()
+        .context("diskSelector")?
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(group["re"], serde_json::json!([]), "diskSelector[{i}]");
+    }
+    // The node pods tolerate no taint unless told to.
+    let node = find(&objs, "DaemonSet", "carina-node")?;
+    assert!(
+        node["spec"]["template"]["spec"]["tolerations"].is_null(),
+        "{}",
+        node["spec"]["template"]["spec"]["tolerations"]
+    );
     let lvm = find(&objs, "StorageClass", "csi-carina-lvm")?;
     assert_eq!(lvm["provisioner"], "carina.storage.io");
     assert_eq!(
