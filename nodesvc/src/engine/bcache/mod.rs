@@ -532,7 +532,8 @@ impl Engine {
             tools::make_bcache(
                 &record.cset_uuid,
                 b_sb.is_none().then_some(b_dev.as_path()),
-                c_sb.is_none().then_some((c_dev.as_path(), cache.size_bytes)),
+                c_sb.is_none()
+                    .then_some((c_dev.as_path(), cache.size_bytes)),
                 record.cache_mode,
             )
             .await?;
