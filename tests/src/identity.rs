@@ -14,7 +14,7 @@
 //! respect but its expiry.
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
@@ -418,6 +418,69 @@ impl IssuedNode {
         ]
         .into()
     }
+}
+
+/// How long [`wait_served`] waits.
+pub const SERVED_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The certificate a new TLS connection to `endpoint` is served (DER).
+pub async fn served_cert(endpoint: &str, tls: &carina_proto::tls::ClientTls) -> Result<Vec<u8>> {
+    let connector = tokio_rustls::TlsConnector::from(tls.client_config()?);
+    let tcp = tokio::net::TcpStream::connect(endpoint).await?;
+    let name = rustls::pki_types::ServerName::try_from(tls.server_name.clone())?;
+    let stream = connector.connect(name, tcp).await?;
+    let certs = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .context("no certificate")?;
+    Ok(certs.first().context("empty chain")?.to_vec())
+}
+
+/// Waits until `endpoint` serves a certificate that `accept`s, the node
+/// process alive all along.
+pub async fn wait_served(
+    node: &mut crate::cluster::Service,
+    endpoint: &str,
+    tls: &carina_proto::tls::ClientTls,
+    what: &str,
+    accept: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<u8>> {
+    let deadline = Instant::now() + SERVED_WITHIN;
+    loop {
+        node.check_running()?;
+        let last = match served_cert(endpoint, tls).await {
+            Ok(der) if accept(&der) => return Ok(der),
+            Ok(_) => "the same certificate".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "{what}: not within {SERVED_WITHIN:?} ({last}); node log:\n{}",
+                crate::process::tail(node.log(), 40)
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// One `IssueCertificate` call; the refusal it got, if any.
+pub async fn ask(
+    port: u16,
+    ca: &str,
+    node: &str,
+    csr_pem: String,
+    token: &str,
+) -> Result<std::result::Result<(), tonic::Status>> {
+    let mut issuer = issuer_client(port, ca.as_bytes()).await?;
+    let answer = issuer
+        .issue_certificate(carina_proto::identity::IssueCertificateRequest {
+            node_name: node.to_string(),
+            csr_pem,
+            token: token.to_string(),
+        })
+        .await;
+    Ok(answer.map(|_| ()))
 }
 
 /// The `ca.crt` and `ca-endorsements.crt` (empty when absent) of the
