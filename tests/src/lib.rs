@@ -9,6 +9,7 @@ pub mod bcache;
 pub mod cgroup;
 pub mod cluster;
 pub mod containerd;
+pub mod copy;
 pub mod csi;
 pub mod engine;
 pub mod fuzz;
