@@ -779,11 +779,54 @@ impl LvmNode {
     }
 }
 
+/// Creates what the chart makes for the controller to use but not create
+/// (it has no right to): the objects of `objs` (the chart rendered) kept
+/// on uninstall, the issuer's empty CA Secret and its ConfigMap. One that
+/// exists already (a test's own CA) is left as it is. Returns how many of
+/// `objs` were such objects.
+pub async fn create_chart_ca_objects(
+    client: &kube::Client,
+    objs: &[serde_json::Value],
+) -> Result<usize> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let pp = PostParams::default();
+    let mut made = 0;
+    for o in objs {
+        let kind = o["kind"].as_str().unwrap_or_default();
+        let kept = o["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep";
+        if !kept || (kind != "Secret" && kind != "ConfigMap") {
+            continue;
+        }
+        let ns = o["metadata"]["namespace"].as_str().unwrap_or("kube-system");
+        let what = format!("{kind} {ns}/{}", o["metadata"]["name"]);
+        let created = if kind == "Secret" {
+            Api::<Secret>::namespaced(client.clone(), ns)
+                .create(&pp, &serde_json::from_value(o.clone())?)
+                .await
+                .map(|_| ())
+        } else {
+            Api::<ConfigMap>::namespaced(client.clone(), ns)
+                .create(&pp, &serde_json::from_value(o.clone())?)
+                .await
+                .map(|_| ())
+        };
+        match created {
+            Ok(()) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(what)),
+        }
+        made += 1;
+    }
+    Ok(made)
+}
+
 /// A kubeconfig that authenticates as the chart's controller
 /// ServiceAccount (a client certificate of its user name and group), after
 /// applying every binding of `objs` (the chart rendered into `kube-system`)
 /// that names that ServiceAccount, with the ClusterRole or Role it refers
-/// to, so what runs with it has the chart's permissions and no more.
+/// to, so what runs with it has the chart's permissions and no more; and
+/// after creating the CA objects the chart makes
+/// ([`create_chart_ca_objects`]), which those permissions cannot.
 pub async fn as_chart_service_account(
     cluster: &KubeCluster,
     objs: &[serde_json::Value],
@@ -836,6 +879,14 @@ pub async fn as_chart_service_account(
         applied += 1;
     }
     anyhow::ensure!(applied > 0, "the chart binds nothing to carina-controller");
+    create_chart_ca_objects(&client, objs).await?;
+    controller_service_account_kubeconfig(cluster, dir)
+}
+
+/// A kubeconfig in `dir` that authenticates as the controller's
+/// ServiceAccount in `kube-system` (a client certificate of its user name
+/// and group); what it may do is whatever is bound to that account.
+pub fn controller_service_account_kubeconfig(cluster: &KubeCluster, dir: &Path) -> Result<PathBuf> {
     let (cert, key) = cluster.write_client_cert(
         dir,
         "carina-controller-sa",

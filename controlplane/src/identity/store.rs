@@ -1,22 +1,29 @@
-//! The CA's home in Kubernetes: the `kubernetes.io/tls` Secret that holds
-//! it and the ConfigMap that publishes its certificate to the nodes.
+//! The CA's home in Kubernetes: the Secret that holds it and the
+//! ConfigMap that publishes its certificate to the nodes. The chart makes
+//! both (empty) at install; the controller reaches them only by name.
 //!
-//! - [`load_or_create_ca`]: reads the Secret; when there is none, makes a
-//!   new CA and creates the Secret. Replicas starting together race on
-//!   the create: the loser gets `AlreadyExists` and reads the winner's, so
-//!   every replica ends with the same CA. A Secret the user provides
-//!   (cert-manager, their own PKI) is used as it is, never rewritten.
-//! - [`publish_ca`]: creates or updates the ConfigMap's `ca.crt` (the
-//!   trust anchors, nothing secret) and `ca-endorsements.crt` (the
-//!   cross-certificates that let nodes move to new anchors, see
-//!   `endorse.rs`) when they differ.
-//! - [`keep_published`]: re-checks both every interval until stopped: a
-//!   deleted or edited ConfigMap is put back; a Secret whose CA differs
-//!   from the one in use is endorsed with the CA in use (still in memory)
-//!   and published beside it, and reported (issuing from it starts when
-//!   the controllers restart).
+//! - [`load_or_create_ca`]: reads the Secret. One with the CA's keys is
+//!   used as it is (a Secret the user provides, from cert-manager or their
+//!   own PKI, is never rewritten). One without them (the chart's empty
+//!   Secret) means no CA yet: a new CA is made and written by an update
+//!   that carries the resourceVersion read, so of replicas starting
+//!   together one wins and the others get `Conflict`, read the winner's CA
+//!   and use it. A missing Secret is created (installs without the chart
+//!   that grant that); when that is refused the error names the Secret and
+//!   says the chart creates it.
+//! - [`publish_ca`]: updates the ConfigMap's `ca.crt` (the trust anchors,
+//!   nothing secret) and `ca-endorsements.crt` (the cross-certificates
+//!   that let nodes move to new anchors, see `endorse.rs`) when they
+//!   differ. A missing ConfigMap is created, and when that is refused the
+//!   error names it (a `helm upgrade` puts it back).
+//! - [`keep_published`]: re-checks both every interval until stopped: an
+//!   edited ConfigMap is put back; a Secret whose CA differs from the one
+//!   in use is endorsed with the CA in use (still in memory) and published
+//!   beside it, and reported (issuing from it starts when the controllers
+//!   restart).
 //!
-//! Verbs used: `secrets get,create`, `configmaps get,create,update`.
+//! Verbs used, by name: `secrets get,update`, `configmaps get,update`;
+//! `create` of either only when it is missing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +58,17 @@ pub enum StoreError {
     },
     #[error("Secret {secret}: {reason}")]
     Secret { secret: String, reason: String },
+    #[error(
+        "{kind} {name} does not exist and cannot be created ({source}); the chart creates it: install or upgrade the chart, or create it"
+    )]
+    Missing {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("Secret {secret}: still no CA after {rounds} rounds of concurrent writers")]
+    Contended { secret: String, rounds: usize },
     #[error("Secret {secret}: {source}")]
     Ca {
         secret: String,
@@ -102,69 +120,168 @@ pub fn ca_from_secret(secret: &Secret, name: &str) -> Result<ClusterCa, StoreErr
     })
 }
 
-fn new_secret(at: &CaLocation, ca: &ClusterCa) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(at.secret.clone()),
-            namespace: Some(at.namespace.clone()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "carina-controller".to_string(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        type_: Some("kubernetes.io/tls".to_string()),
-        data: Some(BTreeMap::from([
-            (
-                TLS_CRT.to_string(),
-                ByteString(ca.cert_pem().as_bytes().to_vec()),
-            ),
-            (
-                TLS_KEY.to_string(),
-                ByteString(ca.key_pem().as_bytes().to_vec()),
-            ),
-        ])),
-        ..Secret::default()
-    }
+/// Whether `secret` holds no CA yet: neither `tls.crt` nor `tls.key` has
+/// a value (the chart's empty Secret). One with only one of them is an
+/// error of whoever wrote it, reported by [`ca_from_secret`].
+pub fn holds_no_ca(secret: &Secret) -> bool {
+    let empty = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .is_none_or(|v| v.0.is_empty())
+    };
+    empty(TLS_CRT) && empty(TLS_KEY)
 }
 
-/// The CA of the Secret at `at`, made and stored first if there is none.
+/// `secret` with `ca`'s certificate and key added (its other keys, its
+/// type and its resourceVersion kept).
+fn with_ca(mut secret: Secret, ca: &ClusterCa) -> Secret {
+    let data = secret.data.get_or_insert_with(BTreeMap::new);
+    data.insert(
+        TLS_CRT.to_string(),
+        ByteString(ca.cert_pem().as_bytes().to_vec()),
+    );
+    data.insert(
+        TLS_KEY.to_string(),
+        ByteString(ca.key_pem().as_bytes().to_vec()),
+    );
+    secret
+}
+
+fn new_secret(at: &CaLocation, ca: &ClusterCa) -> Secret {
+    with_ca(
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(at.secret.clone()),
+                namespace: Some(at.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "carina-controller".to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            type_: Some("kubernetes.io/tls".to_string()),
+            ..Secret::default()
+        },
+        ca,
+    )
+}
+
+/// How often [`load_or_create_ca`] reads again after losing a race.
+const CA_ROUNDS: usize = 5;
+
+/// Whether `e` is the API server refusing an object that is not there
+/// (`Forbidden` to create it, or `NotFound`).
+fn refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403 || s.code == 404)
+}
+
+/// Where [`load_or_make_ca`]'s CA came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaSource {
+    /// The Secret held it when first read.
+    Found,
+    /// Made here and written into the Secret that held none.
+    Written,
+    /// Made here and stored in a Secret created here.
+    Created,
+    /// Another writer stored one between our read and our write (our
+    /// write got `Conflict` or `AlreadyExists`): read back and used.
+    OtherWriter,
+}
+
+/// The CA of the Secret at `at`, made and stored first if it holds none.
 pub async fn load_or_create_ca(client: &Client, at: &CaLocation) -> Result<ClusterCa, StoreError> {
+    load_or_make_ca(client, at).await.map(|(ca, _)| ca)
+}
+
+/// [`load_or_create_ca`], saying where the CA came from.
+#[tracing::instrument(skip_all, fields(carina.ca.secret = %at.secret_name()))]
+pub async fn load_or_make_ca(
+    client: &Client,
+    at: &CaLocation,
+) -> Result<(ClusterCa, CaSource), StoreError> {
+    let mut lost = false;
     let api: Api<Secret> = Api::namespaced(client.clone(), &at.namespace);
     let name = at.secret_name();
-    if let Some(secret) = api
-        .get_opt(&at.secret)
-        .await
-        .map_err(api_err(format!("get Secret {name}")))?
-    {
-        let ca = ca_from_secret(&secret, &name)?;
-        tracing::info!(carina.ca.secret = %name, "using the CA of the Secret");
-        return Ok(ca);
-    }
-    let ca = ClusterCa::generate(GENERATED_CA_NAME).map_err(|source| StoreError::Ca {
-        secret: name.clone(),
-        source,
-    })?;
-    match api
-        .create(&PostParams::default(), &new_secret(at, &ca))
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(carina.ca.secret = %name, "no CA Secret: made a new CA and stored it");
-            Ok(ca)
+    let generate = || {
+        ClusterCa::generate(GENERATED_CA_NAME).map_err(|source| StoreError::Ca {
+            secret: name.clone(),
+            source,
+        })
+    };
+    for _ in 0..CA_ROUNDS {
+        let found = api
+            .get_opt(&at.secret)
+            .await
+            .map_err(api_err(format!("get Secret {name}")))?;
+        match found {
+            Some(secret) if !holds_no_ca(&secret) => {
+                let ca = ca_from_secret(&secret, &name)?;
+                tracing::info!("using the CA of the Secret");
+                let source = if lost {
+                    CaSource::OtherWriter
+                } else {
+                    CaSource::Found
+                };
+                return Ok((ca, source));
+            }
+            Some(secret) => {
+                // The chart's empty Secret. Update (not patch) carries the
+                // resourceVersion read: of replicas racing, one writes and
+                // the others get Conflict and read its CA next round.
+                let ca = generate()?;
+                match api
+                    .replace(&at.secret, &PostParams::default(), &with_ca(secret, &ca))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!("the CA Secret held no CA: made a new CA and stored it");
+                        return Ok((ca, CaSource::Written));
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        tracing::info!("another replica wrote the CA Secret first: reading it");
+                        lost = true;
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        tracing::info!("the CA Secret went away meanwhile: reading again");
+                    }
+                    Err(e) => return Err(api_err(format!("update Secret {name}"))(e)),
+                }
+            }
+            None => {
+                // No chart made it (or it was deleted): create it where
+                // that is allowed.
+                let ca = generate()?;
+                match api
+                    .create(&PostParams::default(), &new_secret(at, &ca))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!("no CA Secret: made a new CA and created the Secret");
+                        return Ok((ca, CaSource::Created));
+                    }
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                        tracing::info!("another writer created the CA Secret first: reading it");
+                        lost = true;
+                    }
+                    Err(e) if refused(&e) => {
+                        return Err(StoreError::Missing {
+                            kind: "Secret",
+                            name,
+                            source: e,
+                        });
+                    }
+                    Err(e) => return Err(api_err(format!("create Secret {name}"))(e)),
+                }
+            }
         }
-        Err(kube::Error::Api(s)) if s.is_already_exists() => {
-            // Another replica created it between our get and create.
-            let secret = api
-                .get(&at.secret)
-                .await
-                .map_err(api_err(format!("get Secret {name}")))?;
-            let ca = ca_from_secret(&secret, &name)?;
-            tracing::info!(carina.ca.secret = %name, "another replica stored the CA first: using it");
-            Ok(ca)
-        }
-        Err(e) => Err(api_err(format!("create Secret {name}"))(e)),
     }
+    Err(StoreError::Contended {
+        secret: name,
+        rounds: CA_ROUNDS,
+    })
 }
 
 /// Makes the ConfigMap at `at` hold what `ca` (and the CA of the Secret,
@@ -226,6 +343,8 @@ pub async fn publish_ca(
             Ok(true)
         }
         None => {
+            // The chart makes it; a deleted one is created where that is
+            // allowed (a `helm upgrade` puts it back otherwise).
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(at.configmap.clone()),
@@ -247,6 +366,11 @@ pub async fn publish_ca(
                 // Another replica published it meanwhile; the next round
                 // compares.
                 Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+                Err(e) if refused(&e) => Err(StoreError::Missing {
+                    kind: "ConfigMap",
+                    name,
+                    source: e,
+                }),
                 Err(e) => Err(api_err(format!("create ConfigMap {name}"))(e)),
             }
         }
@@ -303,5 +427,47 @@ pub async fn keep_published(
         if let Err(e) = publish_ca(&client, &at, &ca, successor.as_ref()).await {
             tracing::warn!(error = %e, "cannot publish the CA certificate; trying again");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(data: &[(&str, &str)]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("carina-ca".to_string()),
+                resource_version: Some("42".to_string()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn only_a_secret_without_both_keys_holds_no_ca() {
+        assert!(holds_no_ca(&Secret::default()));
+        assert!(holds_no_ca(&secret(&[])));
+        assert!(holds_no_ca(&secret(&[(TLS_CRT, ""), (TLS_KEY, "")])));
+        assert!(!holds_no_ca(&secret(&[(TLS_CRT, "x")])));
+        assert!(!holds_no_ca(&secret(&[(TLS_KEY, "x")])));
+    }
+
+    #[test]
+    fn the_ca_is_written_into_the_secret_read_with_its_version() {
+        let ca = ClusterCa::generate(GENERATED_CA_NAME).expect("generate");
+        let written = with_ca(secret(&[("other", "kept")]), &ca);
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("42"));
+        assert!(!holds_no_ca(&written));
+        let data = written.data.as_ref().expect("data");
+        assert_eq!(data["other"].0, b"kept");
+        let back = ca_from_secret(&written, "kube-system/carina-ca").expect("a CA");
+        assert_eq!(back.cert_pem(), ca.cert_pem());
     }
 }
