@@ -27,7 +27,7 @@ use carina_node::server::status;
 use carina_sys::command::CommandError;
 use carina_tests::engine::{EngineFixture, assert_not_found, engine_for, names};
 use carina_tests::lvmlock::{VgLock, blocked_on_a_lock};
-use carina_tests::{LoopDisk, VgGuard, have_root, loops_backed_by, lvm, run, unique};
+use carina_tests::{LoopDisk, VgGuard, have_root, loops_backed_by, lvm, run, unique, wait_until};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -114,15 +114,6 @@ async fn assert_exactly(f: &EngineFixture, expected: &[&str]) {
     );
 }
 
-/// Waits until `done` holds, failing the test after [`PATIENCE`].
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "gave up waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The state letter of `pid` (`R`, `S`, `T`, `Z` …) and its command name,
 /// if it runs.
 fn proc_state(pid: u32) -> Option<(char, String)> {
@@ -141,10 +132,11 @@ impl Stopped {
         assert_eq!(proc_state(pid).map(|s| s.1), Some("lvm".to_string()));
         run("kill", &["-STOP", &pid.to_string()]).expect("SIGSTOP the shell");
         let stopped = Stopped(pid);
-        wait_until("the shell is stopped", || {
+        wait_until("the shell is stopped", PATIENCE, || {
             proc_state(pid).is_some_and(|s| s.0 == 'T')
         })
-        .await;
+        .await
+        .expect("the wait");
         stopped
     }
 }
@@ -251,10 +243,11 @@ async fn a_hung_lvcreate_times_out_frees_its_locks_and_the_retry_makes_the_volum
     assert_timed_out(&err, "lvcreate", &f.group, started.elapsed());
     assert!(err.to_string().contains(" -n hung "), "{err}");
     // The fault ends with the hung shell killed.
-    wait_until("the stopped shell is killed", || {
+    wait_until("the stopped shell is killed", PATIENCE, || {
         proc_state(pid).is_none_or(|s| s.0 == 'Z')
     })
-    .await;
+    .await
+    .expect("the wait");
     drop(stopped);
 
     // The group's lock was released: the other create goes through.
@@ -308,10 +301,13 @@ async fn a_hung_lvextend_times_out_frees_its_locks_and_the_retry_grows_the_volum
         let engine = f.engine.clone();
         async move { engine.resize_volume("grow", 16 * MIB).await }
     });
-    wait_until("lvextend waits for the VG lock in the shell", || {
-        blocked_on_a_lock(pid)
-    })
-    .await;
+    wait_until(
+        "lvextend waits for the VG lock in the shell",
+        PATIENCE,
+        || blocked_on_a_lock(pid),
+    )
+    .await
+    .expect("the wait");
     // The volume's lock is held: another resize of it is busy at once.
     let busy = f.engine.resize_volume("grow", 24 * MIB).await;
     assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
@@ -328,10 +324,11 @@ async fn a_hung_lvextend_times_out_frees_its_locks_and_the_retry_grows_the_volum
     assert!(err.to_string().contains("/grow"), "{err}");
     drop(lock);
     let fault_ended = Instant::now();
-    wait_until("the hung shell is killed", || {
+    wait_until("the hung shell is killed", PATIENCE, || {
         proc_state(pid).is_none_or(|s| s.0 == 'Z')
     })
-    .await;
+    .await
+    .expect("the wait");
 
     // The group's lock was released: the delete waiting for it ends.
     tokio::time::timeout(PATIENCE, delete)

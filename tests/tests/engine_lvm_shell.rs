@@ -19,7 +19,7 @@ use carina_node::server::status;
 use carina_sys::command::CommandError;
 use carina_tests::engine::EngineFixture;
 use carina_tests::lvmlock::{VgLock, blocked_on_a_lock};
-use carina_tests::{lvm, run};
+use carina_tests::{lvm, run, wait_until};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -69,18 +69,6 @@ fn dead(pid: u32) -> bool {
             .rsplit_once(") ")
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_some_and(|state| state == "Z" || state == "X"),
-    }
-}
-
-/// Waits until `done` holds, failing the test after [`PATIENCE`].
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -195,7 +183,9 @@ async fn a_shell_killed_while_idle_is_replaced_without_an_error() {
     };
     let old = shell_pid(&f.engine);
     kill(old);
-    wait_until("the killed shell is dead", || dead(old)).await;
+    wait_until("the killed shell is dead", PATIENCE, || dead(old))
+        .await
+        .expect("the wait");
     f.engine
         .create_volume(f.req("after", 4 * MIB))
         .await
@@ -216,10 +206,13 @@ async fn a_shell_killed_mid_command_fails_it_retryably_and_the_next_runs_on_a_ne
     let engine = f.engine.clone();
     let req = f.req("vol-k", 4 * MIB);
     let create = tokio::spawn(async move { engine.create_volume(req).await });
-    wait_until("lvcreate waits for the VG lock in the shell", || {
-        blocked_on_a_lock(old)
-    })
-    .await;
+    wait_until(
+        "lvcreate waits for the VG lock in the shell",
+        PATIENCE,
+        || blocked_on_a_lock(old),
+    )
+    .await
+    .expect("the wait");
     kill(old);
     let err = create
         .await
@@ -274,7 +267,9 @@ async fn a_hung_command_times_out_and_the_next_runs_on_a_new_shell() {
     );
     assert_eq!(status::code(&err), Code::DeadlineExceeded, "{err}");
     assert!(err.to_string().starts_with("`lvm lvcreate "), "{err}");
-    wait_until("the hung shell is killed", || dead(old)).await;
+    wait_until("the hung shell is killed", PATIENCE, || dead(old))
+        .await
+        .expect("the wait");
     assert_eq!(f.engine.lvm_shell_pid(), None);
     drop(lock);
 
@@ -324,7 +319,7 @@ async fn an_abandoned_command_never_lends_its_answer_to_the_next() {
     ]));
     tokio::select! {
         r = create => panic!("lvcreate cannot finish while the VG is locked: {r:?}"),
-        () = wait_until("lvcreate waits for the VG lock", || blocked_on_a_lock(pid)) => {}
+        waited = wait_until("lvcreate waits for the VG lock", PATIENCE, || blocked_on_a_lock(pid)) => waited.expect("the wait"),
     }
     // Its caller is gone; the lvcreate goes on once the lock is free.
     drop(lock);
