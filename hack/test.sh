@@ -148,6 +148,9 @@ for tier in "${tiers[@]}"; do
   if [ "$tier" = sanity ]; then
     grep -o 'csi-sanity [a-z-]*: ran.*' "$LOG_DIR/sanity.log" || true
   fi
+  if [ "$tier" = vm ]; then
+    grep -o 'vm: csi-sanity [a-z-]*: ran.*' "$LOG_DIR/vm.log" || true
+  fi
 done
 
 # Last: no log of this run (tier logs and the logs of the processes the

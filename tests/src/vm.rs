@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{bail, Context, Result};
 
 use crate::process::tools_cache;
 
@@ -43,6 +43,22 @@ pub const GUEST_SHARE: &str = "/host";
 /// True inside the guest (the test function the host side asked for).
 pub fn in_guest() -> bool {
     std::env::var(GUEST_ENV).is_ok_and(|v| v == "1")
+}
+
+/// True if `dev` is a block device the device-mapper driver made (its
+/// `/sys/dev/block/<major>:<minor>/dm` exists).
+pub fn is_device_mapper(dev: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(dev) else {
+        return false;
+    };
+    if !meta.file_type().is_block_device() {
+        return false;
+    }
+    let Ok((major, minor)) = carina_node::engine::devnum::of_path(dev) else {
+        return false;
+    };
+    Path::new(&format!("/sys/dev/block/{major}:{minor}/dm/name")).exists()
 }
 
 /// Prints a check's pass line (in the guest), with its time.
@@ -92,6 +108,7 @@ pub struct Vm {
     memory_mib: u32,
     timeout: Duration,
     commands: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Vm {
@@ -109,6 +126,7 @@ impl Vm {
             memory_mib: 512,
             timeout: Duration::from_secs(600),
             commands: Vec::new(),
+            env: Vec::new(),
         })
     }
 
@@ -139,18 +157,38 @@ impl Vm {
         Ok(self)
     }
 
-    /// Has the guest run `test` (exactly, with `--ignored`) of this test
-    /// executable with [`GUEST_ENV`] set. The executable goes into the
-    /// share without its debug information, its libraries beside it.
-    pub fn guest_test(mut self, test: &str) -> Result<Vm> {
-        let exe = std::env::current_exe()?;
+    /// The guest's memory (512 MiB unless set).
+    pub fn memory_mib(mut self, mib: u32) -> Vm {
+        self.memory_mib = mib;
+        self
+    }
+
+    /// Sets `key=value` in the environment of everything the guest runs.
+    pub fn guest_env(mut self, key: &str, value: &str) -> Vm {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Puts the workspace binary `name` (`carina-node`, ...) into the
+    /// share without its debug information, its libraries beside it; the
+    /// guest finds it at `/host/<name>`, beside the test executable, where
+    /// [`crate::process::workspace_binary`] looks for it.
+    pub fn share_binary(self, name: &str) -> Result<Vm> {
+        let bin = crate::process::workspace_binary(name)?;
+        self.share_stripped(&bin, name)?;
+        Ok(self)
+    }
+
+    /// Copies `exe` stripped into the share as `name`, and the libraries
+    /// it links into the share's `lib`.
+    fn share_stripped(&self, exe: &Path, name: &str) -> Result<()> {
         let share = self.dir.path().join("share");
         crate::run(
             "strip",
             &[
                 "--strip-debug",
                 "-o",
-                &share.join("test").to_string_lossy(),
+                &share.join(name).to_string_lossy(),
                 &exe.to_string_lossy(),
             ],
         )?;
@@ -160,10 +198,19 @@ impl Vm {
             (f.nth(1) == Some("=>")).then(|| f.next()).flatten()
         }) {
             let lib = Path::new(lib);
-            if let Some(name) = lib.file_name() {
-                std::fs::copy(lib, share.join("lib").join(name))?;
+            if let Some(file) = lib.file_name() {
+                std::fs::copy(lib, share.join("lib").join(file))?;
             }
         }
+        Ok(())
+    }
+
+    /// Has the guest run `test` (exactly, with `--ignored`) of this test
+    /// executable with [`GUEST_ENV`] set. The executable goes into the
+    /// share without its debug information, its libraries beside it.
+    pub fn guest_test(mut self, test: &str) -> Result<Vm> {
+        let exe = std::env::current_exe()?;
+        self.share_stripped(&exe, "test")?;
         self.commands.push(format!(
             "{GUEST_ENV}=1 LD_LIBRARY_PATH={GUEST_SHARE}/lib CARINA_TEST_LOG_DIR={GUEST_SHARE}/logs \
              RUST_BACKTRACE=1 {GUEST_SHARE}/test --exact {test} --ignored --nocapture --test-threads=1"
@@ -177,6 +224,9 @@ impl Vm {
         let kernel = kernel_dir()?;
         let share = self.dir.path().join("share");
         let mut script = String::from("#!/bin/sh\nset -e\n");
+        for (k, v) in &self.env {
+            script.push_str(&format!("export {k}='{v}'\n"));
+        }
         for c in &self.commands {
             script.push_str(c);
             script.push('\n');

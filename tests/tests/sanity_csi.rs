@@ -9,14 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{bail, Context, Result};
 use carina_tests::cluster::{
-    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, direct_controller_args,
-    register_node,
+    await_capacity, direct_controller_args, register_node, KubeControllerArgs, NodeArgs, Pki,
+    Service,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::{tail, upstream_tool};
-use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, run, unique};
+use carina_tests::sanity::{parse_summary, Summary};
+use carina_tests::{have_root, run, unique, LoopDisk, MountGuard, VgGuard};
 
 const MIB: u64 = 1 << 20;
 
@@ -36,44 +37,6 @@ struct Case {
     block: bool,
     fs_type: Option<&'static str>,
     mode: Mode,
-}
-
-/// The counts csi-sanity's (ginkgo's) summary line reports.
-#[derive(Debug, Default, PartialEq)]
-struct Summary {
-    ran: u32,
-    total: u32,
-    passed: u32,
-    failed: u32,
-    skipped: u32,
-}
-
-/// Parses ginkgo's closing lines: `Ran 62 of 91 Specs in 30.1 seconds` and
-/// `SUCCESS! -- 62 Passed | 0 Failed | 0 Pending | 29 Skipped` (or FAIL!).
-fn parse_summary(log: &str) -> Option<Summary> {
-    let mut s = Summary::default();
-    let ran_line = log
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with("Ran "))?;
-    let words: Vec<&str> = ran_line.split_whitespace().collect();
-    s.ran = words.get(1)?.parse().ok()?;
-    s.total = words.get(3)?.parse().ok()?;
-    let counts = log.lines().rev().find(|l| l.contains(" Passed | "))?;
-    for part in counts.split('|') {
-        let mut it = part.split_whitespace().rev();
-        let (Some(word), Some(n)) = (it.next(), it.next()) else {
-            continue;
-        };
-        let n: u32 = n.parse().ok()?;
-        match word {
-            "Passed" => s.passed = n,
-            "Failed" => s.failed = n,
-            "Skipped" => s.skipped = n,
-            _ => {}
-        }
-    }
-    Some(s)
 }
 
 fn log_dir() -> PathBuf {
@@ -390,23 +353,4 @@ async fn csi_sanity_kube_host_mount() {
         mode: Mode::Kube,
     })
     .await;
-}
-
-#[test]
-fn ginkgo_summary_parses() {
-    let log = "...\nRan 62 of 91 Specs in 30.120 seconds\nSUCCESS! -- 62 Passed | 0 Failed | 0 Pending | 29 Skipped\nPASS\n";
-    assert_eq!(
-        parse_summary(log),
-        Some(Summary {
-            ran: 62,
-            total: 91,
-            passed: 62,
-            failed: 0,
-            skipped: 29
-        })
-    );
-    let log =
-        "Ran 3 of 10 Specs in 1.0 seconds\nFAIL! -- 2 Passed | 1 Failed | 0 Pending | 7 Skipped\n";
-    assert_eq!(parse_summary(log).map(|s| s.failed), Some(1));
-    assert_eq!(parse_summary("no summary here"), None);
 }

@@ -28,9 +28,9 @@ use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use carina_proto::nodestorage as pb;
 use carina_tests::csi::ServedCsi;
-use carina_tests::grpc::{TestNode, create_lv, get_lv};
-use carina_tests::vm::{Vm, in_guest, pass};
-use carina_tests::{MountGuard, have_root, run, stat_fs};
+use carina_tests::grpc::{create_lv, get_lv, TestNode};
+use carina_tests::vm::{in_guest, is_device_mapper, pass, Vm};
+use carina_tests::{have_root, run, stat_fs, MountGuard};
 use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
@@ -106,18 +106,6 @@ async fn start_engine() -> Engine {
         .expect("engine starts")
 }
 
-/// True if `dev` is a block device the device-mapper driver made.
-fn is_dm(dev: &Path) -> bool {
-    let Ok(meta) = std::fs::metadata(dev) else {
-        return false;
-    };
-    if !meta.file_type().is_block_device() {
-        return false;
-    }
-    let (major, minor) = carina_node::engine::devnum::of_path(dev).expect("devnum");
-    Path::new(&format!("/sys/dev/block/{major}:{minor}/dm/name")).exists()
-}
-
 fn size_of(dev: &Path) -> u64 {
     carina_tests::blockdev_size(dev)
 }
@@ -175,7 +163,11 @@ async fn lvm_through_nodestorage() {
         .expect("a volume");
     let dev = PathBuf::from(&lv.device_path);
     assert_eq!(dev, Path::new("/dev").join(VG).join("vol-a"), "{lv:?}");
-    assert!(is_dm(&dev), "{} is a device-mapper device", dev.display());
+    assert!(
+        is_device_mapper(&dev),
+        "{} is a device-mapper device",
+        dev.display()
+    );
     assert_eq!(size_of(&dev), 64 * MIB);
     write_dev(&dev, b"written before the restart");
     println!(
@@ -209,7 +201,7 @@ async fn lvm_through_nodestorage() {
         .await
         .expect("found after restart");
     assert_eq!(v.size_bytes, 128 * MIB);
-    assert!(is_dm(&dev));
+    assert!(is_device_mapper(&dev));
     drop(engine);
     pass("lvm-restart", t);
 
@@ -221,7 +213,11 @@ async fn lvm_through_nodestorage() {
     let engine = start_engine().await;
     let v = engine.get_volume("vol-a").await.expect("found");
     assert_eq!(v.device_path.as_deref(), Some(dev.as_path()));
-    assert!(is_dm(&dev), "{} back after the start", dev.display());
+    assert!(
+        is_device_mapper(&dev),
+        "{} back after the start",
+        dev.display()
+    );
     assert_eq!(
         read_dev(&dev, 26),
         b"written before the restart",
@@ -299,7 +295,7 @@ async fn grow(
         .await
         .expect("create");
     let dev = v.device_path.clone().expect("device");
-    assert!(is_dm(&dev));
+    assert!(is_device_mapper(&dev));
     let id = format!("{name}@{NODE}");
     let work = tempfile::tempdir().expect("work dir");
     let staging = work.path().join("staging");
@@ -529,12 +525,10 @@ async fn bcache_through_nodestorage_and_csi() {
             .is_some_and(|n| n.to_string_lossy().starts_with("bcache")),
         "{d:?}"
     );
-    assert!(
-        std::fs::metadata(&dev)
-            .expect("node")
-            .file_type()
-            .is_block_device()
-    );
+    assert!(std::fs::metadata(&dev)
+        .expect("node")
+        .file_type()
+        .is_block_device());
     assert!(d.running, "{d:?}");
     assert_eq!(
         d.kernel_cache_mode,
@@ -677,7 +671,7 @@ async fn io_limits_on_cgroup_v2() {
         .await
         .expect("create");
     let dev = v.device_path.clone().expect("device");
-    assert!(is_dm(&dev));
+    assert!(is_device_mapper(&dev));
     let unlimited = timed_write(&pod, &dev);
     let limits = carina_node::engine::iolimits::Limits {
         write_bps: MIB,
