@@ -25,7 +25,6 @@ pub mod ports;
 pub mod process;
 pub mod sanity;
 pub mod scale;
-pub mod snapshots;
 pub mod spans;
 pub mod vm;
 pub mod workload;
