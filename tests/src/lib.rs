@@ -25,6 +25,7 @@ pub mod ports;
 pub mod process;
 pub mod sanity;
 pub mod scale;
+pub mod snapshots;
 pub mod spans;
 pub mod vm;
 pub mod workload;
