@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use carina_node::engine::copy::{CopyRequest, Progress, Stop};
 use carina_node::engine::{Config, CreateRequest, Engine, EngineOptions};
+use carina_tests::copy::mkfs_ext4;
 use carina_tests::engine::create;
-use carina_tests::{LoopDisk, MountGuard, have_root, run, unique};
+use carina_tests::{LoopDisk, MountGuard, have_root, unique};
 use tokio::sync::watch;
 
 const MIB: u64 = 1 << 20;
@@ -43,17 +44,7 @@ struct Fs {
 
 fn ext4(size: u64) -> Fs {
     let disk = LoopDisk::new(size).expect("loop disk");
-    run(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0",
-            &disk.path.to_string_lossy(),
-        ],
-    )
-    .expect("mkfs.ext4");
+    mkfs_ext4(&disk.path);
     let dir = tempfile::Builder::new()
         .prefix("carina-copy-race-")
         .tempdir()
