@@ -10,22 +10,28 @@
 //! - a missing Secret or ConfigMap is an error naming it and saying the
 //!   chart creates it (the account may not create one);
 //! - what the controller wrote survives `helm upgrade` (three-way merge)
-//!   and `helm uninstall` (`helm.sh/resource-policy: keep`).
+//!   and `helm uninstall` (`helm.sh/resource-policy: keep`);
+//! - a `kubernetes.io/tls` Secret of the user's own CA, made before the
+//!   install with Helm's ownership label and annotations, is adopted with
+//!   its type and data, and its CA is the one used.
 //!
 //! Needs etcd, kube-apiserver and helm from `tests/tools/build.sh etcd kube
 //! helm`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
+use carina_controlplane::identity::ca::ClusterCa;
 use carina_controlplane::identity::store::{
-    self, CA_CONFIGMAP_KEY, CaLocation, CaSource, TLS_CRT, TLS_KEY,
+    self, CA_CONFIGMAP_KEY, CaLocation, CaSource, GENERATED_CA_NAME, TLS_CRT, TLS_KEY,
 };
 use carina_tests::cluster::{as_chart_service_account, controller_service_account_kubeconfig};
 use carina_tests::kube::{KubeCluster, client_from};
 use carina_tests::manifests::{Chart, RELEASE, objects};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
 const NAMESPACE: &str = "kube-system";
 /// The CA Secret and ConfigMap (the chart's defaults).
@@ -234,5 +240,89 @@ async fn the_ca_the_controller_wrote_survives_helm_upgrade_and_uninstall() -> Re
         Some(ca.cert_pem()),
         "the Secret still holds the CA"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_users_own_ca_secret_is_adopted_by_the_chart_as_it_is() -> Result<()> {
+    let cluster = KubeCluster::start().await?;
+    let dir = tempfile::tempdir()?;
+    let admin = cluster.client();
+    let own = ClusterCa::generate(GENERATED_CA_NAME)?;
+    let data = BTreeMap::from([
+        (
+            TLS_CRT.to_string(),
+            ByteString(own.cert_pem().as_bytes().to_vec()),
+        ),
+        (
+            TLS_KEY.to_string(),
+            ByteString(own.key_pem().as_bytes().to_vec()),
+        ),
+    ]);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(CA.to_string()),
+            namespace: Some(NAMESPACE.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "Helm".to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([
+                ("meta.helm.sh/release-name".to_string(), RELEASE.to_string()),
+                (
+                    "meta.helm.sh/release-namespace".to_string(),
+                    NAMESPACE.to_string(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".to_string()),
+        data: Some(data.clone()),
+        ..Secret::default()
+    };
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    secrets.create(&PostParams::default(), &secret).await?;
+
+    let chart = Chart::new()?;
+    let kubeconfig = cluster.kubeconfig_path().to_string_lossy().into_owned();
+    let chart_dir = chart.dir().to_string_lossy().into_owned();
+    let out = chart.run(
+        &[
+            "install",
+            RELEASE,
+            &chart_dir,
+            "--namespace",
+            NAMESPACE,
+            "--kubeconfig",
+            &kubeconfig,
+        ],
+        None,
+    )?;
+    ensure!(out.success, "helm install: {}{}", out.stdout, out.stderr);
+    let adopted = secrets.get(CA).await?;
+    assert_eq!(adopted.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert!(
+        adopted.data == Some(data),
+        "helm install changed the user's CA"
+    );
+    assert_eq!(
+        adopted
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("helm.sh/resource-policy"))
+            .map(String::as_str),
+        Some("keep"),
+        "the chart took the Secret over"
+    );
+
+    let account = client_from(&controller_service_account_kubeconfig(
+        &cluster,
+        dir.path(),
+    )?)
+    .await?;
+    let (ca, source) = store::load_or_make_ca(&account, &location()).await?;
+    assert_eq!(source, CaSource::Found);
+    assert_eq!(ca.cert_pem(), own.cert_pem(), "the user's CA is used");
     Ok(())
 }

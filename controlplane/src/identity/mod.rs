@@ -1,9 +1,11 @@
 //! Node identity issued by the control plane: no hand-made node
 //! certificates on Kubernetes.
 //!
-//! The controller keeps a CA in a `kubernetes.io/tls` Secret (made on
-//! first start, or provided by the user) and publishes its certificate in
-//! a ConfigMap the nodes mount ([`store`]). Each node sends a CSR for its
+//! The controller keeps a CA in a Secret (`tls.crt`, `tls.key`: written
+//! into the chart's empty Secret on first start, or provided by the user)
+//! and publishes its certificate in a ConfigMap the nodes mount
+//! ([`store`]); it reaches both only by name and creates neither where the
+//! chart made them. Each node sends a CSR for its
 //! node name with its pod's projected ServiceAccount token to the issuing
 //! endpoint `carina.identity.v1.NodeIdentity` ([`server`]); the token is
 //! checked with TokenReview and the pod it is bound to must run on that
