@@ -9,15 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use carina_tests::cluster::{
-    await_capacity, direct_controller_args, register_node, KubeControllerArgs, NodeArgs, Pki,
-    Service,
+    KubeControllerArgs, NodeArgs, Pki, Service, await_capacity, direct_controller_args,
+    register_node,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::{tail, upstream_tool};
-use carina_tests::sanity::{parse_summary, Summary};
-use carina_tests::{have_root, run, unique, LoopDisk, MountGuard, VgGuard};
+use carina_tests::sanity::{Summary, parse_summary};
+use carina_tests::{LoopDisk, MountGuard, VgGuard, have_root, run, unique};
 
 const MIB: u64 = 1 << 20;
 

@@ -16,17 +16,17 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use carina_csi::params::DISK_GROUP;
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume};
-use carina_tests::cluster::{direct_controller_args, NodeArgs, Pki, Service};
+use carina_tests::cluster::{NodeArgs, Pki, Service, direct_controller_args};
 use carina_tests::process::{tail, upstream_tool};
-use carina_tests::sanity::{parse_summary, Summary};
+use carina_tests::sanity::{Summary, parse_summary};
 use carina_tests::vm::is_device_mapper;
-use carina_tests::vm::{in_guest, pass, Vm, GUEST_SHARE, PASS};
+use carina_tests::vm::{GUEST_SHARE, PASS, Vm, in_guest, pass};
 use carina_tests::{have_root, run, test_log_dir};
 
 const MIB: u64 = 1 << 20;

@@ -28,9 +28,9 @@ use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use carina_proto::nodestorage as pb;
 use carina_tests::csi::ServedCsi;
-use carina_tests::grpc::{create_lv, get_lv, TestNode};
-use carina_tests::vm::{in_guest, is_device_mapper, pass, Vm};
-use carina_tests::{have_root, run, stat_fs, MountGuard};
+use carina_tests::grpc::{TestNode, create_lv, get_lv};
+use carina_tests::vm::{Vm, in_guest, is_device_mapper, pass};
+use carina_tests::{MountGuard, have_root, run, stat_fs};
 use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
@@ -525,10 +525,12 @@ async fn bcache_through_nodestorage_and_csi() {
             .is_some_and(|n| n.to_string_lossy().starts_with("bcache")),
         "{d:?}"
     );
-    assert!(std::fs::metadata(&dev)
-        .expect("node")
-        .file_type()
-        .is_block_device());
+    assert!(
+        std::fs::metadata(&dev)
+            .expect("node")
+            .file_type()
+            .is_block_device()
+    );
     assert!(d.running, "{d:?}");
     assert_eq!(
         d.kernel_cache_mode,
