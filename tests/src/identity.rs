@@ -57,6 +57,18 @@ impl std::fmt::Debug for NodePods {
     }
 }
 
+/// A cluster with the CRDs, a namespace (named from `prefix`) holding the
+/// node ServiceAccount and DaemonSet, and a scratch directory: what every
+/// issuer test starts from.
+pub async fn cluster_with_node_pods(
+    prefix: &str,
+) -> Result<(crate::kube::KubeCluster, NodePods, tempfile::TempDir)> {
+    let cluster = crate::kube::KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let pods = NodePods::create(&cluster.client(), &crate::unique(prefix)).await?;
+    Ok((cluster, pods, tempfile::tempdir()?))
+}
+
 impl NodePods {
     /// Creates `namespace`, the ServiceAccount [`NODE_SA`] and the
     /// DaemonSet [`NODE_DS`] in it (no controller runs it).

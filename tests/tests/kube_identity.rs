@@ -57,15 +57,6 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The CA Secret and ConfigMap (the defaults).
 const CA: &str = "carina-ca";
 
-/// A cluster with the CRDs and a namespace holding the node
-/// ServiceAccount.
-async fn setup() -> Result<(KubeCluster, NodePods, tempfile::TempDir)> {
-    let cluster = KubeCluster::start().await?;
-    cluster.install_crds().await?;
-    let pods = NodePods::create(&cluster.client(), &unique("identity")).await?;
-    Ok((cluster, pods, tempfile::tempdir()?))
-}
-
 async fn start_controller(
     cluster: &KubeCluster,
     pods: &NodePods,
@@ -136,7 +127,7 @@ fn verify_signed_by(der: &[u8], ca_pem: &str) -> Result<()> {
 
 #[tokio::test]
 async fn a_node_gets_renews_and_reloads_its_certificate() -> Result<()> {
-    let (cluster, pods, dir) = setup().await?;
+    let (cluster, pods, dir) = identity::cluster_with_node_pods("identity").await?;
     let client = cluster.client();
     let pod = pods.pod("carina-node-a", NODE_SA, NODE).await?;
     let port = free_port()?;
@@ -246,7 +237,7 @@ async fn await_token_rejected(client: &kube::Client, token: &str) -> Result<()> 
 
 #[tokio::test]
 async fn the_issuer_refuses_with_precise_reasons() -> Result<()> {
-    let (cluster, pods, dir) = setup().await?;
+    let (cluster, pods, dir) = identity::cluster_with_node_pods("identity").await?;
     let client = cluster.client();
     pods.service_account("intruder").await?;
     let on_a = pods.pod("carina-node-a", NODE_SA, NODE).await?;
@@ -410,7 +401,7 @@ fn cluster_ca_der(cluster: &KubeCluster) -> Result<Vec<u8>> {
 
 #[tokio::test]
 async fn a_node_started_before_the_issuer_gets_its_certificate_when_it_comes() -> Result<()> {
-    let (cluster, pods, dir) = setup().await?;
+    let (cluster, pods, dir) = identity::cluster_with_node_pods("identity").await?;
     let client = cluster.client();
     let pod = pods.pod("carina-node-a", NODE_SA, NODE).await?;
 

@@ -44,15 +44,6 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The CA Secret and ConfigMap (the defaults).
 const CA: &str = "carina-ca";
 
-/// A cluster with the CRDs and a namespace holding the node
-/// ServiceAccount and DaemonSet.
-async fn setup() -> Result<(KubeCluster, NodePods, tempfile::TempDir)> {
-    let cluster = KubeCluster::start().await?;
-    cluster.install_crds().await?;
-    let pods = NodePods::create(&cluster.client(), &unique("issuer")).await?;
-    Ok((cluster, pods, tempfile::tempdir()?))
-}
-
 /// `carina-controller` serving the issuer on `port`, certificates valid
 /// `ttl`, with `extra` flags.
 async fn start_controller_with(
@@ -88,7 +79,7 @@ async fn start_controller_with(
 #[tokio::test]
 async fn only_running_pods_of_the_node_daemonset_get_certificates_and_not_too_often() -> Result<()>
 {
-    let (cluster, pods, dir) = setup().await?;
+    let (cluster, pods, dir) = identity::cluster_with_node_pods("issuer").await?;
     let client = cluster.client();
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), &pods.namespace);
     let good = pods.pod("carina-node-a", NODE_SA, NODE).await?;
@@ -299,7 +290,7 @@ fn client_of(signer: &DevCa, server_ca: &str) -> Result<ClientTls> {
 
 #[tokio::test]
 async fn a_rewritten_ca_bundle_is_refused_and_an_endorsed_rotation_taken() -> Result<()> {
-    let (cluster, pods, dir) = setup().await?;
+    let (cluster, pods, dir) = identity::cluster_with_node_pods("issuer").await?;
     let client = cluster.client();
     let pod = pods.pod("carina-node-a", NODE_SA, NODE).await?;
     let port = free_port()?;
