@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The node's lvm.conf settings, in one place: hack/images.sh applies them to
-# the node image and tests/vm/build-guest.sh to the vm tier's guest, so the
+# The node's lvm.conf settings, in one place: hack/images.sh and
+# deploy/images/Containerfile apply them to the node image and
+# tests/vm/build-guest.sh to the vm tier's guest, so the
 # guest runs LVM as the image ships it.
 #
 # LVM in a container: no udev (the host's udev owns /dev), no dmeventd, and
