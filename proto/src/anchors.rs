@@ -152,42 +152,24 @@ pub fn check_replacement(
 
 #[cfg(test)]
 mod tests {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SubjectPublicKeyInfo,
-    };
+    use rcgen::{CertificateParams, IsCa, KeyPair};
 
     use super::*;
-
-    struct Ca {
-        params: CertificateParams,
-        key: KeyPair,
-        der: Vec<u8>,
-    }
-
-    fn ca(name: &str) -> Ca {
-        let key = KeyPair::generate().expect("key");
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let der = params.self_signed(&key).expect("CA").der().to_vec();
-        Ca { params, key, der }
-    }
+    use crate::testkit::TestCa;
 
     /// `new`'s key certified by `by`.
-    fn cross(new: &Ca, by: &Ca) -> Vec<u8> {
-        let spki =
-            SubjectPublicKeyInfo::from_der(&public_key(&new.der).expect("key")).expect("spki");
-        let issuer = Issuer::new(by.params.clone(), &by.key);
-        new.params
-            .signed_by(&spki, &issuer)
-            .expect("cross")
-            .der()
-            .to_vec()
+    fn cross(new: &TestCa, by: &TestCa) -> Vec<u8> {
+        new.certified_by(by).der().to_vec()
     }
 
     #[test]
     fn only_endorsed_or_known_keys_are_taken() {
-        let (a, b, c, evil) = (ca("A"), ca("B"), ca("C"), ca("evil"));
+        let (a, b, c, evil) = (
+            TestCa::new("A"),
+            TestCa::new("B"),
+            TestCa::new("C"),
+            TestCa::new("evil"),
+        );
         let trusted = vec![a.der.clone()];
         // Unchanged, and the same key re-issued.
         assert_eq!(
@@ -227,12 +209,7 @@ mod tests {
         // A leaf-like (not CA) cross-certificate endorses nothing.
         let mut leaf = b.params.clone();
         leaf.is_ca = IsCa::ExplicitNoCa;
-        let spki = SubjectPublicKeyInfo::from_der(&public_key(&b.der).expect("key")).expect("spki");
-        let not_ca = leaf
-            .signed_by(&spki, &Issuer::new(a.params.clone(), &a.key))
-            .expect("leaf")
-            .der()
-            .to_vec();
+        let not_ca = b.certified_with(&leaf, &a).der().to_vec();
         assert!(check_replacement(&trusted, std::slice::from_ref(&b.der), &[not_ca]).is_err());
         assert!(matches!(
             check_replacement(&trusted, &[], &[]),

@@ -30,6 +30,8 @@ pub mod anchors;
 pub mod devcerts;
 pub mod metrics;
 pub mod telemetry;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod tls;
 pub mod trace;
 pub mod uds;

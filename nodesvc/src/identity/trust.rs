@@ -192,40 +192,13 @@ fn write_pin(pin: &Path, text: &str) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SubjectPublicKeyInfo,
-    };
+    use carina_proto::testkit::TestCa;
 
     use super::*;
 
-    struct Ca {
-        params: CertificateParams,
-        key: KeyPair,
-        pem: String,
-        der: Vec<u8>,
-    }
-
-    fn ca(name: &str) -> Ca {
-        let key = KeyPair::generate().expect("key");
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let cert = params.self_signed(&key).expect("CA");
-        Ca {
-            pem: cert.pem(),
-            der: cert.der().to_vec(),
-            params,
-            key,
-        }
-    }
-
-    fn cross(new: &Ca, by: &Ca) -> String {
-        let key = anchors::public_key(&new.der).expect("key");
-        let spki = SubjectPublicKeyInfo::from_der(&key).expect("spki");
-        new.params
-            .signed_by(&spki, &Issuer::new(by.params.clone(), &by.key))
-            .expect("cross")
-            .pem()
+    /// `new`'s key certified by `by`, as PEM.
+    fn cross(new: &TestCa, by: &TestCa) -> String {
+        new.certified_by(by).pem()
     }
 
     /// Writes the files with a new modification time each call.
@@ -249,7 +222,7 @@ mod tests {
             dir.path().join("ca.crt"),
             dir.path().join("state").join(PIN_FILE),
         );
-        let (old, new, evil) = (ca("old"), ca("new"), ca("evil"));
+        let (old, new, evil) = (TestCa::new("old"), TestCa::new("new"), TestCa::new("evil"));
         publish(dir.path(), &old.pem, "");
         let mut trust = TrustedCa::open(&file, Some(pin.clone()));
         assert_eq!(trust.pem(), None);
