@@ -14,8 +14,10 @@
 //! those devices, makes `/dev/bcacheN`, moves data, or refuses a write
 //! with an error code (the stand-in cannot fail a `write(2)`; it ignores
 //! a refused write, so the engine sees a timeout instead of `EINVAL`).
-//! The opt-in test gated by `CARINA_TEST_BCACHE_KERNEL=1` runs the same
-//! flow against `/sys` on a machine that has the driver.
+//! With `CARINA_TEST_BCACHE_KERNEL=1`, fixtures made by
+//! [`BcacheFixture::new`] run the same flow against `/sys` on a machine
+//! that has the driver; [`BcacheFixture::with_stand_in`] keeps the
+//! stand-in.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -564,6 +566,47 @@ impl BcacheFixture {
         cache_policy: &str,
         ssd_bytes: u64,
     ) -> Option<BcacheFixture> {
+        let stand_in = !real_kernel();
+        Self::build(
+            test,
+            backing_policy,
+            hdd_bytes,
+            cache_policy,
+            ssd_bytes,
+            stand_in,
+        )
+        .await
+    }
+
+    /// [`BcacheFixture::new`] with the stand-in whatever
+    /// `CARINA_TEST_BCACHE_KERNEL` says: for a test whose subject is the
+    /// control plane's side, which the stand-in proves as well anywhere.
+    pub async fn with_stand_in(
+        test: &str,
+        backing_policy: &str,
+        hdd_bytes: u64,
+        cache_policy: &str,
+        ssd_bytes: u64,
+    ) -> Option<BcacheFixture> {
+        Self::build(
+            test,
+            backing_policy,
+            hdd_bytes,
+            cache_policy,
+            ssd_bytes,
+            true,
+        )
+        .await
+    }
+
+    async fn build(
+        test: &str,
+        backing_policy: &str,
+        hdd_bytes: u64,
+        cache_policy: &str,
+        ssd_bytes: u64,
+        stand_in: bool,
+    ) -> Option<BcacheFixture> {
         if !crate::have_root(test) {
             return None;
         }
@@ -589,7 +632,7 @@ impl BcacheFixture {
             selector(&hdd, backing_policy, &hdd_disk),
             selector(&ssd, cache_policy, &ssd_disk)
         );
-        let kernel = (!real_kernel()).then(KernelStandIn::new);
+        let kernel = stand_in.then(KernelStandIn::new);
         let state = tempfile::Builder::new()
             .prefix("carina-state-")
             .tempdir()
