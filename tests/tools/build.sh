@@ -12,6 +12,7 @@
 # TOOL: csi-sanity | etcd | kube | kubelet | csi-provisioner | csi-resizer |
 #       csi-snapshotter | jaeger | promtool | containerd | crictl | cni | helm |
 #       e2e | test-images | e2e-images | kernel | all
+#       go-carina | go-carina-scheduler (not in all: built only when named)
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------
@@ -27,6 +28,8 @@ CRICTL_VERSION=v1.37.0          # sigs.k8s.io/cri-tools
 CNI_PLUGINS_VERSION=v1.10.0     # github.com/containernetworking/plugins
 HELM_VERSION=v3.21.4            # helm.sh/helm/v3 (cmd/helm)
 CSI_RESIZER_VERSION=v2.2.1      # github.com/kubernetes-csi/external-resizer (source archive)
+GO_CARINA_VERSION=v0.14.0       # github.com/carina-io/carina (source archive), the migration tests' predecessor
+GO_CARINA_COMMIT=aec3a9f        # the commit of that tag, which its binaries log at start
 # containerd v2.4's default sandbox image, which test-images provides.
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 # The image tools' recipes (below); bump when one changes.  Their cache
@@ -35,12 +38,14 @@ IMAGES_REVISION=r3
 
 TOOLS=(csi-sanity etcd kube kubelet csi-provisioner csi-resizer csi-snapshotter jaeger promtool containerd crictl
     cni helm e2e test-images e2e-images kernel)
+# Tools built only when named (not part of `all`): test dependencies of one tier.
+EXTRA_TOOLS=(go-carina go-carina-scheduler)
 ROOT=${CARINA_TOOLS_CACHE:-/var/cache/carina-tools}
 # Source archives of programs the Go module proxy does not serve.
 SRC_ROOT=${CARINA_UPSTREAM_SRC:-/var/cache/carina-src}
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
-usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,16s/^# \{0,1\}//p' "$0"; }
 die() { echo "build.sh: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
@@ -60,7 +65,8 @@ tool_version() {
     crictl) echo "$CRICTL_VERSION" ;;
     cni) echo "$CNI_PLUGINS_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
-    *) die "unknown tool '$1' (want one of: ${TOOLS[*]} all)" ;;
+    go-carina | go-carina-scheduler) echo "$GO_CARINA_VERSION" ;;
+    *) die "unknown tool '$1' (want one of: ${TOOLS[*]} ${EXTRA_TOOLS[*]} all)" ;;
     esac
 }
 
@@ -72,6 +78,8 @@ tool_binaries() {
     cni) echo bridge host-local loopback ;;
     e2e) echo e2e.test agnhost ;;
     csi-snapshotter) echo csi-snapshotter snapshot-controller ;;
+    go-carina) echo carina-node carina-controller ;;
+    go-carina-scheduler) echo carina-scheduler ;;
     test-images | e2e-images | kernel) ;;
     *) echo "$1" ;;
     esac
@@ -436,6 +444,33 @@ build_csi_resizer() {
     (cd "$SRC_ROOT" && sha256sum "$(basename "$archive")") >"$2/../source.sha256"
 }
 
+# Go Carina, the project this one succeeds, for the migration tests: its
+# node and controller, one module with vendor/, built offline as its
+# Dockerfile builds them (without the debug flags, with the tag's commit).
+# A test dependency only.
+build_go_carina() {
+    local v=$GO_CARINA_VERSION archive
+    archive=$(source_archive carina "$v" github.com/carina-io/carina)
+    vendored_build "$1" "$archive" -ldflags "-s -w -X main.gitCommitID=$GO_CARINA_COMMIT" \
+        -o "$2/" ./cmd/carina-node ./cmd/carina-controller
+    (cd "$SRC_ROOT" && sha256sum "$(basename "$archive")") >"$2/../source.sha256"
+}
+
+# Go Carina's scheduler (kube-scheduler 1.26 with its capacity plugin), a
+# module of its own in scheduler/ of the same archive.  That module has no
+# vendor/ folder, so its modules come through the module proxy, checked
+# against its go.sum; it is not built offline.
+build_go_carina_scheduler() {
+    local v=$GO_CARINA_VERSION archive src
+    archive=$(source_archive carina "$v" github.com/carina-io/carina)
+    mkdir -p "$1"
+    tar -xJf "$archive" -C "$1"
+    src=$(find "$1" -mindepth 2 -maxdepth 2 -name go.mod -printf '%h\n')/scheduler
+    [[ -f $src/go.mod && -f $src/go.sum ]] || die "$archive: no scheduler/go.mod and go.sum"
+    (cd "$src" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$2/carina-scheduler" ./cmd)
+    (cd "$SRC_ROOT" && sha256sum "$(basename "$archive")") >"$2/../source.sha256"
+}
+
 build_jaeger() {
     # Without the (npm-built) UI assets: the binary serves a placeholder page.
     local v=$JAEGER_VERSION
@@ -736,7 +771,7 @@ main() {
         if [[ $t == all ]]; then
             tools+=("${TOOLS[@]}")
         else
-            tool_version "$t" >/dev/null # dies on an unknown tool
+            tool_version "$t" >/dev/null # dies on an unknown tool (EXTRA_TOOLS are known)
             tools+=("$t")
         fi
     done
