@@ -10,9 +10,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use carina_csi::DRIVER_NAME;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
@@ -207,6 +210,57 @@ impl SnapshotPlane {
 
 pub fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(SNAPSHOT_GROUP, "v1", kind), plural)
+}
+
+/// Creates VolumeSnapshotClass `name` of Carina's driver, with the
+/// deletion policy `Delete`.
+pub async fn create_snapshot_class(client: &Client, name: &str) -> Result<()> {
+    let class_resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
+    Api::<DynamicObject>::all_with(client.clone(), &class_resource)
+        .create(
+            &PostParams::default(),
+            &DynamicObject::new(name, &class_resource).data(json!({
+                "driver": DRIVER_NAME,
+                "deletionPolicy": "Delete",
+            })),
+        )
+        .await
+        .with_context(|| format!("create the VolumeSnapshotClass {name}"))?;
+    Ok(())
+}
+
+/// The VolumeSnapshots of namespace `ns`.
+pub fn volume_snapshots(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
+    Api::namespaced_with(client.clone(), ns, &resource)
+}
+
+/// Creates VolumeSnapshot `name` of claim `source` in class `class`
+/// through `snapshots` (one namespace's, [`volume_snapshots`]) and waits,
+/// by watch, at most [`WAIT`], until it is readyToUse; returns it as seen
+/// then.
+pub async fn take_snapshot(
+    snapshots: &Api<DynamicObject>,
+    name: &str,
+    class: &str,
+    source: &str,
+) -> Result<DynamicObject> {
+    let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
+    snapshots
+        .create(
+            &PostParams::default(),
+            &DynamicObject::new(name, &resource).data(json!({"spec": {
+                "volumeSnapshotClassName": class,
+                "source": {"persistentVolumeClaimName": source},
+            }})),
+        )
+        .await
+        .with_context(|| format!("create the VolumeSnapshot {name}"))?;
+    await_object(snapshots, name, "readyToUse", WAIT, |s| {
+        s.is_some_and(|s| field(s, &["status", "readyToUse"]) == &json!(true))
+    })
+    .await?
+    .with_context(|| format!("the VolumeSnapshot {name} was deleted"))
 }
 
 /// A claim of `size` in `class` with the volume mode `mode` (`Block` or

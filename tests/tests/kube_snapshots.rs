@@ -41,11 +41,11 @@ use carina_api::{LogicVolume, LogicVolumeSource};
 use carina_csi::names::local_name;
 use carina_csi::snapshot_id::{self, local_snapshot_name};
 use carina_csi::{DRIVER_NAME, context};
-use carina_tests::cluster::{LvmNode, Pki, await_object};
+use carina_tests::cluster::{LvmNode, Pki};
 use carina_tests::kube::{KubeCluster, gone};
 use carina_tests::snapshots::{
-    MIB, SNAPSHOT_GROUP, SnapshotPlane, WAIT, bound_volume, claim, field, install_snapshot_crds,
-    snapshot_resource, word,
+    MIB, SNAPSHOT_GROUP, SnapshotPlane, WAIT, bound_volume, claim, create_snapshot_class, field,
+    install_snapshot_crds, snapshot_resource, take_snapshot, volume_snapshots, word,
 };
 use carina_tests::workload::add_namespace;
 use carina_tests::{have_root, lvm, unique};
@@ -200,40 +200,12 @@ async fn volume_snapshots_and_clones_hold_the_source_data() -> Result<()> {
     assert_eq!(bad, None, "the source reads back as written");
 
     // A class and a snapshot of the claim.
-    let class_resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
-    let snapshot_resource_ = snapshot_resource("VolumeSnapshot", "volumesnapshots");
     let content_resource = snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents");
     let snapshot_class = unique("carina-snapclass");
-    Api::<DynamicObject>::all_with(client.clone(), &class_resource)
-        .create(
-            &PostParams::default(),
-            &DynamicObject::new(&snapshot_class, &class_resource).data(json!({
-                "driver": DRIVER_NAME,
-                "deletionPolicy": "Delete",
-            })),
-        )
-        .await
-        .context("create the VolumeSnapshotClass")?;
-    let snapshots: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &snapshot_resource_);
+    create_snapshot_class(&client, &snapshot_class).await?;
+    let snapshots = volume_snapshots(&client, &ns);
     let contents: Api<DynamicObject> = Api::all_with(client.clone(), &content_resource);
-    snapshots
-        .create(
-            &PostParams::default(),
-            &DynamicObject::new("snap", &snapshot_resource_)
-                .within(&ns)
-                .data(json!({"spec": {
-                    "volumeSnapshotClassName": snapshot_class,
-                    "source": {"persistentVolumeClaimName": "source"},
-                }})),
-        )
-        .await
-        .context("create the VolumeSnapshot")?;
-    let snapshot = await_object(&snapshots, "snap", "readyToUse", WAIT, |s| {
-        s.is_some_and(|s| field(s, &["status", "readyToUse"]) == &json!(true))
-    })
-    .await?
-    .context("the VolumeSnapshot was deleted")?;
+    let snapshot = take_snapshot(&snapshots, "snap", &snapshot_class, "source").await?;
     let restore_size: Quantity =
         serde_json::from_value(field(&snapshot, &["status", "restoreSize"]).clone())
             .with_context(|| format!("restoreSize of {:?}", snapshot.data))?;

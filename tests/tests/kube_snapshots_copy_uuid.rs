@@ -18,20 +18,20 @@ use carina_csi::snapshot_id::local_snapshot_name;
 use carina_csi::{DRIVER_NAME, context};
 use carina_proto::csi;
 use carina_proto::csi::node_client::NodeClient;
-use carina_tests::cluster::{NodeArgs, Pki, await_object, register_node};
+use carina_tests::cluster::{NodeArgs, Pki, register_node};
 use carina_tests::csi::mount_cap;
 use carina_tests::grpc::unix_channel;
 use carina_tests::kube::{KubeCluster, gone};
 use carina_tests::snapshots::{
-    MIB, SNAPSHOT_GROUP, SnapshotPlane, WAIT, bound_volume, claim, field, install_snapshot_crds,
-    snapshot_resource, word,
+    MIB, SNAPSHOT_GROUP, SnapshotPlane, WAIT, bound_volume, claim, create_snapshot_class,
+    install_snapshot_crds, take_snapshot, volume_snapshots, word,
 };
 use carina_tests::workload::add_namespace;
 use carina_tests::{LoopDisk, VgGuard, have_root, mounts_under, run, unique};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use tonic::transport::Channel;
 
@@ -144,20 +144,8 @@ async fn xfs_restores_and_clones_stage_beside_their_mounted_source() -> Result<(
     add_namespace(&client, &ns).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let snapshot_class = unique("carina-xfs-snapclass");
-    let class_resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
-    let snapshot_resource_ = snapshot_resource("VolumeSnapshot", "volumesnapshots");
-    Api::<DynamicObject>::all_with(client.clone(), &class_resource)
-        .create(
-            &PostParams::default(),
-            &DynamicObject::new(&snapshot_class, &class_resource).data(json!({
-                "driver": DRIVER_NAME,
-                "deletionPolicy": "Delete",
-            })),
-        )
-        .await
-        .context("create the VolumeSnapshotClass")?;
-    let snapshots: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &snapshot_resource_);
+    create_snapshot_class(&client, &snapshot_class).await?;
+    let snapshots = volume_snapshots(&client, &ns);
     let data: Vec<u8> = (0..4 * MIB).flat_map(|i| word(i)[..1].to_vec()).collect();
     // The LogicVolumes made, to see them gone at the end.
     let mut made = Vec::new();
@@ -195,23 +183,7 @@ async fn xfs_restores_and_clones_stage_beside_their_mounted_source() -> Result<(
         }
 
         let snap = format!("{policy}-snap");
-        snapshots
-            .create(
-                &PostParams::default(),
-                &DynamicObject::new(&snap, &snapshot_resource_)
-                    .within(&ns)
-                    .data(json!({"spec": {
-                        "volumeSnapshotClassName": snapshot_class,
-                        "source": {"persistentVolumeClaimName": source},
-                    }})),
-            )
-            .await
-            .context("create the VolumeSnapshot")?;
-        let ready = await_object(&snapshots, &snap, "readyToUse", WAIT, |s| {
-            s.is_some_and(|s| field(s, &["status", "readyToUse"]) == &json!(true))
-        })
-        .await?
-        .context("the VolumeSnapshot was deleted")?;
+        let ready = take_snapshot(&snapshots, &snap, &snapshot_class, &source).await?;
         made.push(local_snapshot_name(&format!(
             "snapshot-{}",
             ready.uid().context("uid")?
