@@ -32,7 +32,7 @@ use carina_proto::csi::controller_server::{Controller, ControllerServer};
 use carina_proto::csi::controller_service_capability::rpc::Type as Capability;
 use tonic::{Code, Request, Response, Status};
 
-use crate::busy::{BusyNames, Held, busy_message};
+use carina_sys::busy::{BusyNames, Held, busy_message};
 use crate::capability::{self, Access};
 use crate::error::CsiError;
 use crate::names::{is_node_name, local_name};

@@ -8,7 +8,6 @@
 //! one place. [`strategy::Strategy`] is the placement order every control
 //! plane and the scheduler extender share.
 
-pub mod busy;
 pub mod capability;
 pub mod controller;
 pub mod error;

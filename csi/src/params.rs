@@ -68,24 +68,9 @@ pub struct BcacheParams {
     pub cache_policy: String,
 }
 
-/// Where a bcache device's data starts on its backing volume
-/// (`make-bcache`'s default data offset, 16 sectors): the device is this
-/// much smaller than the backing volume.
-pub const BCACHE_DATA_OFFSET: u64 = 8192;
-
-/// The smallest cache volume: `make-bcache` refuses a cache device of
-/// fewer than 128 buckets, 64 MiB at its default bucket size (512 KiB).
-pub const BCACHE_MIN_CACHE: u64 = 64 << 20;
-
-/// The size of the cache volume for a backing volume of `size` bytes:
-/// `ratio_percent` percent of it, rounded up, and at least
-/// [`BCACHE_MIN_CACHE`] (the node rounds it further to its group's unit).
-pub fn cache_bytes(size: u64, ratio_percent: u32) -> u64 {
-    let bytes = (u128::from(size) * u128::from(ratio_percent)).div_ceil(100);
-    u64::try_from(bytes)
-        .unwrap_or(u64::MAX)
-        .max(BCACHE_MIN_CACHE)
-}
+// The bcache geometry lives below this crate, where the node's engine
+// reaches it too; control planes keep naming it through this module.
+pub use carina_sys::bcache::{BCACHE_DATA_OFFSET, BCACHE_MIN_CACHE, cache_bytes};
 
 impl BcacheParams {
     /// [`cache_bytes`] at this class's ratio.

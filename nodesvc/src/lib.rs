@@ -13,5 +13,7 @@ pub mod engine;
 pub mod identity;
 pub mod latency;
 #[cfg(test)]
+mod layering;
+#[cfg(test)]
 mod proptests;
 pub mod server;

@@ -25,12 +25,18 @@
 //!   descriptors, never through a symbolic link (for trees a pod can change
 //!   while the node walks them).
 //! - [`IoError`]: the failed file or device operation all of them report.
+//! - [`busy`]: the one per-volume busy lock (a second operation on a busy
+//!   name is refused at once), shared by the CSI services and the engine.
+//! - [`bcache`]: `make-bcache`'s geometry (data offset, smallest cache) and
+//!   the cache volume's size for a backing volume and a ratio.
 //!
 //! Callers give these modules plain values (paths, sizes, options) and get
 //! plain values back; what a result means for a CSI request or a device
 //! group is decided in `carina-csi` and `carina-node`.
 
+pub mod bcache;
 pub mod blockdev;
+pub mod busy;
 pub mod command;
 pub mod coprocess;
 pub mod crashpoint;

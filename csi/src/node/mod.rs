@@ -51,7 +51,7 @@ use carina_sys::mount;
 use tonic::{Code, Request, Response, Status};
 
 use crate::TOPOLOGY_KEY;
-use crate::busy::{BusyNames, Held, busy_message};
+use carina_sys::busy::{BusyNames, Held, busy_message};
 use crate::error::CsiError;
 use crate::types::{LocalVolume, LocalVolumes};
 

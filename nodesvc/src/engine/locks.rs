@@ -1,8 +1,8 @@
 //! Per-volume operation locks: the workspace's one busy lock
-//! ([`carina_csi::busy`]), a refusal being [`Error::Busy`] (ABORTED on the
+//! ([`carina_sys::busy`]), a refusal being [`Error::Busy`] (ABORTED on the
 //! wire) instead of queueing behind the first operation.
 
-use carina_csi::busy::{BusyNames, Held};
+use carina_sys::busy::{BusyNames, Held};
 
 use super::error::{Error, Result};
 

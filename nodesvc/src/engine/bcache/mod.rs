@@ -274,9 +274,9 @@ fn check_field(field: &str, value: &str) -> Result<()> {
 
 /// The cache volume's size: `ratio` percent of `size`, rounded up, at
 /// least `make-bcache`'s smallest cache (the rule the control planes
-/// place cache volumes by).
+/// place cache volumes by, [`carina_sys::bcache::cache_bytes`]).
 pub fn cache_size(size: u64, ratio_percent: u32) -> u64 {
-    carina_csi::params::cache_bytes(size, ratio_percent)
+    carina_sys::bcache::cache_bytes(size, ratio_percent)
 }
 
 fn devnum(v: &Volume) -> DevNum {

@@ -1,8 +1,9 @@
 //! The one per-volume busy lock of the workspace: a second operation on a
 //! name that is busy is refused at once instead of queueing behind the
-//! first (CSI: `ABORTED`, so the caller retries with backoff). The CSI
-//! controller and node services and the node's engine all use it; each
-//! turns a refusal into its own error.
+//! first (on the wire `ABORTED`, so the caller retries with backoff). The
+//! CSI controller and node services and the node's engine all use it; each
+//! turns a refusal into its own error. It lives here, below both, so the
+//! engine takes it without depending on the CSI crate.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
