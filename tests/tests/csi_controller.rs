@@ -814,7 +814,7 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
             InvalidArgument,
         ),
         (
-            "bcache parameters",
+            "bcache backing volume on a HOST group",
             with(&|r| {
                 r.parameters = params(&[
                     ("carina.storage.io/backend-disk-group-name", "host"),
@@ -822,7 +822,18 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
                     ("carina.storage.io/cache-disk-ratio", "10"),
                 ])
             }),
-            Unimplemented,
+            InvalidArgument,
+        ),
+        (
+            "bcache cache group no node has",
+            with(&|r| {
+                r.parameters = params(&[
+                    ("carina.storage.io/backend-disk-group-name", "host"),
+                    ("carina.storage.io/cache-disk-group-name", "ssd"),
+                    ("carina.storage.io/cache-disk-ratio", "10"),
+                ])
+            }),
+            InvalidArgument,
         ),
         (
             "from a snapshot id no snapshot can have",

@@ -121,7 +121,11 @@ impl DirectProvisioner {
         let not_found =
             || CsiError::NotFound(format!("source {kind} {:?} does not exist", id.encode()));
         let node = self.nodes.get(&id.node).ok_or_else(not_found)?;
-        let source_lv = self.get_lv(node, &id.volume).await?.ok_or_else(not_found)?;
+        let Some(source_lv) = self.get_lv(node, &id.volume).await? else {
+            return Err(self
+                .uncopyable(node, &id.volume, "volume_content_source", not_found())
+                .await);
+        };
         let origin = source_lv.origin.as_ref();
         if kind == "snapshot" && !origin.is_some_and(|o| o.snapshot) {
             return Err(not_found());
@@ -202,6 +206,28 @@ fn snapshot_of(node: &NodeSpec, lv: &pb::LogicVolume) -> Option<ProvisionedSnaps
     })
 }
 
+impl DirectProvisioner {
+    /// Why the source `name` on `node`, which is no volume, cannot be
+    /// copied: `INVALID_ARGUMENT` naming `field` when it is a bcache
+    /// device, else `otherwise`.
+    async fn uncopyable(
+        &self,
+        node: &NodeSpec,
+        name: &str,
+        field: &str,
+        otherwise: CsiError,
+    ) -> CsiError {
+        match self.get_bcache(node, name).await {
+            Ok(Some(_)) => CsiError::invalid(
+                field,
+                format!("{name:?} is a bcache (tiered) volume, which cannot be copied"),
+            ),
+            Ok(None) => otherwise,
+            Err(e) => e,
+        }
+    }
+}
+
 /// The snapshot verbs of [`crate::direct::DirectProvisioner`]'s `Provisioner`.
 impl DirectProvisioner {
     pub(super) async fn take_snapshot(
@@ -232,7 +258,11 @@ impl DirectProvisioner {
                 }
             }
         }
-        let source = self.get_lv(node, &id.volume).await?.ok_or_else(not_found)?;
+        let Some(source) = self.get_lv(node, &id.volume).await? else {
+            return Err(self
+                .uncopyable(node, &id.volume, "source_volume_id", not_found())
+                .await);
+        };
         tracing::info!(k8s.node.name = %node.name, carina.group = %source.device_group, size_bytes = source.size_bytes, "taking a snapshot");
         let lv = self
             .create_and_copy(

@@ -26,8 +26,16 @@
 //! `csi.storage.k8s.io/fstype` when CreateVolume was given one (the node
 //! does not store it, so listed volumes lack it).
 //!
+//! **Tiered volumes.** A bcache class (the same StorageClass parameters
+//! the Kubernetes plane takes) is one `CreateBcache` on the chosen node,
+//! which makes the backing volume, the cache volume and the device, and
+//! undoes them when it fails; `DeleteVolume` is `DeleteBcache`, which
+//! deletes the three; growth is `FAILED_PRECONDITION`. The volume id is
+//! `<volume>@<node>` like any other.
+//!
 //! **Files.** This one holds the provisioner, its lookups and the
-//! volume verbs; `copies` the snapshots and clones.
+//! volume verbs; `bcache` the tiered volumes; `copies` the snapshots and
+//! clones.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +59,7 @@ use crate::nodes::placement::{self, NodeCapacity};
 use crate::nodes::pool::NodeClients;
 use crate::nodes::spec::{NodeList, NodeSpec};
 
+mod bcache;
 mod copies;
 
 /// Volumes on a static list of nodes.
@@ -136,6 +145,12 @@ impl DirectProvisioner {
 
     /// The existing volume named like the request, checked against it.
     async fn existing(&self, req: &VolumeRequest) -> Result<Option<ProvisionedVolume>, CsiError> {
+        if let Some((node, d)) = self.find_tiered(&req.local_name).await? {
+            return Err(CsiError::AlreadyExists(format!(
+                "volume {:?} exists on node {} as a bcache device cached by group {:?}, and the request asks for no cache",
+                req.name, node.name, d.cache_device_group
+            )));
+        }
         let lookups = join_all(
             self.nodes
                 .nodes
@@ -166,6 +181,24 @@ impl DirectProvisioner {
 }
 
 impl DirectProvisioner {
+    /// The places for a new volume, best first, over the capacities of
+    /// the nodes that answer.
+    async fn ranked(&self, req: &VolumeRequest) -> Result<Vec<placement::Placement>, CsiError> {
+        let capacities = join_all(self.nodes.nodes.iter().map(|n| self.capacity_of(n))).await;
+        let mut views = Vec::with_capacity(capacities.len());
+        for (node, groups) in self.nodes.nodes.iter().zip(capacities) {
+            match groups {
+                Ok(groups) => views.push(NodeCapacity { node, groups }),
+                // It answered a lookup a moment ago; it cannot take the
+                // volume now, but the others may.
+                Err(e) => {
+                    tracing::warn!(k8s.node.name = %node.name, error = %e, "no capacity from node; not placing there")
+                }
+            }
+        }
+        placement::rank(req, &views, self.strategy)
+    }
+
     /// Removes a volume just created that turned out larger than the
     /// range allows (a whole disk), and says why.
     async fn undo(
@@ -290,15 +323,12 @@ fn provisioned(
     }
 }
 
-/// Why the direct control plane refuses the bcache StorageClass parameters.
-pub const BCACHE_NEEDS_KUBE: &str = "bcache volumes are provisioned by the Kubernetes control plane (--mode kube) only; in direct mode, the node's CreateBcache RPC (`carinactl bcache create`) makes them";
-
 #[async_trait]
 impl Provisioner for DirectProvisioner {
     #[tracing::instrument(name = "direct.create_volume", skip_all, err(level = "info"), fields(carina.volume.name = %req.local_name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
-        if req.parameters.bcache.is_some() {
-            return Err(CsiError::Unimplemented(BCACHE_NEEDS_KUBE.into()));
+        if let Some(b) = &req.parameters.bcache {
+            return self.create_tiered(req, b).await;
         }
         if let Some(source) = &req.source {
             return self.create_from(req, source).await;
@@ -307,19 +337,7 @@ impl Provisioner for DirectProvisioner {
             tracing::info!(carina.volume.id = %found.volume_id, "volume exists already");
             return Ok(found);
         }
-        let capacities = join_all(self.nodes.nodes.iter().map(|n| self.capacity_of(n))).await;
-        let mut views = Vec::with_capacity(capacities.len());
-        for (node, groups) in self.nodes.nodes.iter().zip(capacities) {
-            match groups {
-                Ok(groups) => views.push(NodeCapacity { node, groups }),
-                // It answered GetLV a moment ago; it cannot take the
-                // volume now, but the others may.
-                Err(e) => {
-                    tracing::warn!(k8s.node.name = %node.name, error = %e, "no capacity from node; not placing there")
-                }
-            }
-        }
-        let ranked = placement::rank(req, &views, self.strategy)?;
+        let ranked = self.ranked(req).await?;
         let mut exhausted = Vec::new();
         for p in ranked {
             let Some(node) = self.nodes.get(&p.node) else {
@@ -388,6 +406,9 @@ impl Provisioner for DirectProvisioner {
             tracing::info!("no such volume can exist: nothing to delete");
             return Ok(());
         };
+        if self.get_bcache(node, &name).await?.is_some() {
+            return self.delete_tiered(node, &name).await;
+        }
         let req = pb::DeleteLvRequest { name: name.clone() };
         match self
             .clients
@@ -405,7 +426,10 @@ impl Provisioner for DirectProvisioner {
     async fn expand_volume(&self, volume_id: &str, range: &CapacityRange) -> Result<u64, CsiError> {
         let not_found = || CsiError::NotFound(format!("volume {volume_id:?} does not exist"));
         let (node, name) = self.locate(volume_id)?.ok_or_else(not_found)?;
-        let lv = self.get_lv(node, &name).await?.ok_or_else(not_found)?;
+        let Some(lv) = self.get_lv(node, &name).await? else {
+            let d = self.get_bcache(node, &name).await?.ok_or_else(not_found)?;
+            return self.expand_tiered(volume_id, node, &d, range).await;
+        };
         if lv.size_bytes >= range.required_bytes {
             return Ok(lv.size_bytes);
         }
@@ -440,10 +464,13 @@ impl Provisioner for DirectProvisioner {
         let Some((node, name)) = self.locate(volume_id)? else {
             return Ok(None);
         };
-        Ok(self
-            .get_lv(node, &name)
-            .await?
-            .map(|lv| provisioned(node, &lv, None)))
+        if let Some(lv) = self.get_lv(node, &name).await? {
+            return Ok(Some(provisioned(node, &lv, None)));
+        }
+        match self.get_bcache(node, &name).await? {
+            Some(d) => Ok(Some(self.tiered(node, &d, None).await?)),
+            None => Ok(None),
+        }
     }
 
     #[tracing::instrument(name = "direct.list_volumes", skip_all, err(level = "info"))]
@@ -451,9 +478,12 @@ impl Provisioner for DirectProvisioner {
         let lists = join_all(self.nodes.nodes.iter().map(|n| self.clients.list_all(n))).await;
         let mut all = Vec::new();
         for (node, lvs) in self.nodes.nodes.iter().zip(lists) {
+            let lvs = lvs?;
+            let (tiered, members) = self.tiered_among(node, &lvs).await?;
+            all.extend(tiered);
             all.extend(
-                lvs?.iter()
-                    .filter(|lv| !is_snapshot_name(&lv.name))
+                lvs.iter()
+                    .filter(|lv| !is_snapshot_name(&lv.name) && !members.contains(&lv.name))
                     .map(|lv| provisioned(node, lv, None)),
             );
         }

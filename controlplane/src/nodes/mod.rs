@@ -8,8 +8,10 @@
 //! - [`pool`]: one NodeStorage client per node, over mutual TLS;
 //! - [`health`]: the condition of provisioned volumes, asked of their
 //!   nodes;
-//! - [`copy`]: a clone or snapshot made on a node, its progress followed.
+//! - [`copy`]: a clone or snapshot made on a node, its progress followed;
+//! - [`bcache`]: the node requests and checks of tiered (bcache) volumes.
 
+pub mod bcache;
 pub mod copy;
 pub mod health;
 pub mod placement;

@@ -140,16 +140,8 @@ fn cache_error(cache: &LogicVolumeCache) -> Option<Error> {
     None
 }
 
-/// The bcache mode of a cache policy (empty: writethrough).
-pub(super) fn cache_mode(policy: &str) -> Option<pb::CacheMode> {
-    Some(match policy {
-        "" | "writethrough" => pb::CacheMode::Writethrough,
-        "writeback" => pb::CacheMode::Writeback,
-        "writearound" => pb::CacheMode::Writearound,
-        "none" => pb::CacheMode::None,
-        _ => return None,
-    })
-}
+/// The bcache mode of a cache policy (shared with the direct plane).
+pub(super) use crate::nodes::bcache::cache_mode;
 
 /// What the status records of a bcache device: the device (its path and
 /// numbers) with the size of its backing volume.

@@ -6,7 +6,7 @@
 //! call runs in a span that continues the object's trace. What to do and
 //! what to write comes from `decide`.
 
-use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, LogicVolumeSpec, TRACEPARENT_ANNOTATION};
+use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, TRACEPARENT_ANNOTATION};
 use carina_csi::CsiError;
 use carina_proto::code_name;
 use carina_proto::nodestorage as pb;
@@ -19,8 +19,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::context::Context;
 use super::decide::{
-    Op, Plan, bcache_volume, cache_mode, failed_status, made_status, nothing_to_delete, plan,
-    settled_status,
+    Op, Plan, bcache_volume, failed_status, made_status, nothing_to_delete, plan, settled_status,
 };
 use super::error::Error;
 use crate::kube::endpoints::{EndpointError, NodeEndpoint};
@@ -191,17 +190,14 @@ async fn create_bcache(
         return Err(CsiError::Internal(format!("{name} has no cache")));
     };
     // `plan` checked the policy.
-    let mode = cache_mode(&cache.policy).unwrap_or(pb::CacheMode::Writethrough);
-    let req = pb::CreateBcacheRequest {
-        name: name.clone(),
-        backing_volume: LogicVolumeSpec::backing_volume(&name),
-        cache_volume: LogicVolumeSpec::cache_volume(&name),
-        cache_mode: mode.into(),
-        backing_device_group: lv.spec.device_group.clone(),
-        size_bytes: wanted,
-        cache_device_group: cache.device_group.clone(),
-        cache_ratio_percent: cache.ratio,
-    };
+    let req = crate::nodes::bcache::create_request(
+        &name,
+        &lv.spec.device_group,
+        wanted,
+        &cache.device_group,
+        cache.ratio,
+        &cache.policy,
+    );
     let what = format!("CreateBcache {name}");
     let r = ctx
         .clients

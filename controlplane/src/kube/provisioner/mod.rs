@@ -536,10 +536,11 @@ impl Provisioner for KubeProvisioner {
         if let Some(cache) = &lv.spec.cache
             && current < range.required_bytes
         {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {volume_id:?} is a bcache device (cached by group {:?}) of {current} bytes; bcache volumes cannot grow",
-                cache.device_group
-            )));
+            return Err(crate::nodes::bcache::cannot_grow(
+                volume_id,
+                &cache.device_group,
+                current,
+            ));
         }
         if current >= range.required_bytes {
             return Ok(current);

@@ -166,24 +166,13 @@ fn other_cache(req: &VolumeRequest, lv: &LogicVolume) -> Option<String> {
             "it has no cache and the request asks for one in group {:?}",
             b.cache_group
         )),
-        (Some(b), Some(c)) => {
-            let same = b.backend_group == lv.spec.device_group
-                && b.cache_group == c.device_group
-                && u32::from(b.cache_ratio) == c.ratio
-                && b.cache_policy == c.policy;
-            (!same).then(|| {
-                format!(
-                    "it is cached by group {:?} ({}%, {}) and the request asks for group {:?} behind {:?} ({}%, {})",
-                    c.device_group,
-                    c.ratio,
-                    c.policy,
-                    b.cache_group,
-                    b.backend_group,
-                    b.cache_ratio,
-                    b.cache_policy
-                )
-            })
-        }
+        (Some(b), Some(c)) => crate::nodes::bcache::tiering_differs(
+            b,
+            &lv.spec.device_group,
+            &c.device_group,
+            c.ratio,
+            &c.policy,
+        ),
     }
 }
 
