@@ -7,7 +7,7 @@
 //! condition of the node's NodeStorageResource). The chart's node pods
 //! tolerate no taint unless told to.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use carina_node::engine::Config;
 use carina_node::engine::disks::{self, Disk};
@@ -26,24 +26,14 @@ fn chart_config() -> String {
     values()["config"].to_string()
 }
 
-/// A blank, writable whole disk `name` of 100 GiB.
+/// A blank, writable whole disk `name` of 100 GiB of lsblk type `kind`;
+/// a loop device is backed by a file.
 fn blank(name: &str, kind: &str) -> Disk {
     Disk {
-        name: name.into(),
-        path: PathBuf::from(format!("/dev/{name}")),
-        size_bytes: 100 << 30,
-        read_only: false,
-        rotational: false,
         kind: kind.into(),
         major: 8,
-        minor: 0,
-        fstype: None,
-        pttype: None,
-        mountpoints: vec![],
-        children_in_use: vec![],
-        partitions: vec![],
         backing_file: (kind == "loop").then(|| "/var/lib/images/disk.img".into()),
-        lvm_vg: None,
+        ..disks::blank_disk(name, 100 << 30)
     }
 }
 

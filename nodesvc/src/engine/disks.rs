@@ -462,9 +462,9 @@ pub fn by_group(statuses: &[DiskStatus]) -> BTreeMap<String, Vec<Disk>> {
 }
 
 /// A blank, writable loop disk of `size_bytes` with nothing on it, for
-/// the engine's unit tests.
-#[cfg(test)]
-pub(crate) fn blank_disk(name: &str, size_bytes: u64) -> Disk {
+/// tests (the engine's own, and elsewhere with the `testkit` feature).
+#[cfg(any(test, feature = "testkit"))]
+pub fn blank_disk(name: &str, size_bytes: u64) -> Disk {
     Disk {
         name: name.into(),
         path: PathBuf::from(format!("/dev/{name}")),
