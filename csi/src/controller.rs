@@ -30,9 +30,9 @@ use std::sync::Arc;
 use carina_proto::csi;
 use carina_proto::csi::controller_server::{Controller, ControllerServer};
 use carina_proto::csi::controller_service_capability::rpc::Type as Capability;
+use carina_sys::busy::{BusyNames, Held, busy_message};
 use tonic::{Code, Request, Response, Status};
 
-use carina_sys::busy::{BusyNames, Held, busy_message};
 use crate::capability::{self, Access};
 use crate::error::CsiError;
 use crate::names::{is_node_name, local_name};

@@ -47,11 +47,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use carina_proto::csi;
 use carina_proto::csi::node_service_capability::rpc::Type as RpcType;
+use carina_sys::busy::{BusyNames, Held, busy_message};
 use carina_sys::mount;
 use tonic::{Code, Request, Response, Status};
 
 use crate::TOPOLOGY_KEY;
-use carina_sys::busy::{BusyNames, Held, busy_message};
 use crate::error::CsiError;
 use crate::types::{LocalVolume, LocalVolumes};
 
