@@ -4,7 +4,9 @@
 //! [`NodeStorageResource`] (`carina.storage.io/v1beta1`), both
 //! cluster-scoped, with the status subresource; the names of the finalizer
 //! and annotations put on them; the device-group [`policy`] names they
-//! carry; Kubernetes [`quantity`] parsing as byte counts; the schema
+//! carry and which volumes each can hold; what a `LogicVolume`'s status
+//! means for a retry and for its node's room ([`state`]); Kubernetes
+//! [`quantity`] parsing as byte counts; the schema
 //! helpers (quantities, condition lists); and the CRD manifests generated
 //! from the types ([`crds_yaml`], checked in as
 //! `deploy/crds/carina.storage.io_crds.yaml`). And the one way every
@@ -19,6 +21,7 @@ pub mod nodestorageresource;
 pub mod policy;
 pub mod quantity;
 mod schema;
+pub mod state;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -135,6 +135,7 @@ mod tests {
             },
             exclusive: false,
             block: false,
+            bcache: None,
         }
     }
 
@@ -344,6 +345,79 @@ mod tests {
                 (want, got) => panic!("{name}: want {want:?}, got {got:?}"),
             }
         }
+    }
+
+    /// Groups the provisioner's placement refuses fail the node, for the
+    /// reason the one policy rule gives: the backing or the cache group
+    /// of a bcache class that is HOST (directories, not block devices),
+    /// and a group whose policy no one knows. The filter passed all three
+    /// before, sending the pod to a node its volume cannot be made on.
+    #[test]
+    fn groups_the_policy_rule_refuses_fail_the_node() {
+        use crate::request::{Collected, collect};
+        use carina_csi::DRIVER_NAME;
+        use carina_csi::params::{BACKEND_GROUP, CACHE_GROUP, CACHE_RATIO};
+
+        let objects = objects();
+        let tiered = |backing: &'static str, cache: &'static str| {
+            [
+                (BACKEND_GROUP, backing),
+                (CACHE_GROUP, cache),
+                (CACHE_RATIO, "10"),
+            ]
+        };
+        objects.insert_class(class("host-backing", DRIVER_NAME, &tiered("dirs", "ssd")));
+        objects.insert_class(class("host-cache", DRIVER_NAME, &tiered("ssd", "dirs")));
+        objects.insert_class(group_class("zfs", "zfs"));
+        let policy = |name: &str, policy: &str| {
+            let mut g = lvm_group(name, 100 * GIB);
+            g.policy = policy.into();
+            g
+        };
+        let node = status(vec![
+            policy("dirs", "HOST"),
+            policy("ssd", "LVM"),
+            policy("zfs", "ZFS"),
+        ]);
+        let cases = [
+            (
+                "host-backing",
+                "device group \"dirs\" is HOST: a bcache backing volume needs an LVM or RAW group",
+            ),
+            (
+                "host-cache",
+                "device group \"dirs\" is HOST: a bcache cache volume needs an LVM or RAW group",
+            ),
+            (
+                "zfs",
+                "policy \"ZFS\" is not one Carina knows (LVM, RAW or HOST)",
+            ),
+        ];
+        for (class_name, why) in cases {
+            objects.insert_claim(claim("ns", class_name, Some(class_name), "1Gi"));
+            let Collected::Request(req) = collect(&pod("ns", "p", &[class_name]), &objects) else {
+                panic!("{class_name}: not a Carina request");
+            };
+            match evaluate(&req, "node", Some(&node), &[]) {
+                Verdict::Fails(reason) => {
+                    assert!(
+                        reason.contains(why),
+                        "{class_name}: {reason:?} lacks {why:?}"
+                    )
+                }
+                other => panic!("{class_name}: the node passed: {other:?}"),
+            }
+        }
+        // The same class over LVM groups passes.
+        objects.insert_class(class("lvm", DRIVER_NAME, &tiered("ssd", "ssd")));
+        objects.insert_claim(claim("ns", "lvm", Some("lvm"), "1Gi"));
+        let Collected::Request(req) = collect(&pod("ns", "p", &["lvm"]), &objects) else {
+            panic!("not a Carina request");
+        };
+        assert!(matches!(
+            evaluate(&req, "node", Some(&node), &[]),
+            Verdict::Fits(_)
+        ));
     }
 
     #[test]

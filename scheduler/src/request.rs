@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use carina_api::policy::BcachePart;
 use carina_api::quantity::quantity_bytes;
 use carina_csi::params::Parameters;
 use carina_csi::{CapacityRange, DRIVER_NAME, TOPOLOGY_KEY, context, sizes};
@@ -85,6 +86,8 @@ pub struct Volume {
     pub exclusive: bool,
     /// Raw block access (no HOST group).
     pub block: bool,
+    /// A part of a bcache device (no HOST group either).
+    pub bcache: Option<BcachePart>,
 }
 
 impl Volume {
@@ -337,29 +340,35 @@ pub fn claim_volumes(
         ));
     }
     let block = spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block");
-    let volume = |group: Option<String>, range: CapacityRange| Volume {
+    let volume = |group: Option<String>, range: CapacityRange, bcache| Volume {
         claim: Some(key.clone()),
         group,
         range,
         exclusive: params.exclusive,
         block,
+        bcache,
     };
     Ok(match &params.bcache {
         Some(b) => {
             let backing = sizes::bcache_backing(&range);
             let nominal = sizes::allocation(&backing, 1).unwrap_or(backing.required_bytes);
             vec![
-                volume(Some(b.backend_group.clone()), backing),
+                volume(
+                    Some(b.backend_group.clone()),
+                    backing,
+                    Some(BcachePart::Backing),
+                ),
                 volume(
                     Some(b.cache_group.clone()),
                     CapacityRange {
                         required_bytes: b.cache_bytes(nominal),
                         limit_bytes: 0,
                     },
+                    Some(BcachePart::Cache),
                 ),
             ]
         }
-        None => vec![volume(params.group.clone(), range)],
+        None => vec![volume(params.group.clone(), range, None)],
     })
 }
 

@@ -4,10 +4,11 @@
 //! not over-commit a node (the Go original's issue #7).
 //!
 //! A **`LogicVolume`** is in flight on `spec.nodeName` when
-//! - it has no `status.volumeID` yet (asked for, not made), unless it is
-//!   being deleted or failed for good (a non-zero `status.code` other
-//!   than `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`, which the bridge
-//!   retries): its `spec.size`;
+//! - it has no `status.volumeID` yet (asked for, not made) and still holds
+//!   room ([`LogicVolume::is_pending`], the rule the provisioner's
+//!   placement reads too: not being deleted, and no outcome yet or one
+//!   the bridge retries soon, `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
+//!   `ABORTED`, `CANCELLED`): its `spec.size`;
 //! - the node's record does not count it yet: its size. The bridge writes
 //!   the node's capacity version of the change (`status.nodeIncarnation`,
 //!   `status.capacityGeneration`) and the record carries the version it
@@ -44,6 +45,7 @@ use std::collections::{HashMap, HashSet};
 
 use carina_api::logicvolume::LogicVolumeStatus;
 use carina_api::nodestorageresource::NodeStorageResourceStatus;
+use carina_api::policy::BcachePart;
 use carina_api::quantity::quantity_bytes;
 use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume};
 use carina_csi::CapacityRange;
@@ -52,13 +54,6 @@ use kube::ResourceExt;
 
 use crate::objects::Objects;
 use crate::request::{self, ClaimKey, ClaimKind, Volume, sort_for_placement};
-
-/// gRPC codes the bridge retries: a volume with one is still coming.
-const RETRIED_CODES: [i32; 3] = [
-    4,  // DEADLINE_EXCEEDED
-    10, // ABORTED
-    14, // UNAVAILABLE
-];
 
 /// The condition the bridge sets when the volume is made.
 const READY: &str = "Ready";
@@ -129,6 +124,7 @@ impl Reservations {
                             },
                             exclusive: false,
                             block: false,
+                            bcache: Some(BcachePart::Cache),
                         },
                     );
                 }
@@ -146,6 +142,7 @@ impl Reservations {
                             .get(EXCLUSIVE_ANNOTATION)
                             .is_some_and(|v| v == "true"),
                         block: false,
+                        bcache: lv.spec.cache.as_ref().map(|_| BcachePart::Backing),
                     },
                 );
             }
@@ -212,13 +209,8 @@ impl Reservations {
 fn in_flight_bytes(lv: &LogicVolume, record: &NodeStorageResourceStatus) -> Option<u64> {
     let spec_bytes = quantity_bytes(&lv.spec.size).ok()?;
     let status = lv.status.as_ref();
-    let made = status.is_some_and(|s| s.volume_id.as_deref().is_some_and(|v| !v.is_empty()));
-    if !made {
-        let deleting = lv.metadata.deletion_timestamp.is_some();
-        let failed = status
-            .and_then(|s| s.code)
-            .is_some_and(|c| c != 0 && !RETRIED_CODES.contains(&c));
-        return (!deleting && !failed && spec_bytes > 0).then_some(spec_bytes);
+    if !lv.is_made() {
+        return (lv.is_pending() && spec_bytes > 0).then_some(spec_bytes);
     }
     let current = status
         .and_then(|s| s.current_size.as_ref())
@@ -310,6 +302,40 @@ mod tests {
         let r = Reservations::build(&objects);
         assert_eq!(bytes(r.on("n1")), [5 * GIB, 3 * GIB, 2 * GIB, GIB]);
         assert!(r.on("n2").is_empty());
+    }
+
+    /// Every answer the bridge tries again soon leaves a volume in
+    /// flight, `CANCELLED` too (the extender's own list of codes lacked
+    /// it); answers it gives up on, or tries only slowly (the provisioner
+    /// deletes such a create's object), do not.
+    #[test]
+    fn a_volume_the_bridge_still_retries_stays_in_flight() {
+        let cases = [
+            ("unavailable", 14, true),
+            ("deadline", 4, true),
+            ("aborted", 10, true),
+            ("cancelled", 1, true),
+            ("exhausted", 8, false),
+            ("invalid", 3, false),
+            ("internal", 13, false),
+            ("precondition", 9, false),
+        ];
+        for (name, code, in_flight) in cases {
+            let objects = objects();
+            objects.insert_node_storage(nsr_synced("n1", vec![lvm_group("ssd", 100 * GIB)], 1000));
+            let mut v = lv(name, "n1", "ssd", "3Gi");
+            v.status = Some(LogicVolumeStatus {
+                code: Some(code),
+                ..LogicVolumeStatus::default()
+            });
+            objects.insert_logic_volume(v);
+            let want: &[u64] = if in_flight { &[3 * GIB] } else { &[] };
+            assert_eq!(
+                bytes(Reservations::build(&objects).on("n1")),
+                want,
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! `allocatableBytes` (free less the reserve), `largestAllocatableBytes`
 //! (the largest single volume that fits now), `allocationUnitBytes`. A
 //! record written by Carina's Go publisher has only the `allocatable` map
-//! (`carina.storage.io/<group>`, whole GiB): each key becomes a group of
-//! unknown policy whose largest volume is its allocatable.
+//! (`carina.storage.io/<group>`, whole GiB): each key is a volume group
+//! there (the Go publisher keys a RAW disk `<group>/<disk>`, which is left
+//! out), so it becomes an LVM group whose largest volume is its
+//! allocatable.
 //!
 //! **LVM and HOST.** A volume of size `s` (its range rounded to the unit,
 //! [`carina_csi::sizes::allocation`]) fits when `s ≤ largest` and
@@ -36,10 +38,14 @@
 //!
 //! **Groups.** A volume naming a group must go there; one that does not
 //! goes into the first group, in the node's order, whose policy suits it
-//! (whole disk: RAW; block: LVM or RAW; otherwise any) and that holds it.
+//! and that holds it. Which policy suits a volume is the one rule the
+//! provisioner's placement reads too ([`carina_api::policy::suits`]):
+//! whole disk: RAW; block access or a part of a bcache device: LVM or
+//! RAW; otherwise any; a policy Carina does not know holds nothing.
 
+use carina_api::policy::{self, Needs, Unsuitable};
 use carina_api::quantity::quantity_bytes;
-use carina_api::{CAPACITY_KEY_PREFIX, NodeStorageResourceStatus, policy};
+use carina_api::{CAPACITY_KEY_PREFIX, NodeStorageResourceStatus};
 use carina_csi::sizes;
 
 use crate::request::Volume;
@@ -47,43 +53,15 @@ use crate::request::Volume;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// A device group's policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    Lvm,
-    Raw,
-    Host,
-    /// A record without the policy (Carina's Go publisher).
-    Unknown,
-}
-
-impl Policy {
-    fn parse(s: &str) -> Policy {
-        match s {
-            policy::LVM => Policy::Lvm,
-            policy::RAW => Policy::Raw,
-            policy::HOST => Policy::Host,
-            _ => Policy::Unknown,
-        }
-    }
-
-    fn suits(self, v: &Volume) -> bool {
-        match self {
-            Policy::Raw => true,
-            Policy::Lvm => !v.exclusive,
-            Policy::Host => !v.exclusive && !v.block,
-            Policy::Unknown => !v.exclusive,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Policy::Lvm => policy::LVM,
-            Policy::Raw => policy::RAW,
-            Policy::Host => policy::HOST,
-            Policy::Unknown => "of unknown policy",
-        }
-    }
+/// Why a group of `policy` cannot hold `v`, if it cannot: the one policy
+/// rule, over what the volume needs.
+fn unsuitable(policy: &str, v: &Volume) -> Option<Unsuitable> {
+    let needs = Needs {
+        whole_disk: v.exclusive,
+        block: v.block,
+        bcache: v.bcache,
+    };
+    policy::suits(policy, needs).err()
 }
 
 /// One disk of a RAW group.
@@ -101,7 +79,8 @@ pub struct DiskRoom {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupRoom<'a> {
     pub name: &'a str,
-    pub policy: Policy,
+    /// Its policy's name ([`carina_api::policy`]).
+    pub policy: &'a str,
     /// Free bytes less the reserve.
     pub allocatable: u64,
     /// The largest single shared volume that fits.
@@ -258,7 +237,7 @@ impl<'a> NodeRoom<'a> {
             .groups
             .iter()
             .map(|g| {
-                let policy = Policy::parse(&g.policy);
+                let policy = g.policy.as_str();
                 let mut room = GroupRoom {
                     name: &g.name,
                     policy,
@@ -270,7 +249,7 @@ impl<'a> NodeRoom<'a> {
                     disks: Vec::new(),
                     in_flight: 0,
                 };
-                if policy == Policy::Raw {
+                if policy == policy::RAW {
                     room.disks = raw_disks(status, g.name.as_str(), g.total_bytes, &room);
                     if !room.disks.is_empty() {
                         room.largest = room.disk_largest();
@@ -295,7 +274,7 @@ impl<'a> NodeRoom<'a> {
                 let bytes = quantity_bytes(q).ok()?.saturating_mul(GIB);
                 Some(GroupRoom {
                     name,
-                    policy: Policy::Unknown,
+                    policy: policy::LVM,
                     allocatable: bytes,
                     largest: bytes,
                     free: bytes,
@@ -320,16 +299,11 @@ impl<'a> NodeRoom<'a> {
                     return Err(Shortfall(format!("the node has no device group {name:?}")));
                 };
                 let g = &mut self.groups[i];
-                if !g.policy.suits(v) {
-                    let what = if v.exclusive {
-                        "a whole disk (exclusively-raw-disk) needs a RAW group"
-                    } else {
-                        "block access needs an LVM or RAW group"
-                    };
-                    return Err(Shortfall(format!(
-                        "device group {name:?} is {}: {what}",
-                        g.policy.name()
-                    )));
+                if let Some(why) = unsuitable(g.policy, v) {
+                    return Err(Shortfall(match why {
+                        Unsuitable::UnknownPolicy(_) => format!("device group {name:?}: {why}"),
+                        _ => format!("device group {name:?} is {}: {why}", g.policy),
+                    }));
                 }
                 let size = g.size_of(v)?;
                 g.take(size, v)?;
@@ -338,7 +312,7 @@ impl<'a> NodeRoom<'a> {
             None => {
                 let mut first: Option<Shortfall> = None;
                 for (i, g) in self.groups.iter_mut().enumerate() {
-                    if !g.policy.suits(v) {
+                    if unsuitable(g.policy, v).is_some() {
                         continue;
                     }
                     let taken = g.size_of(v).and_then(|size| g.take(size, v));
@@ -364,7 +338,10 @@ impl<'a> NodeRoom<'a> {
     pub fn reserve(&mut self, v: &Volume) {
         let i = match &v.group {
             Some(name) => self.groups.iter().position(|g| g.name == name),
-            None => self.groups.iter().position(|g| g.policy.suits(v)),
+            None => self
+                .groups
+                .iter()
+                .position(|g| unsuitable(g.policy, v).is_none()),
         };
         let Some(i) = i else { return };
         if let Ok(placed) = self.place(v) {
@@ -536,6 +513,7 @@ mod tests {
                 },
                 exclusive,
                 block,
+                bcache: None,
             })
     }
 
@@ -615,6 +593,7 @@ mod tests {
             },
             exclusive: false,
             block: false,
+            bcache: None,
         }
     }
 

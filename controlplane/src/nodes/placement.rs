@@ -4,8 +4,11 @@
 //! 1. **Group.** With `carina.storage.io/disk-group-name` the volume goes
 //!    into that group. Without it, each node offers the first group in its
 //!    own order (its configuration's) whose policy suits the request and
-//!    that has room. Policies that suit: `exclusively-raw-disk` → RAW only;
-//!    block access → LVM or RAW; a mount → LVM, RAW or HOST.
+//!    that has room. Policies that suit, by the one rule the scheduler
+//!    extender reads too ([`carina_api::policy::suits`]):
+//!    `exclusively-raw-disk` → RAW only; block access or a part of a
+//!    bcache device → LVM or RAW; a mount → LVM, RAW or HOST; a policy
+//!    Carina does not know → none.
 //! 2. **Room.** The size is the request's capacity range rounded to the
 //!    group's allocation unit ([`carina_csi::sizes::allocation`]); a group
 //!    fits when its `largest_allocatable_bytes` holds that size.
@@ -23,6 +26,7 @@
 //!    bytes in the chosen group first; `spreadout`: the most first. Ties
 //!    keep the node list's order.
 
+use carina_api::policy::{self, BcachePart, Needs, Unsuitable};
 use carina_csi::params::{BACKEND_GROUP, BcacheParams, CACHE_GROUP, DISK_GROUP, EXCLUSIVE};
 use carina_csi::strategy::Strategy;
 use carina_csi::{CsiError, VolumeRequest, sizes};
@@ -48,39 +52,48 @@ pub struct Placement {
     pub allocatable_bytes: u64,
 }
 
-/// Whether a group of `policy` can hold the volume `req` asks for (for
-/// a tiered volume, its backing volume).
-pub fn policy_suits(req: &VolumeRequest, policy: Policy) -> bool {
-    match policy {
-        Policy::Raw => true,
-        Policy::Lvm => !req.parameters.exclusive,
-        Policy::Host => !req.parameters.exclusive && !req.block && req.parameters.bcache.is_none(),
-        Policy::Unspecified => false,
+/// What the volume `req` asks for needs of its group (for a tiered
+/// volume, its backing volume's group).
+fn needs(req: &VolumeRequest) -> Needs {
+    Needs {
+        whole_disk: req.parameters.exclusive,
+        block: req.block,
+        bcache: req.parameters.bcache.as_ref().map(|_| BcachePart::Backing),
     }
 }
 
-/// Whether a group of `policy` can hold a bcache cache volume: a block
-/// device of its own.
-fn cache_policy_suits(policy: Policy) -> bool {
-    matches!(policy, Policy::Lvm | Policy::Raw)
+/// Why a group of `policy` cannot hold the volume `req` asks for (for a
+/// tiered volume, its backing volume), by the one policy rule
+/// ([`carina_api::policy::suits`], which the scheduler extender reads
+/// too).
+fn unsuitable(req: &VolumeRequest, policy: Policy) -> Option<Unsuitable> {
+    policy::suits(crate::policy::name(policy), needs(req)).err()
 }
 
-fn why_unsuitable(req: &VolumeRequest) -> (String, &'static str) {
-    if req.parameters.bcache.is_some() {
-        (
-            format!("parameters[{BACKEND_GROUP:?}]"),
-            "a bcache backing volume needs an LVM or RAW group (a block device)",
-        )
-    } else if req.parameters.exclusive {
-        (
-            format!("parameters[{EXCLUSIVE:?}]"),
-            "a whole-disk volume needs a RAW group",
-        )
-    } else {
-        (
-            "volume_capabilities".to_string(),
-            "block access needs an LVM or RAW group (HOST volumes are directories)",
-        )
+/// Whether a group of `policy` can hold the volume `req` asks for (for
+/// a tiered volume, its backing volume).
+pub fn policy_suits(req: &VolumeRequest, policy: Policy) -> bool {
+    unsuitable(req, policy).is_none()
+}
+
+/// Whether a group of `policy` can hold a bcache cache volume.
+fn cache_unsuitable(policy: Policy) -> Option<Unsuitable> {
+    let cache = Needs {
+        bcache: Some(BcachePart::Cache),
+        ..Needs::default()
+    };
+    policy::suits(crate::policy::name(policy), cache).err()
+}
+
+/// The request field to blame for `why`; `group_key` is the parameter
+/// naming the group.
+fn field_of(why: &Unsuitable, group_key: &str) -> String {
+    match why {
+        Unsuitable::UnknownPolicy(_) => format!("parameters[{group_key:?}]"),
+        Unsuitable::WholeDisk => format!("parameters[{EXCLUSIVE:?}]"),
+        Unsuitable::BcacheBacking => format!("parameters[{BACKEND_GROUP:?}]"),
+        Unsuitable::BcacheCache => format!("parameters[{CACHE_GROUP:?}]"),
+        Unsuitable::Block => "volume_capabilities".to_string(),
     }
 }
 
@@ -100,7 +113,7 @@ pub fn rank(
         None => (req.parameters.group.as_deref(), DISK_GROUP),
     };
     let named = |g: &GroupCapacity| wanted.is_none_or(|w| g.device_group == w);
-    let suits = |g: &GroupCapacity| named(g) && policy_suits(req, g.policy());
+    let suits = |g: &GroupCapacity| named(g) && unsuitable(req, g.policy()).is_none();
     let all_groups = || nodes.iter().flat_map(|n| n.groups.iter());
     if let Some(w) = wanted
         && !all_groups().any(named)
@@ -118,10 +131,21 @@ pub fn rank(
         None => req.capacity,
     };
     if !all_groups().any(suits) {
-        let (field, reason) = why_unsuitable(req);
+        // The first group that could have taken it says why not (every
+        // group does: none suits).
+        let (field, why) = match all_groups()
+            .filter(|g| named(g))
+            .find_map(|g| unsuitable(req, g.policy()))
+        {
+            Some(why) => (field_of(&why, group_key), why.to_string()),
+            None => (
+                format!("parameters[{group_key:?}]"),
+                "no node has any device group".to_string(),
+            ),
+        };
         let which = match wanted {
-            Some(w) => format!("group {w:?} does not suit: {reason}"),
-            None => format!("no node has a suitable group: {reason}"),
+            Some(w) => format!("group {w:?} does not suit: {why}"),
+            None => format!("no node has a suitable group: {why}"),
         };
         return Err(CsiError::invalid(field, which));
     }
@@ -206,7 +230,7 @@ pub fn rank(
 /// the class's cache group, or it cannot hold a cache volume.
 fn check_cache_group<'a>(
     b: &BcacheParams,
-    mut groups: impl Iterator<Item = &'a GroupCapacity> + Clone,
+    groups: impl Iterator<Item = &'a GroupCapacity> + Clone,
 ) -> Result<(), CsiError> {
     let field = || format!("parameters[{CACHE_GROUP:?}]");
     let named = |g: &&GroupCapacity| g.device_group == b.cache_group;
@@ -216,13 +240,16 @@ fn check_cache_group<'a>(
             format!("no node has a device group {:?}", b.cache_group),
         ));
     }
-    if !groups.any(|g| named(&g) && cache_policy_suits(g.policy())) {
+    // When none suits, the first says why.
+    let mut reasons = groups
+        .filter(|g| named(g))
+        .map(|g| cache_unsuitable(g.policy()));
+    if let Some(why) = reasons.next().flatten()
+        && reasons.all(|r| r.is_some())
+    {
         return Err(CsiError::invalid(
             field(),
-            format!(
-                "group {:?} does not suit: a bcache cache volume needs an LVM or RAW group (a block device)",
-                b.cache_group
-            ),
+            format!("group {:?} does not suit: {why}", b.cache_group),
         ));
     }
     Ok(())
@@ -239,7 +266,7 @@ fn cache_fits(
 ) -> bool {
     let Some(cache) = groups
         .iter()
-        .find(|g| g.device_group == b.cache_group && cache_policy_suits(g.policy()))
+        .find(|g| g.device_group == b.cache_group && cache_unsuitable(g.policy()).is_none())
     else {
         return false;
     };
@@ -409,6 +436,51 @@ mod tests {
         assert_eq!(
             names(&rank(&both, &nodes, Strategy::Binpack).expect("fits")),
             ["a"]
+        );
+    }
+
+    /// The one policy rule decides, with its reason: a group whose policy
+    /// no one knows holds nothing (the old text blamed block access for a
+    /// mount), and HOST groups hold no part of a bcache device.
+    #[test]
+    fn unsuitable_groups_are_refused_for_the_policy_rule_s_reason() {
+        let specs = [node("a")];
+        let with = |groups: Vec<GroupCapacity>| {
+            [NodeCapacity {
+                node: &specs[0],
+                groups,
+            }]
+        };
+        let reason = |e: CsiError| match e {
+            CsiError::InvalidArgument { field, reason } => format!("{field}: {reason}"),
+            other => panic!("{other:?}"),
+        };
+        let unknown = with(vec![group("g", Policy::Unspecified, 500 * MIB)]);
+        let e = rank(&request(MIB), &unknown, Strategy::Binpack).expect_err("unknown policy");
+        assert_eq!(
+            reason(e),
+            format!(
+                "parameters[{DISK_GROUP:?}]: no node has a suitable group: \
+                 policy \"UNSPECIFIED\" is not one Carina knows (LVM, RAW or HOST)"
+            )
+        );
+        let mut named = request(MIB);
+        named.parameters.group = Some("g".into());
+        let e = rank(&named, &unknown, Strategy::Binpack).expect_err("unknown policy");
+        assert!(
+            reason(e).ends_with("group \"g\" does not suit: policy \"UNSPECIFIED\" is not one Carina knows (LVM, RAW or HOST)"),
+        );
+        let host_backing = with(vec![
+            group("hdd", Policy::Host, 500 * MIB),
+            group("ssd", Policy::Lvm, 500 * MIB),
+        ]);
+        let e = rank(&tiered(MIB, 10), &host_backing, Strategy::Binpack).expect_err("HOST");
+        assert_eq!(
+            reason(e),
+            format!(
+                "parameters[{BACKEND_GROUP:?}]: group \"hdd\" does not suit: \
+                 a bcache backing volume needs an LVM or RAW group (a block device)"
+            )
         );
     }
 

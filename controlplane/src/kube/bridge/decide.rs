@@ -13,7 +13,7 @@ use carina_proto::nodestorage as pb;
 use kube::ResourceExt;
 use tonic::Code;
 
-use super::error::{Error, Retry, retry_of};
+use super::error::{Error, Retry};
 use crate::kube::status::condition;
 
 /// The condition type the bridge maintains.
@@ -168,7 +168,7 @@ pub(super) fn failed_for_good(lv: &LogicVolume) -> bool {
         && status.observed_generation == lv.metadata.generation
         && status
             .code
-            .is_some_and(|c| retry_of(Code::from_i32(c)) == Retry::Never)
+            .is_some_and(|c| Retry::of_status(c) == Retry::Never)
 }
 
 /// The status after a failure with `code` and `message`: the volume fields

@@ -1,7 +1,11 @@
 //! Why a `LogicVolume` reconcile failed ([`Error`]), the gRPC code each
 //! failure writes to `status.code`, and how soon each is worth trying again
-//! ([`Retry`]). Pure; no API calls here.
+//! ([`Retry`]: the class of a node's answer is the one rule of
+//! [`carina_api::state`], which the provisioner and the scheduler read
+//! too; the kinds of failure that are not a node's answer are classed
+//! here). Pure; no API calls here.
 
+pub(super) use carina_api::state::Retry;
 use carina_csi::CsiError;
 use carina_proto::tls::TlsError;
 use kube::runtime::finalizer;
@@ -34,28 +38,6 @@ pub enum Error {
     /// The client TLS material does not make a client configuration.
     #[error("TLS client configuration: {0}")]
     Tls(#[from] TlsError),
-}
-
-/// How soon an error is worth trying again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Retry {
-    /// Transient: with the per-object backoff.
-    Soon,
-    /// Unlikely to change by itself: every `slow_retry`.
-    Later,
-    /// The request itself is wrong: not again for this generation.
-    Never,
-}
-
-pub(super) fn retry_of(code: Code) -> Retry {
-    match code {
-        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled => Retry::Soon,
-        Code::InvalidArgument
-        | Code::AlreadyExists
-        | Code::ResourceExhausted
-        | Code::OutOfRange => Retry::Never,
-        _ => Retry::Later,
-    }
 }
 
 impl Error {
@@ -95,7 +77,7 @@ impl Error {
                 _ => Retry::Later,
             },
             Error::Status { .. } => Retry::Soon,
-            _ => self.code().map_or(Retry::Soon, retry_of),
+            _ => self.code().map_or(Retry::Soon, Retry::of),
         }
     }
 
@@ -110,18 +92,10 @@ mod tests {
 
     #[test]
     fn retry_classes() {
-        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Aborted] {
-            assert_eq!(retry_of(code), Retry::Soon, "{code:?}");
-        }
-        for code in [
-            Code::ResourceExhausted,
-            Code::InvalidArgument,
-            Code::AlreadyExists,
-        ] {
-            assert_eq!(retry_of(code), Retry::Never, "{code:?}");
-        }
-        for code in [Code::Internal, Code::FailedPrecondition, Code::Unknown] {
-            assert_eq!(retry_of(code), Retry::Later, "{code:?}");
+        // A node's answer is classed by the shared rule.
+        for code in [Code::Cancelled, Code::ResourceExhausted, Code::Internal] {
+            let e = Error::Node(CsiError::node("CreateLV", tonic::Status::new(code, "x")));
+            assert_eq!(e.retry(), Retry::of(code), "{code:?}");
         }
         let cleanup = Error::Finalizer(Box::new(finalizer::Error::CleanupFailed(Error::Node(
             CsiError::ResourceExhausted("x".into()),

@@ -21,8 +21,10 @@
 //! Warning Event on the object. `observedGeneration` is the generation
 //! acted on.
 //!
-//! **Retries** ([`error_policy`]): `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
-//! `ABORTED` and API errors are retried soon, with a per-object
+//! **Retries** ([`error_policy`]; the classes of a node's answer are
+//! [`carina_api::state::Retry`], the rule the provisioner and the
+//! scheduler read too): `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`,
+//! `CANCELLED` and API errors are retried soon, with a per-object
 //! exponential backoff ([`Backoff`]). `INVALID_ARGUMENT`,
 //! `ALREADY_EXISTS`, `RESOURCE_EXHAUSTED` and `OUT_OF_RANGE` are terminal:
 //! the provisioner reads the code, and the bridge does not try the same

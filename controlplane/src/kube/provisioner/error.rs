@@ -11,7 +11,10 @@ pub fn status_error(code: i32, message: String) -> CsiError {
         Code::ResourceExhausted => CsiError::ResourceExhausted(message),
         Code::InvalidArgument => CsiError::invalid("volume", message),
         Code::AlreadyExists => CsiError::AlreadyExists(message),
-        Code::Unavailable | Code::DeadlineExceeded => CsiError::Unavailable(message),
+        // The bridge tries these again soon: not a final answer.
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+            CsiError::Unavailable(message)
+        }
         Code::Aborted => CsiError::Aborted(message),
         Code::OutOfRange => CsiError::OutOfRange(message),
         other => CsiError::Internal(format!("{}: {message}", code_name(other as i32))),
@@ -20,14 +23,6 @@ pub fn status_error(code: i32, message: String) -> CsiError {
 
 pub(super) fn code_name(code: i32) -> &'static str {
     carina_proto::code_name(Code::from_i32(code))
-}
-
-/// Whether a failed create leaves its object for the bridge to retry.
-pub(super) fn retryable(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled
-    )
 }
 
 /// Maps a Kubernetes API error; `what` names the call.
@@ -58,6 +53,7 @@ mod tests {
             (Code::AlreadyExists, Code::AlreadyExists),
             (Code::Unavailable, Code::Unavailable),
             (Code::DeadlineExceeded, Code::Unavailable),
+            (Code::Cancelled, Code::Unavailable),
             (Code::Aborted, Code::Aborted),
             (Code::OutOfRange, Code::OutOfRange),
             (Code::Internal, Code::Internal),

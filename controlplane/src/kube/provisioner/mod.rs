@@ -41,7 +41,8 @@
 //! made, or waited for while in progress; one that does not fit is
 //! `ALREADY_EXISTS`. A create that failed for good (any code but
 //! `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `ABORTED`, `CANCELLED`, which the
-//! bridge retries) deletes its object, so a
+//! bridge retries soon: the one rule [`carina_api::state::Retry`]) deletes
+//! its object, so a
 //! retry (e.g. after rescheduling to another node) places the volume anew;
 //! a retry that finds such an object on its way out waits until it is gone.
 //!
@@ -53,9 +54,10 @@
 //!
 //! **Codes from the bridge** (`status.code`): `RESOURCE_EXHAUSTED`,
 //! `INVALID_ARGUMENT`, `ALREADY_EXISTS`, `OUT_OF_RANGE` pass as they are;
-//! `UNAVAILABLE` and `DEADLINE_EXCEEDED` become `UNAVAILABLE`, `ABORTED`
-//! stays `ABORTED` (all three retryable; the object stays and the bridge
-//! retries); anything else is `INTERNAL` with the bridge's message. No
+//! `UNAVAILABLE`, `DEADLINE_EXCEEDED` and `CANCELLED` become `UNAVAILABLE`,
+//! `ABORTED` stays `ABORTED` (the answers the bridge retries soon; the
+//! object stays, holding its room, and the bridge retries); anything else
+//! is `INTERNAL` with the bridge's message. No
 //! outcome within the deadline is `DEADLINE_EXCEEDED`; the object stays and
 //! a retry finds it.
 //!
@@ -122,8 +124,8 @@ mod records;
 mod watch;
 
 use cache::{Cache, Records, Reservation};
+use error::api_error;
 pub use error::status_error;
-use error::{api_error, retryable};
 pub use object::{PVC_NAME_PARAMETER, PVC_NAMESPACE_PARAMETER};
 use object::{new_object, traceparent};
 use outcome::CreateOutcome::{Failed, Gone, Made};
@@ -268,8 +270,12 @@ impl KubeProvisioner {
         };
         match judged {
             Made(made) => Ok(made),
-            Failed { lv: failed, error } => {
-                if !retryable(error.code()) {
+            Failed {
+                lv: failed,
+                error,
+                given_up,
+            } => {
+                if given_up {
                     self.discard(&failed).await;
                 }
                 Err(error)
@@ -596,8 +602,8 @@ impl Provisioner for KubeProvisioner {
         };
         match outcome {
             ExpandOutcome::Grown(size) => Ok(size),
-            ExpandOutcome::Failed(error) => {
-                if !retryable(error.code()) {
+            ExpandOutcome::Failed { error, given_up } => {
+                if given_up {
                     self.take_back_size(&name, uid.as_deref(), size, &lv.spec.size)
                         .await;
                 }

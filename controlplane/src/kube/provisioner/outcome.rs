@@ -1,6 +1,7 @@
 //! The pure decisions on a `LogicVolume` as the provisioner sees it: what
 //! its status says about a create ([`create_outcome`]), an expand
-//! ([`expand_outcome`]) or a delete ([`is_gone`]); whether an existing
+//! ([`expand_outcome`]) or a delete ([`is_gone`]), and whether a failure
+//! is given up (by the one retry rule, [`carina_api::state::Retry`]); whether an existing
 //! object fits a request ([`incompatible`]); and the CSI view of a made
 //! volume ([`provisioned`]). No API calls here; `mod.rs` does the IO and
 //! asks these functions what it means.
@@ -9,6 +10,7 @@ use std::collections::BTreeMap;
 
 use carina_api::policy;
 use carina_api::quantity::quantity_bytes;
+use carina_api::state::Retry;
 use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, LogicVolumeStatus, PATH_ANNOTATION};
 use carina_csi::params::{BCACHE_DATA_OFFSET, FsType};
 use carina_csi::volume_id::VolumeId;
@@ -23,7 +25,14 @@ use super::records::node_spec;
 #[derive(Debug)]
 pub(super) enum CreateOutcome {
     Made(LogicVolume),
-    Failed { lv: LogicVolume, error: CsiError },
+    /// The create failed. `given_up`: the bridge does not try it again
+    /// soon, so the object goes and a retry places the volume anew; else
+    /// the object stays to the bridge, still holding its room.
+    Failed {
+        lv: LogicVolume,
+        error: CsiError,
+        given_up: bool,
+    },
     Gone,
 }
 use CreateOutcome::{Failed, Gone, Made};
@@ -43,18 +52,22 @@ pub(super) fn create_outcome(
         return Some(Made(lv.clone()));
     }
     if lv.metadata.deletion_timestamp.is_some() {
+        // On its way out already: nothing to give up.
         return Some(Failed {
             lv: lv.clone(),
             error: CsiError::Aborted(format!(
                 "LogicVolume {:?} is being deleted; retry once it is gone",
                 lv.name_any()
             )),
+            given_up: false,
         });
     }
-    let failed = status.and_then(failure)?;
+    let status = status?;
+    let failed = failure(status)?;
     Some(Failed {
         lv: lv.clone(),
         error: failed,
+        given_up: given_up(status),
     })
 }
 
@@ -63,8 +76,9 @@ pub(super) fn create_outcome(
 pub(super) enum ExpandOutcome {
     /// `status.currentSize` covers the request: the size.
     Grown(u64),
-    /// The bridge reported a failure of this expand.
-    Failed(CsiError),
+    /// The bridge reported a failure of this expand; `given_up` as for a
+    /// create.
+    Failed { error: CsiError, given_up: bool },
     /// The object (that uid) is gone.
     Gone,
 }
@@ -93,9 +107,11 @@ pub(super) fn expand_outcome(
         Some(g) => g >= generation,
         None => status != *before,
     };
-    news.then(|| failure(&status))
-        .flatten()
-        .map(ExpandOutcome::Failed)
+    let error = news.then(|| failure(&status)).flatten()?;
+    Some(ExpandOutcome::Failed {
+        error,
+        given_up: given_up(&status),
+    })
 }
 
 /// Whether the object with `uid` is gone as `obj` shows it (a newer object
@@ -109,6 +125,14 @@ pub(super) fn failure(status: &LogicVolumeStatus) -> Option<CsiError> {
     let code = status.code.filter(|c| *c != 0)?;
     let message = status.message.clone().unwrap_or_default();
     Some(status_error(code, message))
+}
+
+/// Whether the failure `status` reports is one the bridge does not try
+/// again soon.
+fn given_up(status: &LogicVolumeStatus) -> bool {
+    status
+        .code
+        .is_some_and(|c| c != 0 && Retry::of_status(c) != Retry::Soon)
 }
 
 pub(super) fn fs_type(req: &VolumeRequest) -> Option<FsType> {
@@ -142,8 +166,19 @@ pub(super) fn incompatible(
             req.parameters.exclusive
         ));
     }
-    if req.block && policy == Some(policy::HOST) {
-        return Some("a HOST volume cannot serve block access".to_string());
+    // The group's policy, when its node published it, must suit the
+    // request by the one rule placement and the scheduler read.
+    let needs = policy::Needs {
+        whole_disk: req.parameters.exclusive,
+        block: req.block,
+        bcache: req
+            .parameters
+            .bcache
+            .as_ref()
+            .map(|_| policy::BcachePart::Backing),
+    };
+    if let Some(Err(why)) = policy.map(|p| policy::suits(p, needs)) {
+        return Some(format!("its group does not suit the request: {why}"));
     }
     let node = node_spec(&lv.spec.node_name);
     let accessible = req.accessibility.requisite.is_empty()
@@ -277,8 +312,38 @@ mod tests {
             ..LogicVolumeStatus::default()
         });
         match create_outcome(Some(&v), Some("u1")) {
-            Some(Failed { error, .. }) => assert_eq!(error.code(), Code::ResourceExhausted),
+            Some(Failed {
+                error, given_up, ..
+            }) => {
+                assert_eq!(error.code(), Code::ResourceExhausted);
+                assert!(given_up);
+            }
             other => panic!("{other:?}"),
+        }
+        // Every answer the bridge retries soon leaves the object to it,
+        // CANCELLED too (its CSI answer was INTERNAL, and the object went).
+        for code in [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Aborted,
+            Code::Cancelled,
+        ] {
+            v.status = Some(LogicVolumeStatus {
+                code: Some(code as i32),
+                ..LogicVolumeStatus::default()
+            });
+            match create_outcome(Some(&v), Some("u1")) {
+                Some(Failed {
+                    error, given_up, ..
+                }) => {
+                    assert!(!given_up, "{code:?}");
+                    assert!(
+                        matches!(error.code(), Code::Unavailable | Code::Aborted),
+                        "{code:?}: {error:?}"
+                    );
+                }
+                other => panic!("{code:?}: {other:?}"),
+            }
         }
         v.status = Some(LogicVolumeStatus {
             volume_id: Some("pvc-1".into()),
@@ -292,7 +357,12 @@ mod tests {
         let mut deleting = lv("a", "g", 8 * MIB);
         deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         match create_outcome(Some(&deleting), Some("u1")) {
-            Some(Failed { error, .. }) => assert_eq!(error.code(), Code::Aborted),
+            Some(Failed {
+                error, given_up, ..
+            }) => {
+                assert_eq!(error.code(), Code::Aborted);
+                assert!(!given_up);
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -424,7 +494,10 @@ mod tests {
         assert!(judge(Some(&v), Some("u1")).is_none(), "old news");
         v.status.as_mut().expect("status").observed_generation = Some(2);
         match judge(Some(&v), Some("u1")) {
-            Some(ExpandOutcome::Failed(e)) => assert_eq!(e.code(), Code::ResourceExhausted),
+            Some(ExpandOutcome::Failed { error, given_up }) => {
+                assert_eq!(error.code(), Code::ResourceExhausted);
+                assert!(given_up);
+            }
             other => panic!("{other:?}"),
         }
         // Without observedGeneration, a changed status is news.
@@ -435,7 +508,7 @@ mod tests {
         };
         assert!(matches!(
             expand_outcome(Some(&v), Some("u1"), 16 * MIB, 2, &before),
-            Some(ExpandOutcome::Failed(_))
+            Some(ExpandOutcome::Failed { .. })
         ));
         assert!(
             expand_outcome(

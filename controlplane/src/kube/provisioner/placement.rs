@@ -16,7 +16,7 @@ use kube::api::{Api, ListParams};
 
 use super::cache::Records;
 use super::error::api_error;
-use super::outcome::{bytes, failure};
+use super::outcome::bytes;
 use super::records::{group_capacity, is_stale, node_spec, nsr_node};
 use crate::nodes::placement::{self, NodeCapacity};
 use crate::nodes::spec::NodeSpec;
@@ -171,22 +171,16 @@ pub(super) struct Target {
     pub(super) policy: Option<String>,
 }
 
-/// Takes the volumes asked for but not made yet (no `volumeID`, no
-/// failure, not being deleted) off their group's room, and the cache
-/// volume of a tiered one off its cache group's: the published capacity
-/// cannot show them yet.
+/// Takes the volumes asked for but not made yet that still hold room
+/// ([`LogicVolume::is_pending`], the rule the scheduler extender reads
+/// too: no outcome yet, or one the bridge retries soon) off their group's
+/// room, and the cache volume of a tiered one off its cache group's: the
+/// published capacity cannot show them yet.
 pub(super) fn subtract_pending<'a>(
     nodes: &mut [(NodeSpec, Vec<pb::GroupCapacity>)],
     lvs: impl IntoIterator<Item = &'a LogicVolume>,
 ) {
-    for lv in lvs {
-        let status = lv.status.as_ref();
-        let pending = lv.metadata.deletion_timestamp.is_none()
-            && status.and_then(|s| s.volume_id.as_ref()).is_none()
-            && status.and_then(failure).is_none();
-        if !pending {
-            continue;
-        }
+    for lv in lvs.into_iter().filter(|lv| lv.is_pending()) {
         let Some(size) = bytes(&lv.spec.size) else {
             continue;
         };
@@ -341,6 +335,57 @@ mod tests {
         assert_eq!(nodes[0].1[1].allocatable_bytes, 60 * MIB);
         // 25% of 40 MiB is less than the smallest cache, 64 MiB.
         assert_eq!(nodes[0].1[0].allocatable_bytes, 36 * MIB);
+    }
+
+    /// A volume the bridge still retries holds its room, whatever the
+    /// retried code (the placement used to count only volumes without an
+    /// answer, so a second volume went to a node the first one fills).
+    #[test]
+    fn a_volume_the_bridge_still_retries_holds_room() {
+        let mut nsr = NodeStorageResource::new("a", Default::default());
+        nsr.status = Some(carina_api::NodeStorageResourceStatus {
+            groups: vec![carina_api::DeviceGroupCapacity {
+                name: "ssd".into(),
+                policy: "LVM".into(),
+                allocatable_bytes: 100 * MIB,
+                largest_allocatable_bytes: 100 * MIB,
+                allocation_unit_bytes: 4 * MIB,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let mut named = request(60 * MIB);
+        named.parameters.group = Some("ssd".into());
+        let cases = [
+            (Code::Unavailable, false),
+            (Code::DeadlineExceeded, false),
+            (Code::Aborted, false),
+            (Code::Cancelled, false),
+            (Code::ResourceExhausted, true),
+            (Code::Internal, true),
+        ];
+        for (code, room_left) in cases {
+            let mut held = lv("a", "ssd", 60 * MIB);
+            held.status = Some(LogicVolumeStatus {
+                code: Some(code as i32),
+                ..LogicVolumeStatus::default()
+            });
+            let records = Records {
+                nsrs: vec![Arc::new(nsr.clone())],
+                lvs: vec![Arc::new(held)],
+            };
+            match place(&records, Strategy::default(), &named) {
+                Ok(t) => assert!(
+                    room_left,
+                    "{code:?}: placed on {} over the held room",
+                    t.node
+                ),
+                Err(e) => {
+                    assert!(!room_left, "{code:?}: {e}");
+                    assert_eq!(e.code(), Code::ResourceExhausted, "{code:?}: {e}");
+                }
+            }
+        }
     }
 
     #[test]
