@@ -24,6 +24,9 @@
 //! - [`fdtree`]: directory trees read and written through directory
 //!   descriptors, never through a symbolic link (for trees a pod can change
 //!   while the node walks them).
+//! - [`atomic_file`]: whole files replaced atomically (an unguessable
+//!   temporary name opened `O_EXCL | O_NOFOLLOW`, fsync, rename, fsync of
+//!   the directory), relative to a directory descriptor or a path.
 //! - [`IoError`]: the failed file or device operation all of them report.
 //! - [`busy`]: the one per-volume busy lock (a second operation on a busy
 //!   name is refused at once), shared by the CSI services and the engine.
@@ -34,6 +37,7 @@
 //! plain values back; what a result means for a CSI request or a device
 //! group is decided in `carina-csi` and `carina-node`.
 
+pub mod atomic_file;
 pub mod bcache;
 pub mod blockdev;
 pub mod busy;
