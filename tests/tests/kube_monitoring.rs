@@ -227,7 +227,11 @@ fn node_page() -> String {
         tonic::Code::Ok,
         0.01,
     );
-    metrics.render("node-a", &snapshot, Some(1))
+    let io_limits = carina_node::server::slow_gauge::Reading {
+        value: 1,
+        age: Duration::from_millis(20),
+    };
+    metrics.render("node-a", &snapshot, Some(io_limits))
 }
 
 fn controller_page() -> String {

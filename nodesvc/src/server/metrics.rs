@@ -5,21 +5,35 @@
 //! the issuer, when it expires and how requests for one went. Served over
 //! plain HTTP/1 on its own (by default loopback) address; it carries no
 //! volume names.
+//!
+//! The page never waits on a volume group: the capacity gauges come from
+//! the snapshot the engine already holds, and the one figure that needs
+//! the volumes listed (the IO limits in force) is read beside the page
+//! ([`super::slow_gauge`]), waited for at most [`IO_LIMITS_WAIT`] and
+//! rendered with its age.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::Code;
 
+use super::slow_gauge::{Reading, SlowGauge};
 use crate::engine::{CapacitySnapshot, Engine, GroupCapacity};
+
+/// The longest a page waits for the IO limits to be counted before it
+/// renders the last count (with its age): half of Prometheus's default
+/// scrape timeout, and far more than a count takes unless the listing of
+/// the volumes waits on LVM.
+pub const IO_LIMITS_WAIT: Duration = Duration::from_secs(5);
 
 /// Request counters, shared by the gRPC service and the auth layer, and
 /// the kubelet registration state, set by the registration service.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// None: the node does not register itself with kubelet.
@@ -28,6 +42,21 @@ pub struct Metrics {
     certificate_not_after: AtomicI64,
     certificates_issued: AtomicU64,
     certificate_requests_failed: AtomicU64,
+    /// The IO limits in force, counted beside the page.
+    io_limits: Arc<SlowGauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            requests: Mutex::default(),
+            plugin_registered: Mutex::default(),
+            certificate_not_after: AtomicI64::default(),
+            certificates_issued: AtomicU64::default(),
+            certificate_requests_failed: AtomicU64::default(),
+            io_limits: Arc::new(SlowGauge::new("metrics.io_limits")),
+        }
+    }
 }
 
 impl Metrics {
@@ -82,13 +111,13 @@ impl Metrics {
     }
 
     /// The exposition text for `node` given the latest capacity snapshot
-    /// and the number of IO limits in force (pod and volume pairs; `None`
-    /// where they cannot be read).
+    /// and the last count of IO limits in force (pod and volume pairs;
+    /// `None` while none could be read).
     pub fn render(
         &self,
         node: &str,
         snapshot: &CapacitySnapshot,
-        io_limits: Option<usize>,
+        io_limits: Option<Reading>,
     ) -> String {
         let mut out = String::new();
         let node = escape(node);
@@ -141,12 +170,16 @@ impl Metrics {
                 self.certificate_requests_failed.load(Ordering::Relaxed),
             );
         }
-        if let Some(n) = io_limits {
+        if let Some(Reading { value, age }) = io_limits {
             let _ = writeln!(
                 out,
                 "# HELP carina_node_io_limits_in_force Pod and volume pairs with an IO limit (throttle) in force.\n\
                  # TYPE carina_node_io_limits_in_force gauge\n\
-                 carina_node_io_limits_in_force{{node=\"{node}\"}} {n}"
+                 carina_node_io_limits_in_force{{node=\"{node}\"}} {value}\n\
+                 # HELP carina_node_io_limits_age_seconds How long ago carina_node_io_limits_in_force was counted (each scrape counts again, but renders the last count when counting waits on LVM).\n\
+                 # TYPE carina_node_io_limits_age_seconds gauge\n\
+                 carina_node_io_limits_age_seconds{{node=\"{node}\"}} {:.3}",
+                age.as_secs_f64()
             );
         }
         let gauges: [(&str, &str, Gauge); 5] = [
@@ -203,11 +236,17 @@ fn escape(s: &str) -> String {
 pub use carina_proto::code_name;
 
 /// The `/metrics` page of node `node_name` now: [`Metrics::render`] of
-/// the engine's latest capacity snapshot and the IO limits in force.
+/// the engine's latest capacity snapshot and the IO limits in force as
+/// last counted. It waits on no lock of a volume group and runs no
+/// command: the count waits at most [`IO_LIMITS_WAIT`].
 pub async fn page(metrics: &Metrics, engine: &Engine, node_name: &str) -> String {
-    // Without a block IO controller no limit can be in force: the gauge
-    // is left out rather than reported as 0.
-    let limits = engine.pod_io_limits(None).await.ok().map(|l| l.len());
+    // Without a block IO controller no limit can be in force: the count
+    // fails, and the gauge is left out rather than reported as 0.
+    let count = {
+        let engine = engine.clone();
+        async move { engine.pod_io_limits(None).await.ok().map(|l| l.len()) }
+    };
+    let limits = metrics.io_limits.get(count, IO_LIMITS_WAIT).await;
     let snapshot = engine.subscribe().borrow().clone();
     metrics.render(node_name, &snapshot, limits)
 }
@@ -274,7 +313,11 @@ mod tests {
         assert!(!text.contains("certificate"), "no issued certificate yet");
         m.certificate_request_failed();
         m.certificate_issued(1_900_000_000);
-        let text = m.render("node-a", &snap, Some(2));
+        let io = Reading {
+            value: 2,
+            age: Duration::from_millis(1500),
+        };
+        let text = m.render("node-a", &snap, Some(io));
         for line in [
             r#"carina_node_plugin_registered{node="node-a"} 1"#,
             r#"carina_node_certificate_not_after_seconds{node="node-a"} 1900000000"#,
@@ -284,6 +327,7 @@ mod tests {
             r#"carina_node_grpc_requests_total{node="node-a",method="CreateLV",code="RESOURCE_EXHAUSTED"} 1"#,
             r#"carina_node_capacity_generation{node="node-a"} 7"#,
             r#"carina_node_io_limits_in_force{node="node-a"} 2"#,
+            r#"carina_node_io_limits_age_seconds{node="node-a"} 1.500"#,
             r#"carina_node_volumes{node="node-a",device_group="g",policy="HOST"} 3"#,
             r#"carina_node_capacity_allocatable_bytes{node="node-a",device_group="g",policy="HOST"} 50"#,
         ] {

@@ -6,7 +6,8 @@
 //! - [`convert`]: domain ↔ wire types and edge validation;
 //! - [`status`]: the one engine-error → status-code table;
 //! - [`auth`]: the role check, as a tower layer;
-//! - [`metrics`]: counters and gauges, and the `/metrics` endpoint.
+//! - [`metrics`]: counters and gauges, and the `/metrics` endpoint;
+//! - [`slow_gauge`]: a `/metrics` figure read beside the page, with its age.
 //!
 //! Layers, outermost first: trace context (the request span continues the
 //! caller's trace), then authorization, then the services.
@@ -15,6 +16,7 @@ pub mod auth;
 pub mod convert;
 pub mod metrics;
 pub mod service;
+pub mod slow_gauge;
 pub mod status;
 
 use std::future::Future;
