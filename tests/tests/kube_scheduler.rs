@@ -611,3 +611,138 @@ async fn http(port: u16, request: &str) -> Result<String> {
     stream.read_to_end(&mut response).await?;
     Ok(String::from_utf8_lossy(&response).into_owned())
 }
+
+/// The extender and the provisioner's placement read one rule of which
+/// `LogicVolume`s hold room on their node: a volume the bridge still
+/// retries holds it, whatever the code it retries on. Before, the
+/// provisioner counted only volumes without an answer (a second volume
+/// went onto a node the first one fills: an over-commit the node finds
+/// only when both are made), the extender missed `CANCELLED`, and the
+/// provisioner deleted the object of a create the bridge still retried
+/// on `CANCELLED` (the claim's volume started over elsewhere while the
+/// bridge could still make the first).
+#[tokio::test]
+async fn extender_and_provisioner_agree_a_retried_volume_holds_room() -> Result<()> {
+    use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
+    use carina_tests::csi::{ServedController, create, on};
+    use tonic::Code;
+
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    let client = cluster.client();
+    add_class(&client, "carina-ssd", "ssd").await?;
+    add_namespace(&client, "apps").await?;
+    let lvs: Api<LogicVolume> = Api::all(client.clone());
+    // Each node has 10 GiB; a 6 GiB volume there is being retried.
+    let retried = [
+        ("node-u", "held-u", Code::Unavailable),
+        ("node-x", "held-x", Code::Cancelled),
+    ];
+    for (node, held, code) in retried {
+        add_node(&client, node).await?;
+        publish_capacity(&client, node, "ssd", 10 * GIB).await?;
+        let lv = LogicVolume::new(
+            held,
+            LogicVolumeSpec {
+                source: None,
+                node_name: node.into(),
+                size: Quantity("6Gi".into()),
+                device_group: "ssd".into(),
+                pvc: String::new(),
+                name_space: String::new(),
+                cache: None,
+            },
+        );
+        lvs.create(&PostParams::default(), &lv).await?;
+        lvs.patch_status(
+            held,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"code": code as i32, "status": "Failed",
+                "message": "the node did not answer"}})),
+        )
+        .await?;
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "apps");
+    claims
+        .create(
+            &PostParams::default(),
+            &carina_tests::workload::claim("apps", "second", "carina-ssd", "6Gi"),
+        )
+        .await?;
+    let waiting = pod("apps", "second", &["second"]);
+    Api::<Pod>::namespaced(client.clone(), "apps")
+        .create(&PostParams::default(), &waiting)
+        .await?;
+
+    // The extender: neither node has room for a second 6 GiB volume.
+    let cache = Arc::new(Cache::start(client.clone()));
+    tokio::time::timeout(WAIT, cache.wait_synced())
+        .await
+        .context("extender caches not synced")?;
+    let extender = Extender::new(cache, Strategy::Binpack, Duration::from_secs(2));
+    let nodes: Vec<&str> = retried.iter().map(|(n, _, _)| *n).collect();
+    let body = json!({"Pod": waiting, "NodeNames": nodes});
+    let answer = extender
+        .filter(&serde_json::to_vec(&body)?)
+        .await
+        .map_err(|e| anyhow::anyhow!("filter: {e:?}"))?;
+    let answer: Value = serde_json::from_slice(&answer)?;
+    assert_eq!(answer["NodeNames"], json!([]), "{answer}");
+    for node in &nodes {
+        let why = answer["FailedAndUnresolvableNodes"][node]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            why.contains("after 6.0 GiB in flight"),
+            "{node}: {why:?} in {answer}"
+        );
+    }
+
+    // The provisioner: the same answer, before it writes anything.
+    let provisioner = KubeProvisioner::new(
+        client.clone(),
+        KubeProvisionerConfig {
+            strategy: Strategy::Binpack,
+            wait_timeout: Duration::from_secs(5),
+        },
+    );
+    let mut served = ServedController::start(provisioner, "carina-room-").await?;
+    let request = |name: &str, node: &str| {
+        let mut req = create(name, 6 * GIB, "xfs");
+        req.parameters.insert(
+            carina_csi::params::DISK_GROUP.to_string(),
+            "ssd".to_string(),
+        );
+        req.accessibility_requirements = Some(carina_proto::csi::TopologyRequirement {
+            requisite: vec![on(node)],
+            preferred: vec![on(node)],
+        });
+        req
+    };
+    for (node, held, code) in retried {
+        let second = format!("second-{node}");
+        let s = served
+            .csi
+            .create_volume(request(&second, node))
+            .await
+            .expect_err("no room for a second volume");
+        assert_eq!(s.code(), Code::ResourceExhausted, "{node}: {s:?}");
+        assert!(
+            lvs.get_opt(&second).await?.is_none(),
+            "{node}: a LogicVolume was written for the second volume"
+        );
+        // The retry of the held volume's own create leaves its object to
+        // the bridge.
+        let s = served
+            .csi
+            .create_volume(request(held, node))
+            .await
+            .expect_err("the bridge has not made it");
+        assert!(
+            lvs.get_opt(held).await?.is_some(),
+            "{held} ({code:?}): the object of a create the bridge retries was deleted"
+        );
+        assert_eq!(s.code(), Code::Unavailable, "{held} ({code:?}): {s:?}");
+    }
+    Ok(())
+}

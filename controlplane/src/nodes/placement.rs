@@ -76,7 +76,8 @@ pub fn policy_suits(req: &VolumeRequest, policy: Policy) -> bool {
     unsuitable(req, policy).is_none()
 }
 
-/// Whether a group of `policy` can hold a bcache cache volume.
+/// Why a group of `policy` cannot hold a bcache cache volume, if it
+/// cannot.
 fn cache_unsuitable(policy: Policy) -> Option<Unsuitable> {
     let cache = Needs {
         bcache: Some(BcachePart::Cache),
