@@ -2,6 +2,7 @@
 //! code the bridge writes into `status.code`, and the errors of Kubernetes
 //! API calls. Pure functions; no API calls here.
 
+use carina_api::state::Retry;
 use carina_csi::CsiError;
 use tonic::Code;
 
@@ -11,11 +12,9 @@ pub fn status_error(code: i32, message: String) -> CsiError {
         Code::ResourceExhausted => CsiError::ResourceExhausted(message),
         Code::InvalidArgument => CsiError::invalid("volume", message),
         Code::AlreadyExists => CsiError::AlreadyExists(message),
-        // The bridge tries these again soon: not a final answer.
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-            CsiError::Unavailable(message)
-        }
         Code::Aborted => CsiError::Aborted(message),
+        // The other answers the bridge tries again soon: not final.
+        c if Retry::of(c) == Retry::Soon => CsiError::Unavailable(message),
         Code::OutOfRange => CsiError::OutOfRange(message),
         other => CsiError::Internal(format!("{}: {message}", code_name(other as i32))),
     }
