@@ -20,7 +20,9 @@
 //! by [`is_temp`] and removed by [`remove_temps`]: final names never start
 //! with a dot in the stores that use this (they hold checked names).
 //! [`write`] does the same for a directory given by path, making it if
-//! missing.
+//! missing. That path is the node's own (configured, or a directory it
+//! chose) and is resolved as an ordinary path, links included
+//! ([`open_dir`]); nothing inside the directory is followed.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -67,9 +69,8 @@ pub fn write_at(dir: &Dir, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<
     dir.sync()
 }
 
-/// [`write_at`] in the directory at `dir`, which is made (with its
-/// missing parents) if it does not exist; its last component must not be
-/// a link.
+/// [`write_at`] in the directory at `dir` ([`open_dir`]), which is made
+/// (with its missing parents) if it does not exist.
 pub fn write(dir: &Path, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
     check_name(name)?;
     write_at(&open_or_make(dir)?, name, bytes, mode)
@@ -109,16 +110,23 @@ pub fn remove_temps(dir: &Dir) -> io::Result<usize> {
     Ok(removed)
 }
 
-/// Opens `dir`, making it and its parents first if it is missing (a new
-/// directory's parent is fsynced, so it survives a crash).
+/// Opens the directory at `dir`, a path of the node's own, resolved as an
+/// ordinary path (a link to a directory is followed, as a configured path
+/// through a link would be); `NotFound` if there is none.
+pub fn open_dir(dir: &Path) -> io::Result<Dir> {
+    Dir::open(&std::fs::canonicalize(dir)?)
+}
+
+/// [`open_dir`], making the directory and its parents first if it is
+/// missing (a new directory's parent is fsynced, so it survives a crash).
 pub fn open_or_make(dir: &Path) -> io::Result<Dir> {
-    match Dir::open(dir) {
+    match open_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::create_dir_all(dir)?;
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                Dir::open(parent)?.sync()?;
+                open_dir(parent)?.sync()?;
             }
-            Dir::open(dir)
+            open_dir(dir)
         }
         other => other,
     }
@@ -213,13 +221,16 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_that_is_a_link_is_refused() {
+    fn a_configured_directory_reached_through_a_link_is_written_in() {
         let tmp = tempfile::tempdir().expect("works");
         let real = tmp.path().join("real");
         std::fs::create_dir(&real).expect("works");
         symlink(&real, tmp.path().join("link")).expect("works");
-        write(&tmp.path().join("link"), os("a.json"), b"x", 0o600).expect_err("refused");
-        assert!(!real.join("a.json").exists());
+        write(&tmp.path().join("link"), os("a.json"), b"x", 0o600).expect("works");
+        assert_eq!(std::fs::read(real.join("a.json")).expect("works"), b"x");
+        std::fs::write(tmp.path().join("file"), "").expect("works");
+        let err = write(&tmp.path().join("file"), os("a"), b"x", 0o600).expect_err("no dir");
+        assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
     }
 
     #[test]

@@ -14,9 +14,8 @@
 //! node that hot-reloads its certificates never reads half a file.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::net::IpAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use carina_proto::devcerts::{CertifiedKey, DevCa, Validity};
@@ -145,25 +144,8 @@ impl Written {
     /// Writes `text` to `dir/name` with `mode`, atomically.
     fn write(&mut self, dir: &Path, name: &str, text: &str, mode: u32) -> Result<(), CliError> {
         let path = dir.join(name);
-        let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let result = (|| {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(mode)
-                .open(&tmp)?;
-            // The mode above is filtered by the umask and ignored for a
-            // file that already existed; say it again.
-            f.set_permissions(fs::Permissions::from_mode(mode))?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        })();
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(io_err("write", &path, e));
-        }
+        carina_sys::atomic_file::write(dir, name.as_ref(), text.as_bytes(), mode)
+            .map_err(|e| io_err("write", &path, e))?;
         self.files.push(path);
         Ok(())
     }
@@ -207,6 +189,8 @@ fn check_label(what: &str, value: &str, stem: bool) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
     use carina_proto::tls::ClientTls;
     use carina_sys::testkit::noisy_text;
@@ -329,5 +313,28 @@ mod tests {
         assert_eq!(bad.exit_code(), 2);
         let bad_td = init(d, "a/b", 1, false).expect_err("bad trust domain");
         assert_eq!(bad_td.exit_code(), 2);
+    }
+
+    /// The key is never written through a link someone planted in the
+    /// directory at the temporary name (the process id made it guessable).
+    #[test]
+    fn a_link_at_a_temporary_name_does_not_receive_the_key() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("ca");
+        fs::create_dir(&dir).expect("mkdir");
+        let victim = tmp.path().join("readable");
+        fs::write(&victim, "mine").expect("write");
+        let planted = format!(".k.pem.tmp-{}", std::process::id());
+        std::os::unix::fs::symlink(&victim, dir.join(planted)).expect("symlink");
+        let mut written = Written::default();
+        written
+            .write(&dir, "k.pem", "SECRET KEY", KEY_MODE)
+            .expect("written");
+        assert_eq!(fs::read_to_string(&victim).expect("read"), "mine");
+        assert_eq!(
+            fs::read_to_string(dir.join("k.pem")).expect("read"),
+            "SECRET KEY"
+        );
+        assert_eq!(mode(&dir.join("k.pem")), KEY_MODE);
     }
 }

@@ -17,21 +17,26 @@
 //! The same settling runs before the next change of that volume when a
 //! record outlives its change at run time (its removal failed).
 //!
-//! One JSON file per volume, `<dir>/<volume>.json`, written through a
-//! synced temporary file. A record that cannot be written refuses the
-//! change before anything is touched (`Error::Journal`, UNAVAILABLE):
-//! a change the node could not repair after a crash is not started.
-//! Without a directory (engines in tests) the journal is kept in memory,
-//! which settles failed removals but no crash.
+//! One JSON file per volume, `<dir>/<volume>.json`, in the engine's
+//! record store ([`super::records`]). A record that cannot be written
+//! refuses the change before anything is touched (`Error::Journal`,
+//! UNAVAILABLE): a change the node could not repair after a crash is not
+//! started. Without a directory (engines in tests) the journal is kept in
+//! memory, which settles failed removals but no crash.
+//!
+//! **An unreadable record** (there, but damaged or cut short) still names
+//! a change that did not finish, and what it was is unknown: settling it
+//! by guess could remove a volume someone was given. So it is listed as
+//! pending like any other, and reading it is an error
+//! ([`unreadable`]): the volume is not settled, and every later change of
+//! it is refused, until someone repairs or removes the record.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::error::{Error, Result};
-use crate::engine::synced;
+use crate::engine::records::{Cause, Lookup, RecordStore, StoreError, Unreadable};
 
 /// A change of one volume that has started and not yet answered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,116 +69,73 @@ impl Operation {
 
 /// The records of changes in progress, by volume name.
 #[derive(Debug)]
-pub enum Intents {
-    Dir(PathBuf),
-    Memory(Mutex<HashMap<String, Intent>>),
-}
+pub struct Intents(RecordStore<Intent>);
 
 impl Intents {
     pub fn new(dir: Option<PathBuf>) -> Intents {
-        match dir {
-            Some(dir) => Intents::Dir(dir),
-            None => Intents::Memory(Mutex::new(HashMap::new())),
-        }
-    }
-
-    fn file(dir: &Path, volume: &str) -> PathBuf {
-        // Volume names are checked names: no `/`, no leading `.`.
-        dir.join(format!("{volume}.json"))
+        Intents(RecordStore::new(dir))
     }
 
     /// Records `intent` for `volume`, synced, replacing an older one.
     pub fn begin(&self, volume: &str, intent: &Intent) -> Result<()> {
-        match self {
-            Intents::Memory(map) => {
-                lock(map).insert(volume.to_string(), intent.clone());
-                Ok(())
-            }
-            Intents::Dir(dir) => {
-                let file = Self::file(dir, volume);
-                let text = serde_json::to_vec(intent)
-                    .map_err(|e| Error::parse("a journal record to write", e))?;
-                synced::write(dir, &file, &text).map_err(|e| journal("write", file, e))
-            }
-        }
+        self.0.put(volume, intent).map_err(journal)
     }
 
     /// Removes `volume`'s record, synced: after this the change is over
     /// for a node that restarts.
     pub fn end(&self, volume: &str) -> Result<()> {
-        match self {
-            Intents::Memory(map) => {
-                lock(map).remove(volume);
-                Ok(())
-            }
-            Intents::Dir(dir) => {
-                let file = Self::file(dir, volume);
-                synced::remove(dir, &file).map_err(|e| journal("remove", file, e))
-            }
-        }
+        self.0.remove(volume).map_err(journal)
     }
 
     /// `volume`'s record, if a change of it has not ended. A record that
-    /// cannot be read is an error: settling it by guess could remove a
-    /// volume someone was given.
+    /// cannot be read is an error ([`unreadable`]).
     pub fn get(&self, volume: &str) -> Result<Option<Intent>> {
-        match self {
-            Intents::Memory(map) => Ok(lock(map).get(volume).cloned()),
-            Intents::Dir(dir) => {
-                let file = Self::file(dir, volume);
-                let text = match std::fs::read(&file) {
-                    Ok(text) => text,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(journal("read", file, e)),
-                };
-                serde_json::from_slice(&text)
-                    .map(Some)
-                    .map_err(|e| Error::parse(format!("journal record {}", file.display()), e))
-            }
+        match self.0.get(volume).map_err(journal)? {
+            Lookup::Absent => Ok(None),
+            Lookup::Found(intent) => Ok(Some(intent)),
+            Lookup::Unreadable(u) => Err(unreadable(u)),
         }
     }
 
-    /// The volumes with a record, sorted (a missing directory has none).
+    /// The volumes with a record, readable or not, sorted (a missing
+    /// directory has none). Writes a crash cut short are dropped: their
+    /// changes never started.
     pub fn pending(&self) -> Result<Vec<String>> {
-        let mut out: Vec<String> = match self {
-            Intents::Memory(map) => lock(map).keys().cloned().collect(),
-            Intents::Dir(dir) => {
-                let entries = match std::fs::read_dir(dir) {
-                    Ok(entries) => entries,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-                    Err(e) => return Err(journal("list", dir.clone(), e)),
-                };
-                let mut names = Vec::new();
-                for entry in entries {
-                    let entry = entry.map_err(|e| journal("list", dir.clone(), e))?;
-                    let file = entry.file_name();
-                    let file = file.to_string_lossy();
-                    if let Some(volume) = file.strip_suffix(".json") {
-                        names.push(volume.to_string());
-                    } else if file.ends_with(synced::TEMP_SUFFIX) {
-                        // A record whose write was cut short: its change
-                        // never started.
-                        let _ = std::fs::remove_file(entry.path());
-                    }
-                }
-                names
-            }
-        };
-        out.sort();
-        Ok(out)
+        self.0.names().map_err(journal)
     }
 }
 
-fn journal(action: &'static str, path: PathBuf, source: std::io::Error) -> Error {
-    Error::Journal {
-        action,
-        path,
-        source,
+/// What an unreadable journal record means: an interrupted change of
+/// unknown kind. It is an error, never an absence: the volume stays
+/// unsettled and its changes are refused until the record is repaired.
+fn unreadable(u: Unreadable) -> Error {
+    match u.cause {
+        Cause::Io(source) => Error::Journal {
+            action: "read",
+            path: u.path,
+            source,
+        },
+        Cause::Parse(e) => Error::parse(format!("journal record {}", u.path.display()), e),
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+fn journal(e: StoreError) -> Error {
+    match e {
+        StoreError::Name { reason, .. } => Error::invalid("name", reason),
+        StoreError::Io {
+            action,
+            path,
+            source,
+        } => Error::Journal {
+            action,
+            path,
+            source,
+        },
+        StoreError::Encode { path, source } => Error::parse(
+            format!("journal record {} to write", path.display()),
+            source,
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -235,12 +197,32 @@ mod tests {
     fn an_unreadable_record_is_an_error_and_a_cut_write_is_dropped() {
         let dir = tempfile::tempdir().expect("works");
         std::fs::write(dir.path().join("v.json"), "{not json").expect("works");
-        let tmp = dir.path().join(format!("w.json{}", synced::TEMP_SUFFIX));
+        let tmp = dir.path().join(".w.json.1-2-3.tmp");
         std::fs::write(&tmp, "{").expect("works");
         let intents = Intents::new(Some(dir.path().to_path_buf()));
         assert_eq!(intents.pending().expect("works"), vec!["v"]);
         assert!(!tmp.exists(), "a cut write is removed");
         let err = intents.get("v").expect_err("refused");
         assert!(err.to_string().contains("v.json"), "{err}");
+    }
+
+    #[test]
+    fn a_link_at_a_temporary_name_is_not_written_through() {
+        let dir = tempfile::tempdir().expect("works");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "mine").expect("works");
+        let journal = dir.path().join("intents");
+        std::fs::create_dir(&journal).expect("works");
+        // The fixed temporary name an earlier version wrote through.
+        std::os::unix::fs::symlink(&victim, journal.join("v.json.tmp~")).expect("works");
+        let intents = Intents::new(Some(journal));
+        intents
+            .begin("v", &intent(Operation::Create))
+            .expect("works");
+        assert_eq!(std::fs::read_to_string(&victim).expect("works"), "mine");
+        assert_eq!(
+            intents.get("v").expect("works"),
+            Some(intent(Operation::Create))
+        );
     }
 }

@@ -33,7 +33,7 @@ impl TraceLinks {
         if file.exists() {
             return;
         }
-        if let Err(e) = write_new(&self.dir, &file, traceparent) {
+        if let Err(e) = write_new(&self.dir, volume, traceparent) {
             tracing::warn!(
                 carina.volume.name = %volume,
                 path = %file.display(),
@@ -63,15 +63,16 @@ impl TraceLinks {
     }
 }
 
-/// Writes `text` to `file` through a temporary file in `dir`, so a reader
-/// sees the whole line or nothing.
-fn write_new(dir: &Path, file: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = file.with_extension("tmp~");
-    std::fs::write(&tmp, format!("{text}\n"))?;
-    std::fs::rename(&tmp, file).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+/// Writes `text` as `volume`'s file in `dir` atomically
+/// ([`carina_sys::atomic_file`]), so a reader sees the whole line or
+/// nothing.
+fn write_new(dir: &Path, volume: &str, text: &str) -> std::io::Result<()> {
+    carina_sys::atomic_file::write(
+        dir,
+        std::ffi::OsStr::new(volume),
+        format!("{text}\n").as_bytes(),
+        0o600,
+    )
 }
 
 #[cfg(test)]
@@ -106,5 +107,19 @@ mod tests {
         let links = TraceLinks::new(blocker.join("traces"));
         links.record("v1", FIRST);
         assert_eq!(links.get("v1"), None);
+    }
+
+    #[test]
+    fn a_link_at_a_temporary_name_is_not_written_through() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let traces = dir.path().join("traces");
+        std::fs::create_dir(&traces).expect("mkdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "mine").expect("write");
+        // The temporary name an earlier version wrote through.
+        std::os::unix::fs::symlink(&victim, traces.join("v1.tmp~")).expect("symlink");
+        TraceLinks::new(&traces).record("v1", FIRST);
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "mine");
+        assert_eq!(TraceLinks::new(&traces).get("v1").as_deref(), Some(FIRST));
     }
 }

@@ -179,15 +179,21 @@ impl TrustedCa {
     }
 }
 
-/// Writes `text` to `pin` through a temporary file and a rename, so a
-/// crash leaves the old pin or the new one.
+/// Writes `text` to `pin` atomically ([`carina_sys::atomic_file`]), so a
+/// crash leaves the old pin or the new one. It holds certificates only,
+/// so it is readable by all.
 fn write_pin(pin: &Path, text: &str) -> std::io::Result<()> {
-    if let Some(dir) = pin.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = pin.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, pin)
+    let dir = match pin.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = pin.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the pin path names no file",
+        )
+    })?;
+    carina_sys::atomic_file::write(dir, name, text.as_bytes(), 0o644)
 }
 
 #[cfg(test)]
@@ -289,5 +295,20 @@ mod tests {
             returning.refresh().expect("follows"),
             Change::Taken { first: false, .. }
         ));
+    }
+
+    /// The pin is never written through a link at the temporary name it
+    /// used to take (`<pin>.tmp`).
+    #[test]
+    fn a_link_at_a_temporary_name_is_not_written_through() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "mine").expect("write");
+        let pin = tmp.path().join("state/ca.pin");
+        std::fs::create_dir(tmp.path().join("state")).expect("mkdir");
+        std::os::unix::fs::symlink(&victim, pin.with_extension("tmp")).expect("symlink");
+        write_pin(&pin, "PEM").expect("written");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "mine");
+        assert_eq!(std::fs::read_to_string(&pin).expect("read"), "PEM");
     }
 }

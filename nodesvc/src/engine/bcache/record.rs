@@ -1,17 +1,23 @@
 //! The node's record of its bcache devices: one JSON file per device in
 //! `<state dir>/bcache/`, written before anything is formatted (so a
 //! create that died half-way is found and finished, or undone, by the
-//! next call) and replaced atomically (write, fsync, rename, fsync the
-//! directory). With the superblocks it is what a restarted node
-//! re-assembles its devices from; it is never a reason to format again.
+//! next call) and replaced atomically, in the engine's record store
+//! ([`crate::engine::records`]), pretty-printed for an operator. With the
+//! superblocks it is what a restarted node re-assembles its devices from;
+//! it is never a reason to format again.
+//!
+//! **An unreadable record** fails the start, naming the file: a device
+//! the node cannot account for is neither re-assembled nor given up, and
+//! its volumes are never formatted again by guess.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::CacheMode;
 use crate::engine::error::{Error, Result};
+use crate::engine::records::{Cause, Lookup, RecordStore, StoreError};
 
 /// How far a device got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,13 +66,16 @@ pub struct Record {
 #[derive(Debug, Clone)]
 pub struct Records {
     dir: PathBuf,
+    store: Arc<RecordStore<Record>>,
 }
 
 impl Records {
     /// Records kept under `state_dir/bcache`.
     pub fn new(state_dir: &Path) -> Records {
+        let dir = state_dir.join("bcache");
         Records {
-            dir: state_dir.join("bcache"),
+            store: Arc::new(RecordStore::new(Some(dir.clone())).pretty()),
+            dir,
         }
     }
 
@@ -74,29 +83,21 @@ impl Records {
         &self.dir
     }
 
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.json"))
-    }
-
-    /// Every record, sorted by name. A file that does not parse is an
+    /// Every record, sorted by name. A record that cannot be read is an
     /// error naming it (a record is never silently dropped).
     pub fn load(&self) -> Result<Vec<Record>> {
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("read directory", &self.dir, e)),
-        };
         let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("read directory", &self.dir, e))?;
-            let path = entry.path();
-            if path.extension().is_none_or(|x| x != "json") {
-                continue;
+        for (_, lookup) in self.store.all().map_err(store)? {
+            match lookup {
+                Lookup::Found(record) => out.push(record),
+                Lookup::Absent => {}
+                Lookup::Unreadable(u) => {
+                    return Err(match u.cause {
+                        Cause::Io(e) => Error::io("read", u.path, e),
+                        Cause::Parse(e) => Error::parse(u.path.display().to_string(), e),
+                    });
+                }
             }
-            let text = std::fs::read_to_string(&path).map_err(|e| Error::io("read", &path, e))?;
-            let record: Record = serde_json::from_str(&text)
-                .map_err(|e| Error::parse(path.display().to_string(), e))?;
-            out.push(record);
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -104,32 +105,24 @@ impl Records {
 
     /// Writes `record` atomically.
     pub fn put(&self, record: &Record) -> Result<()> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| Error::io("create directory", &self.dir, e))?;
-        let path = self.path(&record.name);
-        let tmp = self.dir.join(format!(".{}.json.tmp", record.name));
-        let text = serde_json::to_vec_pretty(record).map_err(|e| Error::parse("record", e))?;
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&text)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
-        };
-        write().map_err(|e| Error::io("write", &path, e))
+        self.store.put(&record.name, record).map_err(store)
     }
 
-    /// Removes the record of `name`; absent is fine.
+    /// Removes the record of `name`, synced; absent is fine.
     pub fn remove(&self, name: &str) -> Result<()> {
-        let path = self.path(name);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("remove", &path, e)),
-        }
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io("sync", &self.dir, e))
+        self.store.remove(name).map_err(store)
+    }
+}
+
+fn store(e: StoreError) -> Error {
+    match e {
+        StoreError::Name { reason, .. } => Error::invalid("name", reason),
+        StoreError::Io {
+            action,
+            path,
+            source,
+        } => Error::io(action, path, source),
+        StoreError::Encode { path, source } => Error::parse(path.display().to_string(), source),
     }
 }
 
@@ -184,5 +177,19 @@ mod tests {
         std::fs::write(records.dir().join("x.json"), "{").expect("write");
         let err = records.load().expect_err("damaged").to_string();
         assert!(err.contains("x.json"), "{err}");
+    }
+
+    #[test]
+    fn a_link_at_a_temporary_name_is_not_written_through() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = Records::new(dir.path());
+        std::fs::create_dir_all(records.dir()).expect("mkdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "mine").expect("write");
+        // The fixed temporary name an earlier version wrote through.
+        std::os::unix::fs::symlink(&victim, records.dir().join(".a.json.tmp")).expect("symlink");
+        records.put(&record("a")).expect("put");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "mine");
+        assert_eq!(records.load().expect("load"), vec![record("a")]);
     }
 }

@@ -151,9 +151,10 @@ impl Error {
 }
 
 impl Engine {
-    /// The copy record of volume `name`, if it was filled by a copy.
+    /// The copy record of volume `name`, if it was filled by a copy (an
+    /// unreadable record shows none: see [`record`]).
     pub fn copy_record(&self, name: &str) -> Option<CopyRecord> {
-        self.inner.copies.get(name).ok().flatten()
+        self.inner.copies.origin(name)
     }
 
     /// Whether `name` is a snapshot (read-only).

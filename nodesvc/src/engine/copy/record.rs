@@ -1,21 +1,29 @@
 //! What the node knows about each volume that was filled by a copy: its
 //! source, whether it is a snapshot, and whether the copy completed.
 //!
-//! One JSON file per target volume under the records directory, written
-//! through a temporary file and synced, so a record is whole or absent.
-//! The record decides what a repeated copy does (nothing, when complete)
-//! and that a snapshot stays read-only, so a record that cannot be
-//! written fails the copy. Without a directory (tests, a node without a
-//! state directory) the records live in memory.
+//! One JSON file per target volume under the records directory, in the
+//! engine's record store ([`crate::engine::records`]), so a record is
+//! whole or absent. The record decides what a repeated copy does
+//! (nothing, when complete) and that a snapshot stays read-only, so a
+//! record that cannot be written fails the copy. Without a directory
+//! (tests, a node without a state directory) the records live in memory.
+//!
+//! **An unreadable record** (there, but damaged or cut short) is not an
+//! absence: guessing "no copy" would let a snapshot be overwritten or
+//! grown, guessing "complete" would hand out a half-copied volume. So
+//! where the record decides something ([`CopyRecords::get`]: a repeated
+//! copy, a copy from the volume, the snapshot check before a resize) it
+//! is an error naming the file, until someone repairs or removes it.
+//! Where it only informs ([`CopyRecords::origin`], the copy origin shown
+//! with a volume; [`CopyRecords::all`], the freezes thawed at start) it is
+//! passed over, the second with a warning.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine::error::{Error, Result};
-use crate::engine::synced;
+use crate::engine::records::{Cause, Lookup, RecordStore, StoreError, Unreadable};
 
 /// The copy that filled one volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,112 +53,98 @@ pub struct CopyRecord {
 
 /// The records of every copied volume.
 #[derive(Debug)]
-pub enum CopyRecords {
-    Dir(PathBuf),
-    Memory(Mutex<HashMap<String, CopyRecord>>),
-}
+pub struct CopyRecords(RecordStore<CopyRecord>);
 
 impl CopyRecords {
     pub fn new(dir: Option<PathBuf>) -> CopyRecords {
-        match dir {
-            Some(dir) => CopyRecords::Dir(dir),
-            None => CopyRecords::Memory(Mutex::new(HashMap::new())),
+        CopyRecords(RecordStore::new(dir))
+    }
+
+    /// `volume`'s record, for a decision: an unreadable record is an
+    /// error naming it ([`unreadable`]).
+    pub fn get(&self, volume: &str) -> Result<Option<CopyRecord>> {
+        match self.0.get(volume).map_err(store)? {
+            Lookup::Absent => Ok(None),
+            Lookup::Found(record) => Ok(Some(record)),
+            Lookup::Unreadable(u) => Err(unreadable(u)),
         }
     }
 
-    fn file(dir: &Path, volume: &str) -> PathBuf {
-        // Volume names are checked names: no `/`, no leading `.`.
-        dir.join(format!("{volume}.json"))
-    }
-
-    /// `volume`'s record. An unreadable record is an error: guessing
-    /// would let a snapshot be overwritten.
-    pub fn get(&self, volume: &str) -> Result<Option<CopyRecord>> {
-        match self {
-            CopyRecords::Memory(map) => Ok(lock(map).get(volume).cloned()),
-            CopyRecords::Dir(dir) => {
-                let file = Self::file(dir, volume);
-                let text = match std::fs::read_to_string(&file) {
-                    Ok(text) => text,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(Error::io("read the copy record", file, e)),
-                };
-                serde_json::from_str(&text)
-                    .map(Some)
-                    .map_err(|e| Error::parse(format!("copy record {}", file.display()), e))
-            }
+    /// `volume`'s record, to show where it came from: an unreadable one
+    /// (or a failed read) shows nothing; what it decides goes through
+    /// [`get`](Self::get).
+    pub fn origin(&self, volume: &str) -> Option<CopyRecord> {
+        match self.0.get(volume) {
+            Ok(Lookup::Found(record)) => Some(record),
+            Ok(Lookup::Absent | Lookup::Unreadable(_)) | Err(_) => None,
         }
     }
 
     /// Replaces `volume`'s record.
     pub fn put(&self, volume: &str, record: &CopyRecord) -> Result<()> {
-        match self {
-            CopyRecords::Memory(map) => {
-                lock(map).insert(volume.to_string(), record.clone());
-                Ok(())
-            }
-            CopyRecords::Dir(dir) => {
-                let file = Self::file(dir, volume);
-                let text = serde_json::to_string(record)
-                    .map_err(|e| Error::parse("a copy record to write", e))?;
-                synced::write(dir, &file, text.as_bytes())
-                    .map_err(|e| Error::io("write the copy record", file, e))
-            }
-        }
+        self.0.put(volume, record).map_err(store)
     }
 
-    /// Every readable record, by volume (unreadable ones are logged).
+    /// Every readable record, by volume; unreadable ones (and a records
+    /// directory that cannot be listed) are logged and passed over.
     pub fn all(&self) -> Vec<(String, CopyRecord)> {
-        match self {
-            CopyRecords::Memory(map) => lock(map)
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            CopyRecords::Dir(dir) => {
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    return Vec::new();
-                };
-                let mut out = Vec::new();
-                for entry in entries.flatten() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    let Some(volume) = name.strip_suffix(".json") else {
-                        continue;
-                    };
-                    match self.get(volume) {
-                        Ok(Some(record)) => out.push((volume.to_string(), record)),
-                        Ok(None) => {}
-                        Err(e) => tracing::warn!(error = %e, "unreadable copy record"),
-                    }
+        let all = match self.0.all() {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the copy records");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for (volume, lookup) in all {
+            match lookup {
+                Lookup::Found(record) => out.push((volume, record)),
+                Lookup::Absent => {}
+                Lookup::Unreadable(u) => {
+                    tracing::warn!(error = %unreadable(u), "unreadable copy record")
                 }
-                out
             }
         }
+        out
     }
 
     /// Forgets `volume`'s record (the volume is gone).
     pub fn remove(&self, volume: &str) {
-        match self {
-            CopyRecords::Memory(map) => {
-                lock(map).remove(volume);
-            }
-            CopyRecords::Dir(dir) => {
-                let file = Self::file(dir, volume);
-                match std::fs::remove_file(&file) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => tracing::warn!(
-                        path = %file.display(),
-                        error = %e,
-                        "could not remove the copy record of a deleted volume; a new volume of that name would inherit it"
-                    ),
-                }
-            }
+        if let Err(e) = self.0.remove(volume) {
+            tracing::warn!(
+                error = %e,
+                "could not remove the copy record of a deleted volume; a new volume of that name would inherit it"
+            );
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// What an unreadable copy record means where it decides something: an
+/// error naming the file, never "no copy" (see the module header).
+fn unreadable(u: Unreadable) -> Error {
+    match u.cause {
+        Cause::Io(source) => Error::io("read the copy record", u.path, source),
+        Cause::Parse(e) => Error::parse(format!("copy record {}", u.path.display()), e),
+    }
+}
+
+fn store(e: StoreError) -> Error {
+    match e {
+        StoreError::Name { reason, .. } => Error::invalid("name", reason),
+        StoreError::Io {
+            action: "write",
+            path,
+            source,
+        } => Error::io("write the copy record", path, source),
+        StoreError::Io {
+            action,
+            path,
+            source,
+        } => Error::io(action, path, source),
+        StoreError::Encode { path, source } => {
+            Error::parse(format!("copy record {} to write", path.display()), source)
+        }
+    }
 }
 
 #[cfg(test)]

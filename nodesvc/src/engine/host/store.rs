@@ -4,19 +4,20 @@
 //!
 //! Markers are read, written and removed through the marker directory's
 //! descriptor ([`carina_sys::fdtree`]), never through a link: a marker is
-//! opened `O_NOFOLLOW`, written to a new temporary file of an unpredictable
-//! name (`O_CREAT | O_EXCL | O_NOFOLLOW`) and renamed into place, so a link
+//! opened `O_NOFOLLOW`, written by [`carina_sys::atomic_file`] to a new
+//! temporary file of an unpredictable name (`O_CREAT | O_EXCL |
+//! O_NOFOLLOW`) and renamed into place, so a link
 //! planted at a marker's or a temporary file's name is neither read nor
 //! written through. A new data directory's mode is set on its descriptor.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use carina_sys::atomic_file;
 use carina_sys::fdtree::Dir;
 use carina_sys::statvfs;
 use serde::{Deserialize, Serialize};
@@ -144,17 +145,9 @@ impl Store {
     pub(super) fn ensure_layout(&self) -> Result<()> {
         self.ensure_dirs()?;
         let dir = self.existing_marker_dir()?;
-        for name in dir
-            .names()
-            .map_err(|e| Error::io("list", &self.markers, e))?
-        {
-            if is_temp_marker(&name) {
-                let path = self.markers.join(&name);
-                dir.remove_file(&name)
-                    .map_err(|e| Error::io("remove", &path, e))?;
-            }
-        }
-        Ok(())
+        atomic_file::remove_temps(&dir)
+            .map(|_| ())
+            .map_err(|e| Error::io("remove temporary markers in", &self.markers, e))
     }
 
     /// Creates the root (with [`ROOT_DIR_MODE`], as any missing parent) and
@@ -259,38 +252,23 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes `marker` atomically: a new temporary file (see the module
-    /// header), flushed, renamed over the marker (a link there is replaced,
-    /// not followed), and the directory flushed.
+    /// Writes `marker` atomically ([`carina_sys::atomic_file::write_at`]
+    /// through the marker directory's descriptor: a new temporary file of
+    /// an unguessable name, flushed, renamed over the marker (a link there
+    /// is replaced, not followed), and the directory flushed).
     pub(super) fn write_marker(&self, marker: &Marker) -> Result<()> {
         let dir = self.existing_marker_dir()?;
-        let temp_name = temp_marker_file(&marker.name);
-        let temp = self.markers.join(&temp_name);
-        let final_name = OsString::from(marker_file(&marker.name));
         let path = self.marker_path(&marker.name);
-        let text = serde_json::to_vec_pretty(marker)
+        let mut text = serde_json::to_vec_pretty(marker)
             .map_err(|e| Error::parse(format!("marker of {}", marker.name), e))?;
-        let mut file = dir
-            .create_file(&temp_name, MARKER_FILE_MODE)
-            .map_err(|e| Error::io("create", &temp, e))?;
-        let mut write = || -> io::Result<()> {
-            file.write_all(&text)?;
-            file.write_all(b"\n")?;
-            file.sync_all()
-        };
-        let placed = write()
-            .map_err(|e| Error::io("write", &temp, e))
-            .and_then(|()| {
-                dir.rename(&temp_name, &final_name)
-                    .map_err(|e| Error::io("rename into place", &path, e))
-            });
-        if let Err(e) = placed {
-            if let Err(undo) = dir.remove_file(&temp_name) {
-                tracing::warn!(path = %temp.display(), error = %undo, "could not remove a temporary marker");
-            }
-            return Err(e);
-        }
-        dir.sync().map_err(|e| Error::io("flush", &self.markers, e))
+        text.push(b'\n');
+        atomic_file::write_at(
+            &dir,
+            OsStr::new(&marker_file(&marker.name)),
+            &text,
+            MARKER_FILE_MODE,
+        )
+        .map_err(|e| Error::io("write", &path, e))
     }
 
     /// Marker first, then the directory; the marker is removed again if the
@@ -456,28 +434,6 @@ const MARKER_FILE_MODE: u32 = 0o600;
 
 fn marker_file(name: &str) -> String {
     format!("{name}.json")
-}
-
-/// A temporary marker's name: a dot (which no marker name starts with),
-/// the volume, a suffix no one can guess ahead, `.json.tmp`.
-fn temp_marker_file(name: &str) -> OsString {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    OsString::from(format!(
-        ".{name}.{:x}-{nanos:x}-{seq:x}.json.tmp",
-        std::process::id()
-    ))
-}
-
-/// A temporary marker left by a crash (of this version's names or of the
-/// older fixed ones, `.<volume>.json.tmp`).
-fn is_temp_marker(file_name: &OsStr) -> bool {
-    let name = file_name.to_string_lossy();
-    name.starts_with('.') && name.ends_with(".json.tmp")
 }
 
 /// Makes the data directory `dir` and gives it [`DATA_DIR_MODE`] through

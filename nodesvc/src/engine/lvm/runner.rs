@@ -33,7 +33,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -296,27 +296,22 @@ async fn profile_dir(limit: Duration) -> Result<PathBuf, StartError> {
     shell::parse_profile_dir(&out.stdout).ok_or(StartError::NoProfileDir(out.stdout))
 }
 
-/// Writes [`PROFILE`] into `dir` unless it is there already; atomically,
-/// so a concurrent reader never sees half of it.
+/// Writes [`PROFILE`] into `dir` unless it is there already; atomically
+/// ([`carina_sys::atomic_file`]), so a concurrent reader never sees half
+/// of it.
 async fn install_profile(dir: &Path) -> Result<(), StartError> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let path = dir.join(format!("{PROFILE_NAME}.profile"));
+    let file = format!("{PROFILE_NAME}.profile");
+    let path = dir.join(&file);
     if tokio::fs::read_to_string(&path).await.ok().as_deref() == Some(PROFILE) {
         return Ok(());
     }
-    let tmp = dir.join(format!(
-        ".{PROFILE_NAME}.profile.{}.{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = async {
-        tokio::fs::create_dir_all(dir).await?;
-        tokio::fs::write(&tmp, PROFILE).await?;
-        tokio::fs::rename(&tmp, &path).await
-    }
-    .await;
+    let owned = dir.to_path_buf();
+    let written = tokio::task::spawn_blocking(move || {
+        carina_sys::atomic_file::write(&owned, file.as_ref(), PROFILE.as_bytes(), 0o644)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     if let Err(source) = written {
-        let _ = tokio::fs::remove_file(&tmp).await;
         return Err(StartError::Profile { path, source });
     }
     tracing::info!(path = %path.display(), "wrote the lvm shell's profile");
