@@ -2,22 +2,27 @@
 //! on a real kernel (the `vm` tier): one boot of the guest
 //! (`carina_tests::vm`) runs `guest_csi_sanity` of this executable, which
 //! starts the workspace binaries from the share, `carina-node` (LVM with
-//! `activation: auto` on one virtio disk, RAW on another) and
-//! `carina-controller --mode direct`, and runs the static csi-sanity
-//! binary against them once per volume type, restricted to its Node
-//! Service specs (the whole suite takes about 6 minutes per type under
-//! TCG; the host's `sanity` tier runs it all). The guest prints a pass
-//! line per type with csi-sanity's counts (`VMCHECK pass csi-sanity-lvm ran
-//! 24 passed 24 failed 0 skipped 78`), then restarts a SIGKILLed node over
-//! a deactivated volume group. `real_kernel_csi_sanity` on the host boots
-//! the guest and fails unless every type ran specs, all passed and none
-//! failed.
+//! `activation: auto` on one virtio disk, RAW on another, a second LVM
+//! group for bcache caches on a third) and `carina-controller --mode
+//! direct`, and runs the static csi-sanity binary against them once per
+//! volume type (LVM, RAW, and a bcache class: backing volumes in the
+//! first LVM group, caches in the second, on the kernel's driver),
+//! restricted to its Node Service specs (the whole suite takes about 6
+//! minutes per type under TCG; the host's `sanity` tier runs it all). The
+//! bcache run skips the one spec that grows a volume through the
+//! controller: a bcache volume cannot grow (`FAILED_PRECONDITION`). The
+//! guest prints a pass line per type with csi-sanity's counts (`VMCHECK
+//! pass csi-sanity-lvm ran 24 passed 24 failed 0 skipped 78`), then
+//! restarts a SIGKILLed node over a deactivated volume group.
+//! `real_kernel_csi_sanity` on the host boots the guest and fails unless
+//! every type ran specs, all passed and none failed, and the bcache run
+//! ran every spec the LVM run did but the skipped one.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use carina_csi::params::DISK_GROUP;
+use carina_csi::params::{BACKEND_GROUP, CACHE_GROUP, CACHE_POLICY, CACHE_RATIO, DISK_GROUP};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::csi::volume_capability::access_mode::Mode;
@@ -35,6 +40,8 @@ const NODE: &str = "vm-sanity-node";
 const VG: &str = "sanityvg";
 /// The RAW group on `/dev/vdb`.
 const RAW: &str = "sanityraw";
+/// The LVM group for bcache caches on `/dev/vdc`.
+const SSD: &str = "sanityssd";
 /// The specs csi-sanity runs in the guest: each creates its volumes
 /// through the controller, then stages, publishes, expands and deletes
 /// them on the kernel's devices.
@@ -42,8 +49,29 @@ const FOCUS: &str = "Node Service";
 /// The csi-sanity binary's name in the share.
 const SANITY: &str = "csi-sanity";
 
-/// The volume types csi-sanity runs against, in order: (label, group).
-const TYPES: &[(&str, &str)] = &[("lvm", VG), ("raw", RAW)];
+/// The volume types csi-sanity runs against, in order: (label, the
+/// StorageClass parameters besides the filesystem).
+const TYPES: &[(&str, &[(&str, &str)])] = &[
+    ("lvm", &[(DISK_GROUP, VG)]),
+    ("raw", &[(DISK_GROUP, RAW)]),
+    (
+        "bcache",
+        &[
+            (BACKEND_GROUP, VG),
+            (CACHE_GROUP, SSD),
+            (CACHE_RATIO, "50"),
+            (CACHE_POLICY, "writeback"),
+        ],
+    ),
+];
+/// The spec the bcache run skips: it grows the volume through
+/// ControllerExpandVolume, which a bcache volume refuses.
+const GROWS: &str = "should work if node-expand is called after node-publish";
+
+/// The csi-sanity specs `label` skips (a ginkgo regular expression).
+fn skipped_specs(label: &str) -> Option<&'static str> {
+    (label == "bcache").then_some(GROWS)
+}
 
 #[test]
 fn real_kernel_csi_sanity() {
@@ -55,6 +83,7 @@ fn real_kernel_csi_sanity() {
     let console = Vm::new("sanity")
         .and_then(|vm| vm.disk(4096 * MIB))
         .and_then(|vm| vm.disk(4096 * MIB))
+        .and_then(|vm| vm.disk(1024 * MIB))
         .and_then(|vm| vm.share_file(&sanity, SANITY))
         .and_then(|vm| vm.share_binary("carina-node"))
         .and_then(|vm| vm.share_binary("carina-controller"))
@@ -72,6 +101,7 @@ fn real_kernel_csi_sanity() {
         .collect();
     let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
     console.assert_passed(&checks);
+    let mut ran = std::collections::HashMap::new();
     for (label, _) in TYPES {
         let check = format!("csi-sanity-{label}");
         let s = counts(&console.text, &check)
@@ -79,10 +109,40 @@ fn real_kernel_csi_sanity() {
         assert_eq!(s.failed, 0, "{check}: {s:?}");
         assert!(s.ran > 0 && s.passed == s.ran, "{check}: {s:?}");
         println!(
-            "vm: csi-sanity {label}: ran {} passed {} failed {} skipped {}",
-            s.ran, s.passed, s.failed, s.skipped
+            "vm: csi-sanity {label}: ran {} passed {} failed {} skipped {}{}",
+            s.ran,
+            s.passed,
+            s.failed,
+            s.skipped,
+            skipped_specs(label)
+                .map_or_else(String::new, |r| format!(" (skipped on purpose: {r})"))
         );
+        ran.insert(*label, s.ran);
     }
+    let made = |check: &str| -> Option<u32> {
+        let line = console
+            .text
+            .lines()
+            .filter_map(|l| l.split(PASS).nth(1))
+            .find(|rest| rest.split_whitespace().next() == Some(check))?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = words.iter().position(|w| *w == "made")?;
+        words.get(i + 1)?.parse().ok()
+    };
+    for (label, _) in TYPES {
+        let n = made(&format!("csi-sanity-{label}")).unwrap_or(0);
+        assert!(
+            n > 0,
+            "csi-sanity-{label}: the node made no volume of its kind"
+        );
+        println!("vm: csi-sanity {label}: the node made and deleted {n} volumes of its kind");
+    }
+    // The bcache run skipped only the spec that grows a volume.
+    assert_eq!(
+        ran["bcache"] + 1,
+        ran["lvm"],
+        "the bcache run ran every spec of the LVM run but {GROWS:?}"
+    );
 }
 
 /// The counts on `check`'s pass line: `... <check> ran N passed P failed F
@@ -126,7 +186,8 @@ fn config() -> String {
     format!(
         r#"{{"diskSelector":[
             {{"name":"{VG}","re":["^vda$"],"policy":"LVM","activation":"auto","reserveBytes":0,"minDiskBytes":1048576}},
-            {{"name":"{RAW}","re":["^vdb$"],"policy":"RAW","reserveBytes":0,"minDiskBytes":1048576}}
+            {{"name":"{RAW}","re":["^vdb$"],"policy":"RAW","reserveBytes":0,"minDiskBytes":1048576}},
+            {{"name":"{SSD}","re":["^vdc$"],"policy":"LVM","activation":"auto","reserveBytes":0,"minDiskBytes":1048576}}
         ],"diskScanInterval":"0"}}"#
     )
 }
@@ -185,16 +246,18 @@ async fn guest() -> Result<()> {
     )
     .await?;
     let sanity = upstream_tool("CARINA_CSI_SANITY", "csi-sanity-v5.6.0", SANITY)?;
-    for (label, group) in TYPES {
+    for (label, pairs) in TYPES {
         let t = Instant::now();
-        let params = write(
-            dir,
-            &format!("{label}.yaml"),
-            &format!(
-                "carina.storage.io/disk-group-name: {group}\ncsi.storage.k8s.io/fstype: ext4\n"
-            ),
-        )?;
+        let yaml: String = pairs
+            .iter()
+            .chain(&[("csi.storage.k8s.io/fstype", "ext4")])
+            .map(|(k, v)| format!("{k}: \"{v}\"\n"))
+            .collect();
+        let params = write(dir, &format!("{label}.yaml"), &yaml)?;
+        let skip = skipped_specs(label).map(|r| format!("--ginkgo.skip={r}"));
+        let before = node_calls(node_args.metrics_port).await?;
         let out = tokio::process::Command::new(&sanity)
+            .args(skip)
             .args([
                 format!("--csi.endpoint={}", node_args.csi_socket.display()),
                 format!("--csi.controllerendpoint={}", socket.display()),
@@ -223,6 +286,7 @@ async fn guest() -> Result<()> {
         );
         node.check_running()?;
         controller.check_running()?;
+        let calls = node_calls(node_args.metrics_port).await?.since(&before);
         let Some(s) = parse_summary(&text) else {
             bail!("csi-sanity {label}: no ginkgo summary:\n{text}");
         };
@@ -233,12 +297,25 @@ async fn guest() -> Result<()> {
                 tail(&node_args.log, 60)
             );
         }
+        // The node made (and deleted) the kind of volume the class asks
+        // for, and nothing else.
+        let tiered = *label == "bcache";
+        let made = if tiered { calls.bcache } else { calls.lv };
+        let other = if tiered { calls.lv } else { calls.bcache };
+        if made.0 == 0 || made.0 != made.1 || other.0 != 0 || bcache_devices()? != 0 {
+            bail!(
+                "csi-sanity {label}: the node's successful calls (create, delete): \
+                 {calls:?}; bcache devices left: {}",
+                bcache_devices()?
+            );
+        }
         println!(
-            "{PASS} csi-sanity-{label} ran {} passed {} failed {} skipped {} ({:.1}s)",
+            "{PASS} csi-sanity-{label} ran {} passed {} failed {} skipped {} made {} ({:.1}s)",
             s.ran,
             s.passed,
             s.failed,
             s.skipped,
+            made.0,
             t.elapsed().as_secs_f64()
         );
     }
@@ -246,6 +323,51 @@ async fn guest() -> Result<()> {
     controller.stop().await;
     node.stop().await;
     Ok(())
+}
+
+/// The node's successful NodeStorage calls that make and delete volumes:
+/// (create, delete) of plain volumes and of bcache devices.
+#[derive(Debug, Clone, Copy)]
+struct NodeCalls {
+    lv: (u64, u64),
+    bcache: (u64, u64),
+}
+
+impl NodeCalls {
+    fn since(self, before: &NodeCalls) -> NodeCalls {
+        NodeCalls {
+            lv: (self.lv.0 - before.lv.0, self.lv.1 - before.lv.1),
+            bcache: (
+                self.bcache.0 - before.bcache.0,
+                self.bcache.1 - before.bcache.1,
+            ),
+        }
+    }
+}
+
+/// [`NodeCalls`] from the node's `/metrics` on `port`.
+async fn node_calls(port: u16) -> Result<NodeCalls> {
+    let scrape = carina_tests::metrics::scrape(port).await?;
+    let ok = |method: &str| {
+        carina_tests::metrics::value(
+            &scrape,
+            "carina_node_grpc_requests_total",
+            &[("method", method), ("code", "OK")],
+        )
+        .unwrap_or(0.0) as u64
+    };
+    Ok(NodeCalls {
+        lv: (ok("CreateLV"), ok("DeleteLV")),
+        bcache: (ok("CreateBcache"), ok("DeleteBcache")),
+    })
+}
+
+/// The bcache devices the kernel runs (`/sys/block/bcacheN`).
+fn bcache_devices() -> Result<usize> {
+    Ok(std::fs::read_dir("/sys/block")?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("bcache"))
+        .count())
 }
 
 /// The LVM volumes of [`VG`] as `lvs` shows them: (name, active).

@@ -8,8 +8,10 @@
 //! ([`crate::nodes::pool`]) are shared with the Kubernetes control plane.
 //!
 //! **Idempotency.** CreateVolume first asks every node for the volume's
-//! local name (`GetLV`). Found and compatible (size within the range, the
-//! requested group, exclusivity, access, accessible node): it is returned.
+//! local name (`GetBcache`, then `GetLV`; a bcache device of the name is
+//! `ALREADY_EXISTS` for a class without a cache). Found and compatible
+//! (size within the range, the requested group, exclusivity, access,
+//! accessible node): it is returned.
 //! Found and incompatible: `ALREADY_EXISTS`. A node that cannot be asked
 //! makes the call `UNAVAILABLE` (retryable) rather than risk a second copy
 //! on another node.
