@@ -3,8 +3,9 @@
 //! whose `spec.nodeName` is set directly and whose controller reference
 //! names that DaemonSet, as its controller would have made them), real
 //! TokenRequest tokens bound to those Pods, a
-//! client of the issuer, CSRs to send it, and the arguments of
-//! `carina-controller` serving the issuer and `carina-node` asking it.
+//! client of the issuer, CSRs to send it, `carina-controller` serving the
+//! issuer ([`start_controller`], [`controller_argv`]), the arguments of
+//! `carina-node` asking it, and the constants the identity tests share.
 //!
 //! **An expired token.** TokenRequest refuses lifetimes under ten minutes,
 //! and a test cannot wait that long. [`expired_copy`] takes a real token,
@@ -31,6 +32,10 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use rcgen::{CertificateParams, KeyPair, SanType, SigningKey};
 use tonic::transport::Channel;
 
+use crate::cluster::Service;
+use crate::kube::KubeCluster;
+use crate::unique;
+
 /// The audience the issuer expects by default.
 pub const AUDIENCE: &str = "carina.storage.io/node-identity";
 
@@ -39,6 +44,16 @@ pub const NODE_SA: &str = "carina-node";
 
 /// The node DaemonSet's name by default.
 pub const NODE_DS: &str = "carina-node";
+
+/// The CA Secret and ConfigMap of the issuer (the defaults).
+pub const CA: &str = "carina-ca";
+
+/// The node the identity tests issue for.
+pub const NODE: &str = "node-a";
+
+/// Bound of every wait of the identity tests for a process or the control
+/// plane.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A namespace of node pods, their ServiceAccounts and DaemonSet.
 #[derive(Clone)]
@@ -62,10 +77,10 @@ impl std::fmt::Debug for NodePods {
 /// issuer test starts from.
 pub async fn cluster_with_node_pods(
     prefix: &str,
-) -> Result<(crate::kube::KubeCluster, NodePods, tempfile::TempDir)> {
-    let cluster = crate::kube::KubeCluster::start().await?;
+) -> Result<(KubeCluster, NodePods, tempfile::TempDir)> {
+    let cluster = KubeCluster::start().await?;
     cluster.install_crds().await?;
-    let pods = NodePods::create(&cluster.client(), &crate::unique(prefix)).await?;
+    let pods = NodePods::create(&cluster.client(), &unique(prefix)).await?;
     Ok((cluster, pods, tempfile::tempdir()?))
 }
 
@@ -357,6 +372,39 @@ pub fn controller_argv(
         "--shutdown-grace-secs=5".to_string(),
     ]
     .into()
+}
+
+/// `carina-controller` serving the issuer on `port` for the node pods of
+/// `pods` ([`controller_argv`]), certificates valid `ttl`, with `extra`
+/// flags; its socket in `dir`, its log in the cluster's log directory.
+pub async fn start_controller(
+    cluster: &KubeCluster,
+    pods: &NodePods,
+    dir: &Path,
+    port: u16,
+    ttl: &str,
+    extra: &[&str],
+) -> Result<Service> {
+    let socket = dir.join(format!("{}.sock", unique("controller")));
+    let mut argv = controller_argv(
+        cluster.kubeconfig_path(),
+        &socket,
+        &pods.namespace,
+        port,
+        ttl,
+    );
+    argv.extend(extra.iter().map(|a| a.to_string()));
+    let log = cluster
+        .log_dir()
+        .join(format!("{}.log", unique("carina-controller")));
+    Service::start(
+        "carina-controller",
+        "carina-controller",
+        argv,
+        &socket,
+        &log,
+    )
+    .await
 }
 
 /// Files and ports of one `carina-node` asking the issuer for its

@@ -27,6 +27,7 @@ use carina_controlplane::identity::store::{
     self, CA_CONFIGMAP_KEY, CaLocation, CaSource, GENERATED_CA_NAME, TLS_CRT, TLS_KEY,
 };
 use carina_tests::cluster::{as_chart_service_account, controller_service_account_kubeconfig};
+use carina_tests::identity::CA;
 use carina_tests::kube::{KubeCluster, client_from};
 use carina_tests::manifests::{Chart, RELEASE, objects};
 use k8s_openapi::ByteString;
@@ -34,8 +35,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
 const NAMESPACE: &str = "kube-system";
-/// The CA Secret and ConfigMap (the chart's defaults).
-const CA: &str = "carina-ca";
 /// Controllers starting together.
 const RACERS: usize = 4;
 /// Rounds of the race at most until one racer is seen losing it.

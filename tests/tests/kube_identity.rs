@@ -37,7 +37,7 @@ use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{ClientTls, connect};
 use carina_tests::cluster::{Service, await_object, free_port, register_node};
 use carina_tests::identity::{
-    self, AUDIENCE, IssuedNode, NODE_SA, NodePods, ask, controller_argv, csr, expired_copy,
+    self, AUDIENCE, CA, IssuedNode, NODE, NODE_SA, WAIT, ask, csr, expired_copy, start_controller,
     wait_served,
 };
 use carina_tests::kube::KubeCluster;
@@ -50,40 +50,6 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use rcgen::{BasicConstraints, IsCa, SanType};
 use tonic::Code;
 use x509_parser::extensions::GeneralName;
-
-const NODE: &str = "node-a";
-/// Bound of every wait for a process or the control plane.
-const WAIT: Duration = Duration::from_secs(60);
-/// The CA Secret and ConfigMap (the defaults).
-const CA: &str = "carina-ca";
-
-async fn start_controller(
-    cluster: &KubeCluster,
-    pods: &NodePods,
-    dir: &std::path::Path,
-    port: u16,
-    ttl: &str,
-) -> Result<Service> {
-    let socket = dir.join("controller.sock");
-    let argv = controller_argv(
-        cluster.kubeconfig_path(),
-        &socket,
-        &pods.namespace,
-        port,
-        ttl,
-    );
-    let log = cluster
-        .log_dir()
-        .join(format!("{}.log", unique("carina-controller")));
-    Service::start(
-        "carina-controller",
-        "carina-controller",
-        argv,
-        &socket,
-        &log,
-    )
-    .await
-}
 
 /// Client credentials of role `controller` from the CA in the Secret, for
 /// node `node`.
@@ -132,7 +98,7 @@ async fn a_node_gets_renews_and_reloads_its_certificate() -> Result<()> {
     let pod = pods.pod("carina-node-a", NODE_SA, NODE).await?;
     let port = free_port()?;
     // 12 s: renewed after 8 s.
-    let controller = start_controller(&cluster, &pods, dir.path(), port, "12s").await?;
+    let controller = start_controller(&cluster, &pods, dir.path(), port, "12s", &[]).await?;
     let ca = identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
 
     let node = IssuedNode::new(NODE, &dir.path().join(NODE))?;
@@ -245,7 +211,7 @@ async fn the_issuer_refuses_with_precise_reasons() -> Result<()> {
     let intruder = pods.pod("intruder-a", "intruder", NODE).await?;
     let doomed = pods.pod("carina-node-gone", NODE_SA, NODE).await?;
     let port = free_port()?;
-    let controller = start_controller(&cluster, &pods, dir.path(), port, "1h").await?;
+    let controller = start_controller(&cluster, &pods, dir.path(), port, "1h", &[]).await?;
     let ca = identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
 
     let good = pods.token(NODE_SA, &[AUDIENCE], Some(&on_a)).await?;
@@ -452,7 +418,7 @@ async fn a_node_started_before_the_issuer_gets_its_certificate_when_it_comes() -
         "NodeStorage must not be served without a certificate"
     );
 
-    let _controller = start_controller(&cluster, &pods, dir.path(), port, "1h").await?;
+    let _controller = start_controller(&cluster, &pods, dir.path(), port, "1h", &[]).await?;
     let tls = controller_tls(&client, &pods.namespace, NODE).await?;
     let served = wait_served(&mut process, &node.endpoint(), &tls, "served", |_| true).await?;
     assert_eq!(sans_and_lifetime(&served)?.0, [NODE]);

@@ -28,53 +28,14 @@ use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{ClientTls, connect};
 use carina_tests::cluster::{Service, await_object, free_port};
 use carina_tests::identity::{
-    self, AUDIENCE, IssuedNode, NODE_SA, NodePods, ask, controller_argv, csr, wait_served,
+    self, AUDIENCE, CA, IssuedNode, NODE, NODE_SA, WAIT, ask, csr, start_controller, wait_served,
 };
-use carina_tests::kube::KubeCluster;
 use carina_tests::process::tail;
 use carina_tests::unique;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
 use tonic::Code;
-
-const NODE: &str = "node-a";
-/// Bound of every wait for a process or the control plane.
-const WAIT: Duration = Duration::from_secs(60);
-/// The CA Secret and ConfigMap (the defaults).
-const CA: &str = "carina-ca";
-
-/// `carina-controller` serving the issuer on `port`, certificates valid
-/// `ttl`, with `extra` flags.
-async fn start_controller_with(
-    cluster: &KubeCluster,
-    pods: &NodePods,
-    dir: &std::path::Path,
-    port: u16,
-    ttl: &str,
-    extra: &[&str],
-) -> Result<Service> {
-    let socket = dir.join(format!("{}.sock", unique("controller")));
-    let mut argv = controller_argv(
-        cluster.kubeconfig_path(),
-        &socket,
-        &pods.namespace,
-        port,
-        ttl,
-    );
-    argv.extend(extra.iter().map(|a| a.to_string()));
-    let log = cluster
-        .log_dir()
-        .join(format!("{}.log", unique("carina-controller")));
-    Service::start(
-        "carina-controller",
-        "carina-controller",
-        argv,
-        &socket,
-        &log,
-    )
-    .await
-}
 
 #[tokio::test]
 async fn only_running_pods_of_the_node_daemonset_get_certificates_and_not_too_often() -> Result<()>
@@ -166,7 +127,7 @@ async fn only_running_pods_of_the_node_daemonset_get_certificates_and_not_too_of
         .await?;
 
     let port = free_port()?;
-    let controller = start_controller_with(
+    let controller = start_controller(
         &cluster,
         &pods,
         dir.path(),
@@ -294,8 +255,7 @@ async fn a_rewritten_ca_bundle_is_refused_and_an_endorsed_rotation_taken() -> Re
     let client = cluster.client();
     let pod = pods.pod("carina-node-a", NODE_SA, NODE).await?;
     let port = free_port()?;
-    let mut controller =
-        start_controller_with(&cluster, &pods, dir.path(), port, "1h", &[]).await?;
+    let mut controller = start_controller(&cluster, &pods, dir.path(), port, "1h", &[]).await?;
     let ca_a = identity::published_ca(&client, &pods.namespace, CA, WAIT).await?;
     let old = identity::issuer_ca(&client, &pods.namespace, CA).await?;
 
@@ -414,7 +374,7 @@ async fn a_rewritten_ca_bundle_is_refused_and_an_endorsed_rotation_taken() -> Re
     // Restarted on the new CA, the controller publishes it alone, the
     // endorsement kept; the node drops the old CA.
     controller.stop().await;
-    let _controller = start_controller_with(&cluster, &pods, dir.path(), port, "1h", &[]).await?;
+    let _controller = start_controller(&cluster, &pods, dir.path(), port, "1h", &[]).await?;
     await_object(&cms, CA, "the new CA alone", WAIT, |cm| {
         cm.and_then(|c| c.data.as_ref())
             .and_then(|d| d.get("ca.crt"))

@@ -22,14 +22,13 @@ use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::connect;
 use carina_tests::cluster::{Service, await_capacity, free_port, register_node};
 use carina_tests::grpc::host_config;
-use carina_tests::identity::{AUDIENCE, IssuedNode, NODE_SA, NodePods, controller_argv};
+use carina_tests::identity::{
+    AUDIENCE, CA, IssuedNode, NODE, NODE_SA, NodePods, WAIT, controller_argv,
+};
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::tail;
 use carina_tests::unique;
 
-const NODE: &str = "node-a";
-const WAIT: Duration = Duration::from_secs(60);
-const CA: &str = "carina-ca";
 const GROUP: &str = "secrets";
 /// The most the programs log (every target at debug, ours at trace).
 const LOUD: &str = "debug,carina_node=trace,carina_controlplane=trace,carina_proto=trace";
