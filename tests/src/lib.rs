@@ -7,6 +7,7 @@
 
 pub mod bcache;
 pub mod cgroup;
+pub mod chart;
 pub mod cluster;
 pub mod containerd;
 pub mod copy;

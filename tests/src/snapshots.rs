@@ -21,6 +21,7 @@ use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::chart::container;
 use crate::cluster::{
     KubeControllerArgs, Pki, Service, add_topology, as_chart_service_account, await_capacity,
     await_object, csi_provisioner,
@@ -86,13 +87,10 @@ pub async fn install_snapshot_crds(client: &Client) -> Result<()> {
 /// The controller Deployment's container `name` as the chart renders it
 /// with its default values.
 pub fn chart_container(objs: &[Value], name: &str) -> Result<Value> {
-    find(objs, "Deployment", "carina-controller")?["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .context("containers")?
-        .iter()
-        .find(|c| c["name"] == name)
-        .cloned()
-        .with_context(|| format!("the chart renders no container {name}"))
+    let controller = find(objs, "Deployment", "carina-controller")?;
+    Ok(container(controller, name)
+        .context("the chart's controller")?
+        .clone())
 }
 
 /// A program of the `csi-snapshotter` tool as a process, its log in the

@@ -8,113 +8,19 @@
 //! Needs helm, etcd, kube-apiserver, csi-provisioner and csi-snapshotter
 //! from `tests/tools/build.sh helm etcd kube csi-provisioner csi-snapshotter`.
 
-use std::collections::BTreeSet;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use carina_tests::chart::{
+    DEFAULTS, KUBELET_DIR_NAMESPACE, MANUAL_SCHEDULER_CLASSES, RBAC_SET, SETS, args, container,
+    field_env, has, mount, render, snapshot_rules, volume,
+};
 use carina_tests::kube::KubeCluster;
 use carina_tests::local::carina::tool_path;
 use carina_tests::manifests::{Chart, dry_run, find, objects, repo_root};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::Value;
-
-/// A value set: its name, the release namespace, and the values file.
-struct ValueSet {
-    name: &'static str,
-    namespace: &'static str,
-    values: Option<&'static str>,
-}
-
-/// The chart's defaults, as `deploy/kubernetes/` is rendered.
-const DEFAULTS: ValueSet = ValueSet {
-    name: "default values",
-    namespace: "kube-system",
-    values: None,
-};
-
-/// Hand-made certificates, the scheduler, a HOST group and StorageClasses
-/// of every kind.
-const MANUAL_SCHEDULER_CLASSES: ValueSet = ValueSet {
-    name: "manual identity, scheduler, custom StorageClasses",
-    namespace: "kube-system",
-    values: Some(
-        r#"
-identity:
-  mode: manual
-  manual:
-    nodeSecret: site-node-tls
-    controllerSecret: site-controller-tls
-scheduler:
-  enabled: true
-  name: carina-local
-config:
-  diskSelector:
-    - {name: fast, re: ["^nvme[0-9]n1$"], policy: LVM}
-    - {name: whole, re: ["^sd[b-z]$"], policy: RAW, nodeLabel: example.com/raw}
-    - {name: shared, re: ["/srv/carina"], policy: HOST}
-  diskScanInterval: 60
-  schedulerStrategy: binpack
-storageClasses:
-  - name: fast-ext4
-    annotations: {storageclass.kubernetes.io/is-default-class: "true"}
-    parameters:
-      carina.storage.io/disk-group-name: fast
-      csi.storage.k8s.io/fstype: ext4
-    reclaimPolicy: Retain
-    volumeBindingMode: Immediate
-    mountOptions: [noatime]
-  - name: whole-disk
-    parameters:
-      carina.storage.io/disk-group-name: whole
-      carina.storage.io/exclusively-raw-disk: true
-    allowVolumeExpansion: false
-  - name: shared-dirs
-    parameters:
-      carina.storage.io/disk-group-name: shared
-"#,
-    ),
-};
-
-/// Another kubelet directory (k0s), another namespace, images from a
-/// private registry, a narrowed issuer policy and extra host paths.
-const KUBELET_DIR_NAMESPACE: ValueSet = ValueSet {
-    name: "other kubelet dir and namespace",
-    namespace: "carina-storage",
-    values: Some(
-        r#"
-kubeletDir: /var/lib/k0s/kubelet/
-image:
-  repository: registry.example.com/storage
-  tag: "1.2.3"
-  pullPolicy: Always
-imagePullSecrets: [{name: registry-login}]
-controller:
-  replicas: 3
-  extraArgs: [--lease-duration-secs=30]
-  env: [{name: RUST_LOG, value: debug}]
-node:
-  port: 17443
-  extraHostPaths: [/mnt/carina-dirs]
-  nodeSelector: {example.com/storage: "yes"}
-identity:
-  port: 17444
-  certTTL: 12h
-networkPolicy:
-  identityFrom:
-    - ipBlock: {cidr: 10.20.0.0/16}
-"#,
-    ),
-};
-
-const SETS: [&ValueSet; 3] = [&DEFAULTS, &MANUAL_SCHEDULER_CLASSES, &KUBELET_DIR_NAMESPACE];
-
-fn render(chart: &Chart, set: &ValueSet) -> Result<Vec<Value>> {
-    let yaml = chart
-        .template(set.namespace, set.values)
-        .with_context(|| set.name)?;
-    objects(&yaml).with_context(|| set.name)
-}
 
 /// The workspace version (`[workspace.package] version` of Cargo.toml),
 /// the tag `make images` gives the images.
@@ -132,46 +38,6 @@ fn workspace_version() -> Result<String> {
         }
     }
     bail!("Cargo.toml has no [workspace.package] version")
-}
-
-fn container<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
-    workload["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .context("containers")?
-        .iter()
-        .find(|c| c["name"] == name)
-        .with_context(|| format!("no container {name}"))
-}
-
-fn args(container: &Value) -> Vec<String> {
-    container["args"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_string))
-        .collect()
-}
-
-fn has(args: &[String], want: &str) -> bool {
-    args.iter().any(|a| a == want)
-}
-
-fn volume<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
-    workload["spec"]["template"]["spec"]["volumes"]
-        .as_array()
-        .context("volumes")?
-        .iter()
-        .find(|v| v["name"] == name)
-        .with_context(|| format!("no volume {name}"))
-}
-
-fn mount<'a>(container: &'a Value, path: &str) -> Result<&'a Value> {
-    container["volumeMounts"]
-        .as_array()
-        .context("volumeMounts")?
-        .iter()
-        .find(|m| m["mountPath"] == path)
-        .with_context(|| format!("nothing mounted at {path}"))
 }
 
 #[test]
@@ -589,15 +455,6 @@ fn another_kubelet_dir_and_namespace_reach_every_path_and_name() -> Result<()> {
     Ok(())
 }
 
-/// The env entry `name` of a container, read from the pod's field `path`.
-fn field_env<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
-    container["env"]
-        .as_array()?
-        .iter()
-        .find(|e| e["name"] == name)?["valueFrom"]["fieldRef"]["fieldPath"]
-        .as_str()
-}
-
 #[test]
 fn capacity_tracking_is_on_by_default_and_can_be_turned_off() -> Result<()> {
     let chart = Chart::new()?;
@@ -643,34 +500,6 @@ fn capacity_tracking_is_on_by_default_and_can_be_turned_off() -> Result<()> {
     assert_eq!(field_env(provisioner, "POD_NAME"), None);
     assert!(find(&objs, "Role", "carina-controller-capacity").is_err());
     Ok(())
-}
-
-/// The snapshot rules of the controller's ClusterRole: (resource, verbs).
-fn snapshot_rules(objs: &[Value]) -> Result<Vec<(String, Vec<String>)>> {
-    let role = find(objs, "ClusterRole", "carina-controller")?;
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.as_str().map(str::to_string))
-            .collect()
-    };
-    Ok(role["rules"]
-        .as_array()
-        .context("rules")?
-        .iter()
-        .filter(|r| {
-            strings(&r["apiGroups"])
-                .iter()
-                .any(|g| g.contains("snapshot"))
-        })
-        .flat_map(|r| {
-            let verbs = strings(&r["verbs"]);
-            strings(&r["resources"])
-                .into_iter()
-                .map(move |res| (res, verbs.clone()))
-        })
-        .collect())
 }
 
 /// external-snapshotter's sidecar runs beside the controller by default,
@@ -898,230 +727,6 @@ fn every_rendered_argument_list_is_accepted_by_its_program() -> Result<()> {
         }
     }
     assert!(checked >= 12, "only {checked} containers rendered");
-    Ok(())
-}
-
-/// The defaults with the scheduler on: every ServiceAccount the chart can
-/// make, with the issuing controller's rights.
-const RBAC_SET: ValueSet = ValueSet {
-    name: "default values, scheduler on",
-    namespace: "kube-system",
-    values: Some("scheduler:\n  enabled: true\n"),
-};
-
-/// The checked-in table of what each ServiceAccount may do.
-const RBAC_TABLE: &str = "deploy/rbac.txt";
-
-/// One line per rule a ServiceAccount gets through a binding, sorted;
-/// `none` for a ServiceAccount bound to nothing.
-fn rbac_table(objs: &[Value]) -> Result<String> {
-    let words = |v: &Value| -> String {
-        let mut w: Vec<&str> = v
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        w.sort_unstable();
-        w.join(",")
-    };
-    let mut lines = Vec::new();
-    for sa in objs.iter().filter(|o| o["kind"] == "ServiceAccount") {
-        let (ns, name) = (
-            sa["metadata"]["namespace"].as_str().unwrap_or_default(),
-            sa["metadata"]["name"].as_str().unwrap_or_default(),
-        );
-        let who = format!("{ns}/{name}");
-        let mut bound = false;
-        for b in objs
-            .iter()
-            .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
-        {
-            let names_it = b["subjects"].as_array().into_iter().flatten().any(|s| {
-                s["kind"] == "ServiceAccount" && s["name"] == name && s["namespace"] == ns
-            });
-            if !names_it {
-                continue;
-            }
-            bound = true;
-            let scope = if b["kind"] == "RoleBinding" {
-                format!("in {}", b["metadata"]["namespace"].as_str().unwrap_or(ns))
-            } else {
-                "cluster-wide".to_string()
-            };
-            let (kind, role) = (
-                b["roleRef"]["kind"].as_str().unwrap_or_default(),
-                b["roleRef"]["name"].as_str().unwrap_or_default(),
-            );
-            let Some(r) = objs
-                .iter()
-                .find(|o| o["kind"] == kind && o["metadata"]["name"] == role)
-            else {
-                lines.push(format!("{who} {scope} {kind}/{role}: built in"));
-                continue;
-            };
-            for rule in r["rules"].as_array().into_iter().flatten() {
-                lines.push(format!(
-                    "{who} {scope} {kind}/{role}: groups [{}] resources [{}] names [{}] verbs [{}]",
-                    words(&rule["apiGroups"]),
-                    words(&rule["resources"]),
-                    words(&rule["resourceNames"]),
-                    words(&rule["verbs"]),
-                ));
-            }
-        }
-        if !bound {
-            lines.push(format!("{who} none"));
-        }
-    }
-    lines.sort();
-    Ok(lines.join("\n") + "\n")
-}
-
-/// What each ServiceAccount of the chart may do is the reviewed table in
-/// `deploy/rbac.txt`: a change of any rule, binding or ServiceAccount
-/// fails here until the table is changed with it (`CARINA_UPDATE_RBAC=1`
-/// rewrites it; the diff is then reviewed like code).
-#[test]
-fn each_service_account_has_exactly_the_reviewed_rights() -> Result<()> {
-    let chart = Chart::new()?;
-    let table = rbac_table(&render(&chart, &RBAC_SET)?)?;
-    assert!(
-        table.contains("kube-system/carina-node none"),
-        "the node's ServiceAccount is bound to nothing:\n{table}"
-    );
-    let path = repo_root().join(RBAC_TABLE);
-    if std::env::var_os("CARINA_UPDATE_RBAC").is_some() {
-        std::fs::write(&path, &table)?;
-    }
-    let reviewed = std::fs::read_to_string(&path).with_context(|| RBAC_TABLE)?;
-    assert_eq!(
-        table, reviewed,
-        "the chart's RBAC differs from {RBAC_TABLE} (review, then CARINA_UPDATE_RBAC=1)"
-    );
-    Ok(())
-}
-
-/// The strings of a JSON array (none for anything else).
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_string))
-        .collect()
-}
-
-/// The rules bound to the controller's ServiceAccount in `objs`: (scope,
-/// rule), scope `cluster` for a ClusterRoleBinding, else the namespace of
-/// the RoleBinding.
-fn controller_rules(objs: &[Value]) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    for b in objs
-        .iter()
-        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
-    {
-        let names_it = b["subjects"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == "carina-controller");
-        if !names_it {
-            continue;
-        }
-        let scope = match b["kind"].as_str() {
-            Some("RoleBinding") => b["metadata"]["namespace"].as_str().unwrap_or_default(),
-            _ => "cluster",
-        };
-        let role = objs.iter().find(|o| {
-            o["kind"] == b["roleRef"]["kind"] && o["metadata"]["name"] == b["roleRef"]["name"]
-        });
-        for rule in role
-            .and_then(|r| r["rules"].as_array())
-            .into_iter()
-            .flatten()
-        {
-            out.push((scope.to_string(), rule.clone()));
-        }
-    }
-    out
-}
-
-/// The controller reaches Secrets and ConfigMaps only by name (the chart
-/// makes the CA's, so not even `create` is granted without a name),
-/// Leases only in its namespace and by name (but `create`, which cannot
-/// name an object that does not exist yet), and deletes pods and claims
-/// only with pod migration on. Checked on every rendering, migration off
-/// included; in issued identity mode the chart renders the CA's Secret
-/// and ConfigMap, kept on uninstall and with no data of their own.
-#[test]
-fn the_controller_reaches_secrets_configmaps_and_leases_only_by_name() -> Result<()> {
-    let chart = Chart::new()?;
-    let migration_off = ValueSet {
-        name: "migration off",
-        namespace: "kube-system",
-        values: Some("controller: {podMigrationGraceSecs: 0}\n"),
-    };
-    for set in SETS.into_iter().chain([&RBAC_SET, &migration_off]) {
-        let objs = render(&chart, set)?;
-        let rules = controller_rules(&objs);
-        assert!(rules.len() >= 10, "{}: {rules:?}", set.name);
-        let migration = set
-            .values
-            .is_none_or(|v| !v.contains("podMigrationGraceSecs: 0"));
-        let issued = !set.values.is_some_and(|v| v.contains("mode: manual"));
-        for kind in ["Secret", "ConfigMap"] {
-            let ca = objs
-                .iter()
-                .find(|o| o["kind"] == kind && o["metadata"]["name"] == "carina-ca");
-            assert_eq!(ca.is_some(), issued, "{}: the CA's {kind}", set.name);
-            if let Some(ca) = ca {
-                assert_eq!(ca["metadata"]["namespace"], set.namespace, "{ca}");
-                assert_eq!(
-                    ca["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
-                    "{ca}"
-                );
-                // What the controller writes survives a helm upgrade only
-                // if the manifest sets none of it.
-                for field in ["data", "stringData", "type", "immutable"] {
-                    assert!(ca.get(field).is_none(), "{}: {field} in {ca}", set.name);
-                }
-            }
-        }
-        let mut deletes = BTreeSet::new();
-        for (scope, rule) in &rules {
-            let what = format!("{}: {scope} {rule}", set.name);
-            let resources = strings(&rule["resources"]);
-            let verbs = strings(&rule["verbs"]);
-            let named = !strings(&rule["resourceNames"]).is_empty();
-            assert!(
-                !resources.iter().any(|r| r.contains('*')) && !verbs.iter().any(|v| v == "*"),
-                "{what}"
-            );
-            let touches = |r: &str| resources.iter().any(|x| x == r);
-            assert!(
-                named || !(touches("secrets") || touches("configmaps")),
-                "a Secret or ConfigMap rule without names: {what}"
-            );
-            if touches("leases") {
-                assert_eq!(
-                    scope, set.namespace,
-                    "a Lease rule outside the namespace: {what}"
-                );
-                assert!(named || verbs == ["create"], "{what}");
-            }
-            for r in ["pods", "persistentvolumeclaims"] {
-                if touches(r) && verbs.iter().any(|v| v == "delete") {
-                    deletes.insert(r);
-                }
-            }
-        }
-        let want: BTreeSet<&str> = if migration {
-            ["pods", "persistentvolumeclaims"].into()
-        } else {
-            BTreeSet::new()
-        };
-        assert_eq!(deletes, want, "{}: delete of pods and claims", set.name);
-    }
     Ok(())
 }
 

@@ -1,15 +1,17 @@
-//! What each ServiceAccount of the chart may do, as a real kube-apiserver
-//! answers it: the chart's ServiceAccounts, ClusterRoles, Roles and
-//! bindings (defaults, scheduler on) are created in the test cluster, and
-//! for each ServiceAccount the API server is asked, as that account
-//! (impersonation), for every rule it grants (`SelfSubjectRulesReview`)
-//! in the release namespace and in another one. What any authenticated
-//! user gets (discovery, self reviews) is left out; the rest must equal
-//! the reviewed table `deploy/rbac-effective.txt`, built-in roles
-//! (kube-scheduler's own) expanded to their rules. `kube_chart` keeps the
-//! rendered rules in `deploy/rbac.txt`; this test proves the API server
-//! grants what that table says and nothing more, through every binding,
-//! aggregation and built-in role. Each rule's reason is in
+//! What each ServiceAccount of the chart may do. As rendered: every rule
+//! each ServiceAccount gets through a binding is the reviewed table
+//! `deploy/rbac.txt` (defaults, scheduler on), and the controller reaches
+//! Secrets, ConfigMaps and Leases only by name in every rendering. As a
+//! real kube-apiserver answers it: the chart's ServiceAccounts,
+//! ClusterRoles, Roles and bindings (defaults, scheduler on) are created
+//! in the test cluster, and for each ServiceAccount the API server is
+//! asked, as that account (impersonation), for every rule it grants
+//! (`SelfSubjectRulesReview`) in the release namespace and in another one.
+//! What any authenticated user gets (discovery, self reviews) is left out;
+//! the rest must equal the reviewed table `deploy/rbac-effective.txt`,
+//! built-in roles (kube-scheduler's own) expanded to their rules: the API
+//! server grants what `deploy/rbac.txt` says and nothing more, through
+//! every binding, aggregation and built-in role. Each rule's reason is in
 //! `docs/security.md`, which a test here holds to `deploy/rbac.txt`.
 //!
 //! Needs etcd, kube-apiserver and helm from `tests/tools/build.sh etcd kube
@@ -18,8 +20,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result};
+use carina_tests::chart::{
+    RBAC_SET, RBAC_TABLE, SETS, ValueSet, controller_rules, rbac_table, render, strings,
+};
 use carina_tests::kube::KubeCluster;
-use carina_tests::manifests::{Chart, objects, repo_root};
+use carina_tests::manifests::{Chart, repo_root};
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -34,10 +39,7 @@ const OTHER_NAMESPACE: &str = "default";
 /// The checked-in table of what the API server grants each ServiceAccount.
 const TABLE: &str = "deploy/rbac-effective.txt";
 
-/// The table of the chart's rendered rules (`kube_chart`).
-const RULES: &str = "deploy/rbac.txt";
-
-/// Where each rule of [`RULES`] is justified.
+/// Where each rule of [`RBAC_TABLE`] is justified.
 const WHY: &str = "docs/security.md";
 
 /// A user no binding names: what every authenticated user may do.
@@ -46,12 +48,6 @@ const NOBODY: &str = "system:serviceaccount:kube-system:carina-rbac-baseline";
 /// One grantable thing: a resource rule's (group, resource, name), or a
 /// non-resource URL as `("url", url, "")`.
 type Atom = (String, String, String);
-
-/// The chart with the scheduler on: every ServiceAccount it can make.
-fn render() -> Result<Vec<Value>> {
-    let chart = Chart::new()?;
-    objects(&chart.template(NAMESPACE, Some("scheduler:\n  enabled: true\n"))?)
-}
 
 /// Creates the chart's ServiceAccounts and RBAC objects.
 async fn install_rbac(client: &kube::Client, objs: &[Value]) -> Result<usize> {
@@ -230,7 +226,7 @@ async fn effective_table(cluster: &KubeCluster, objs: &[Value]) -> Result<String
 /// diff is then reviewed like code).
 #[tokio::test]
 async fn the_api_server_grants_each_service_account_exactly_the_reviewed_rights() -> Result<()> {
-    let objs = render()?;
+    let objs = render(&Chart::new()?, &RBAC_SET)?;
     let cluster = KubeCluster::start().await?;
     let created = install_rbac(&cluster.client(), &objs).await?;
     assert!(created >= 14, "only {created} RBAC objects rendered");
@@ -290,7 +286,8 @@ async fn the_api_server_grants_each_service_account_exactly_the_reviewed_rights(
 /// verbs empty and `built in` as its resources). A row for a rule the chart no longer has fails too.
 #[test]
 fn every_rule_is_justified_in_the_security_doc() -> Result<()> {
-    let rules = std::fs::read_to_string(repo_root().join(RULES)).with_context(|| RULES)?;
+    let rules =
+        std::fs::read_to_string(repo_root().join(RBAC_TABLE)).with_context(|| RBAC_TABLE)?;
     let doc = std::fs::read_to_string(repo_root().join(WHY)).with_context(|| WHY)?;
     let bracket = |l: &str, key: &str| -> String {
         l.split(&format!("{key} ["))
@@ -348,7 +345,110 @@ fn every_rule_is_justified_in_the_security_doc() -> Result<()> {
     let stale: Vec<_> = rows.difference(&want).collect();
     assert!(
         missing.is_empty() && stale.is_empty(),
-        "{WHY} must give one reason per rule of {RULES}\nmissing: {missing:#?}\nno longer in the chart: {stale:#?}"
+        "{WHY} must give one reason per rule of {RBAC_TABLE}\nmissing: {missing:#?}\nno longer in the chart: {stale:#?}"
     );
+    Ok(())
+}
+
+/// What each ServiceAccount of the chart may do is the reviewed table in
+/// `deploy/rbac.txt`: a change of any rule, binding or ServiceAccount
+/// fails here until the table is changed with it (`CARINA_UPDATE_RBAC=1`
+/// rewrites it; the diff is then reviewed like code).
+#[test]
+fn each_service_account_has_exactly_the_reviewed_rights() -> Result<()> {
+    let chart = Chart::new()?;
+    let table = rbac_table(&render(&chart, &RBAC_SET)?)?;
+    assert!(
+        table.contains("kube-system/carina-node none"),
+        "the node's ServiceAccount is bound to nothing:\n{table}"
+    );
+    let path = repo_root().join(RBAC_TABLE);
+    if std::env::var_os("CARINA_UPDATE_RBAC").is_some() {
+        std::fs::write(&path, &table)?;
+    }
+    let reviewed = std::fs::read_to_string(&path).with_context(|| RBAC_TABLE)?;
+    assert_eq!(
+        table, reviewed,
+        "the chart's RBAC differs from {RBAC_TABLE} (review, then CARINA_UPDATE_RBAC=1)"
+    );
+    Ok(())
+}
+
+/// The controller reaches Secrets and ConfigMaps only by name (the chart
+/// makes the CA's, so not even `create` is granted without a name),
+/// Leases only in its namespace and by name (but `create`, which cannot
+/// name an object that does not exist yet), and deletes pods and claims
+/// only with pod migration on. Checked on every rendering, migration off
+/// included; in issued identity mode the chart renders the CA's Secret
+/// and ConfigMap, kept on uninstall and with no data of their own.
+#[test]
+fn the_controller_reaches_secrets_configmaps_and_leases_only_by_name() -> Result<()> {
+    let chart = Chart::new()?;
+    let migration_off = ValueSet {
+        name: "migration off",
+        namespace: "kube-system",
+        values: Some("controller: {podMigrationGraceSecs: 0}\n"),
+    };
+    for set in SETS.into_iter().chain([&RBAC_SET, &migration_off]) {
+        let objs = render(&chart, set)?;
+        let rules = controller_rules(&objs);
+        assert!(rules.len() >= 10, "{}: {rules:?}", set.name);
+        let migration = set
+            .values
+            .is_none_or(|v| !v.contains("podMigrationGraceSecs: 0"));
+        let issued = !set.values.is_some_and(|v| v.contains("mode: manual"));
+        for kind in ["Secret", "ConfigMap"] {
+            let ca = objs
+                .iter()
+                .find(|o| o["kind"] == kind && o["metadata"]["name"] == "carina-ca");
+            assert_eq!(ca.is_some(), issued, "{}: the CA's {kind}", set.name);
+            if let Some(ca) = ca {
+                assert_eq!(ca["metadata"]["namespace"], set.namespace, "{ca}");
+                assert_eq!(
+                    ca["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+                    "{ca}"
+                );
+                // What the controller writes survives a helm upgrade only
+                // if the manifest sets none of it.
+                for field in ["data", "stringData", "type", "immutable"] {
+                    assert!(ca.get(field).is_none(), "{}: {field} in {ca}", set.name);
+                }
+            }
+        }
+        let mut deletes = BTreeSet::new();
+        for (scope, rule) in &rules {
+            let what = format!("{}: {scope} {rule}", set.name);
+            let resources = strings(&rule["resources"]);
+            let verbs = strings(&rule["verbs"]);
+            let named = !strings(&rule["resourceNames"]).is_empty();
+            assert!(
+                !resources.iter().any(|r| r.contains('*')) && !verbs.iter().any(|v| v == "*"),
+                "{what}"
+            );
+            let touches = |r: &str| resources.iter().any(|x| x == r);
+            assert!(
+                named || !(touches("secrets") || touches("configmaps")),
+                "a Secret or ConfigMap rule without names: {what}"
+            );
+            if touches("leases") {
+                assert_eq!(
+                    scope, set.namespace,
+                    "a Lease rule outside the namespace: {what}"
+                );
+                assert!(named || verbs == ["create"], "{what}");
+            }
+            for r in ["pods", "persistentvolumeclaims"] {
+                if touches(r) && verbs.iter().any(|v| v == "delete") {
+                    deletes.insert(r);
+                }
+            }
+        }
+        let want: BTreeSet<&str> = if migration {
+            ["pods", "persistentvolumeclaims"].into()
+        } else {
+            BTreeSet::new()
+        };
+        assert_eq!(deletes, want, "{}: delete of pods and claims", set.name);
+    }
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use kube::api::{Api, PostParams};
 
+use crate::chart::{bindings_of, role_of};
 use crate::kube::KubeCluster;
 
 /// Creates what the chart makes for the controller to use but not create
@@ -67,31 +68,15 @@ pub async fn as_chart_service_account(
     let client = cluster.client();
     let pp = PostParams::default();
     let mut applied = 0;
-    for b in objs {
+    for b in bindings_of(objs, Some("kube-system"), "carina-controller") {
         let kind = b["kind"].as_str().unwrap_or_default();
-        if kind != "ClusterRoleBinding" && kind != "RoleBinding" {
-            continue;
-        }
-        let names_controller = b["subjects"].as_array().into_iter().flatten().any(|s| {
-            s["kind"] == "ServiceAccount"
-                && s["name"] == "carina-controller"
-                && s["namespace"] == "kube-system"
-        });
-        if !names_controller {
-            continue;
-        }
         let ns = b["metadata"]["namespace"].as_str().unwrap_or("kube-system");
-        let role_kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
-        let role_name = &b["roleRef"]["name"];
-        let role = objs
-            .iter()
-            .find(|o| o["kind"] == role_kind && o["metadata"]["name"] == *role_name)
-            .with_context(|| {
-                format!(
-                    "{kind} {} refers to no rendered role",
-                    b["metadata"]["name"]
-                )
-            })?;
+        let role = role_of(objs, b).with_context(|| {
+            format!(
+                "{kind} {} refers to no rendered role",
+                b["metadata"]["name"]
+            )
+        })?;
         if kind == "ClusterRoleBinding" {
             Api::<ClusterRole>::all(client.clone())
                 .create(&pp, &serde_json::from_value(role.clone())?)
