@@ -12,8 +12,14 @@
 //! somewhere else (the node's files, another volume) is copied as that
 //! link, or as the directory, never as what the link points to. A link is
 //! copied as a link, with its text as it is. Entries that vanish during
-//! the copy are left out; a copy of a volume in use is only as consistent
-//! as its users leave it (HOST sources are not frozen).
+//! the copy are left out.
+//!
+//! A HOST source is not frozen (its directory is on the node's own
+//! filesystem), so a copy of a volume in use is not point-in-time: each
+//! file is copied as the copy reaches it, and at most as long as it was
+//! when it was pinned. Bytes appended during the copy are left out, so a
+//! file that a pod keeps growing cannot make the copy chase it without
+//! end or fill the target past what the source held.
 //!
 //! Special files are made again in the target (`mknod`) with their owner,
 //! mode and times set through a descriptor pinned on the new node: a
@@ -141,7 +147,7 @@ impl Walk<'_> {
                     let out = to
                         .create_file(&name, FILLING_MODE)
                         .map_err(io("create", &dst))?;
-                    let out = self.file(file, &src, out, &dst)?;
+                    let out = self.file(file, &src, out, &dst, meta.size)?;
                     fdtree::set_meta(&out, &meta)
                         .map_err(io("set the owner, mode and times of", &dst))?;
                     out.sync_all().map_err(io("sync", &dst))?;
@@ -157,22 +163,28 @@ impl Walk<'_> {
         Ok(())
     }
 
+    /// Copies the first `len` bytes of `src` (its length when pinned), or
+    /// fewer when it was cut shorter meanwhile.
     fn file(
         &mut self,
         mut src: File,
         from: &Path,
         mut dst: File,
         to: &Path,
+        len: u64,
     ) -> Result<File, CopyError> {
         let mut buf = vec![0u8; CHUNK];
-        loop {
+        let mut left = len;
+        while left > 0 {
             if self.stop.is_set() {
                 return Err(CopyError::Stopped);
             }
-            let n = src.read(&mut buf).map_err(io("read", from))?;
+            let want = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
+            let n = src.read(&mut buf[..want]).map_err(io("read", from))?;
             if n == 0 {
                 break;
             }
+            left -= n as u64;
             dst.write_all(&buf[..n]).map_err(io("write", to))?;
             self.copied += n as u64;
             (self.progress)(self.copied);
@@ -223,6 +235,39 @@ mod tests {
                 .expect("works")
                 .modified()
                 .expect("works")
+        );
+    }
+
+    /// A file its writer appends to while it is copied (here after every
+    /// chunk) is copied as long as it was when the copy reached it: the
+    /// copy neither chases the writer nor takes the appended bytes.
+    #[test]
+    fn a_file_growing_during_its_copy_is_copied_as_long_as_it_was() {
+        let dir = tempfile::tempdir().expect("works");
+        let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+        std::fs::create_dir(&src).expect("works");
+        std::fs::create_dir(&dst).expect("works");
+        let first: Vec<u8> = (0..3 * CHUNK + 5).map(|i| (i % 251) as u8).collect();
+        std::fs::write(src.join("log"), &first).expect("works");
+        let mut appender = std::fs::OpenOptions::new()
+            .append(true)
+            .open(src.join("log"))
+            .expect("works");
+        let mut appended = 0;
+        copy_tree(&src, &dst, &Stop::default(), &mut |_| {
+            // Bounded so that a copy that chases the writer still ends.
+            if appended < 64 {
+                appender.write_all(&[0xee; CHUNK]).expect("works");
+                appended += 1;
+            }
+        })
+        .expect("works");
+        assert!(appended > 0, "the writer appended during the copy");
+        let source_now = std::fs::metadata(src.join("log")).expect("works").len();
+        assert!(source_now > first.len() as u64, "the source grew");
+        assert!(
+            std::fs::read(dst.join("log")).expect("works") == first,
+            "the copy holds the file as long as it was when the copy reached it"
         );
     }
 
