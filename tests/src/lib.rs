@@ -343,11 +343,13 @@ pub fn disk_group_config(group: &str, policy: &str, disks: &[&LoopDisk], reserve
     )
 }
 
-/// LVM `--config` text that makes LVM see only `devices`.
+/// LVM `--config` text that makes LVM see only `devices`, each read
+/// afresh: no scan hints, which go stale when LVM in another mount
+/// namespace (a node pod, with its own `/run/lvm`) changes a disk.
 pub fn lvm_filter(devices: &[&str]) -> String {
     let accept: Vec<String> = devices.iter().map(|d| format!("\"a|^{d}$|\"")).collect();
     format!(
-        "devices{{obtain_device_list_from_udev=0 filter=[{},\"r|.*|\"]}} activation{{udev_sync=0 udev_rules=0}}",
+        "devices{{obtain_device_list_from_udev=0 hints=\"none\" filter=[{},\"r|.*|\"]}} activation{{udev_sync=0 udev_rules=0}}",
         accept.join(",")
     )
 }

@@ -200,35 +200,7 @@ impl Carina {
         create_secrets(cluster).await?;
         let values = values(cluster, layout, selectors)?;
         let chart = Chart::new()?;
-        let kubeconfig = cluster
-            .kube()
-            .kubeconfig_path()
-            .to_string_lossy()
-            .into_owned();
-        let dir = chart.dir().to_string_lossy().into_owned();
-        let out = chart.run(
-            &[
-                "install",
-                RELEASE,
-                &dir,
-                "--namespace",
-                NAMESPACE,
-                "--kubeconfig",
-                &kubeconfig,
-                "--wait",
-                "--timeout",
-                INSTALL_TIMEOUT,
-            ],
-            Some(&values.to_string()),
-        )?;
-        if !out.success {
-            bail!(
-                "helm install failed: {}{}\n{}",
-                out.stderr,
-                out.stdout,
-                describe(cluster)
-            );
-        }
+        helm_release(cluster, &chart, "install", &values)?;
         let carina = Carina {
             host_dirs,
             disks,
@@ -298,6 +270,47 @@ impl Carina {
     }
 }
 
+/// `helm install` or `helm upgrade` (`verb`) of the release into
+/// [`NAMESPACE`] with `values`, waiting until its pods are ready; a
+/// refusal comes with [`describe`] of the cluster.
+pub fn helm_release(
+    cluster: &LocalCluster,
+    chart: &Chart,
+    verb: &str,
+    values: &serde_json::Value,
+) -> Result<()> {
+    let kubeconfig = cluster
+        .kube()
+        .kubeconfig_path()
+        .to_string_lossy()
+        .into_owned();
+    let dir = chart.dir().to_string_lossy().into_owned();
+    let out = chart.run(
+        &[
+            verb,
+            RELEASE,
+            &dir,
+            "--namespace",
+            NAMESPACE,
+            "--kubeconfig",
+            &kubeconfig,
+            "--wait",
+            "--timeout",
+            INSTALL_TIMEOUT,
+        ],
+        Some(&values.to_string()),
+    )?;
+    if !out.success {
+        bail!(
+            "helm {verb} failed: {}{}\n{}",
+            out.stderr,
+            out.stdout,
+            describe(cluster)
+        );
+    }
+    Ok(())
+}
+
 /// `result`, or its error with [`describe`] of the cluster appended: what
 /// a failed scenario needs to be understood.
 pub fn explained<T>(cluster: &LocalCluster, result: Result<T>) -> Result<T> {
@@ -339,27 +352,27 @@ pub fn describe(cluster: &LocalCluster) -> String {
     out
 }
 
-/// The chart's values for this cluster.
-fn values(
-    cluster: &LocalCluster,
-    layout: &Layout,
-    selectors: Vec<serde_json::Value>,
-) -> Result<serde_json::Value> {
+/// The values every install on this node needs, whatever its disks: none
+/// of them selects, names or sizes a disk (`config` and `storageClasses`
+/// keep the chart's defaults). Pass them to `helm install` along with
+/// [`create_secrets`] made first.
+pub fn environment_values(cluster: &LocalCluster) -> Result<serde_json::Value> {
     Ok(serde_json::json!({
+        // The test kubelet's root is in the cluster's folder.
         "kubeletDir": cluster.kubelet_root(),
+        // The node has no cluster DNS, so a node pod cannot resolve the
+        // issuer's Service name: certificates come from the Secrets of
+        // `create_secrets` instead.
         "identity": {"mode": "manual"},
         "controller": {
-            "replicas": 1,
-            // Pods are scheduled to this node only; no disruption budget
-            // matters.
-            "podDisruptionBudget": {"enabled": false},
             // The node has no VolumeSnapshot CRDs nor snapshot-controller
             // (cluster-wide, outside the chart), and test-images has no
             // csi-snapshotter image.
             "snapshotter": {"enabled": false},
-            "provisioner": {"capacity": {"enabled": layout.capacity_tracking}},
         },
         "node": {
+            // The node pod is on the host's network: a port no other
+            // program of the machine uses.
             "port": crate::cluster::free_port()?,
             // The node's records stay in the cluster's folder.
             "stateDir": cluster.dir().join("carina-state"),
@@ -367,20 +380,36 @@ fn values(
         // The node's /metrics is on the host's address: a port no other
         // program of the machine uses.
         "metrics": {"nodePort": crate::cluster::free_port()?},
-        "config": {
-            "diskSelector": selectors,
-            "diskScanInterval": if layout.carina_keys_only { "300" } else { "0" },
-            "schedulerStrategy": "spreadout",
-        },
-        "storageClasses": layout.storage_classes,
-        "scheduler": {"enabled": layout.extender, "replicas": 1},
     }))
+}
+
+/// The chart's values for this cluster.
+fn values(
+    cluster: &LocalCluster,
+    layout: &Layout,
+    selectors: Vec<serde_json::Value>,
+) -> Result<serde_json::Value> {
+    let mut values = environment_values(cluster)?;
+    let controller = &mut values["controller"];
+    controller["replicas"] = 1.into();
+    // Pods are scheduled to this node only; no disruption budget matters.
+    controller["podDisruptionBudget"] = serde_json::json!({"enabled": false});
+    controller["provisioner"] =
+        serde_json::json!({"capacity": {"enabled": layout.capacity_tracking}});
+    values["config"] = serde_json::json!({
+        "diskSelector": selectors,
+        "diskScanInterval": if layout.carina_keys_only { "300" } else { "0" },
+        "schedulerStrategy": "spreadout",
+    });
+    values["storageClasses"] = layout.storage_classes.clone();
+    values["scheduler"] = serde_json::json!({"enabled": layout.extender, "replicas": 1});
+    Ok(values)
 }
 
 /// The namespace and the Secrets of identity mode `manual`: the node's
 /// server certificate (DNS SAN: the Node's name) and the controller's
 /// client certificate, from one CA.
-async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
+pub async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
     let client = cluster.client();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
