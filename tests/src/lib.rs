@@ -28,6 +28,7 @@ pub mod process;
 pub mod sanity;
 pub mod scale;
 pub mod snapshots;
+pub mod soak;
 pub mod spans;
 pub mod vm;
 pub mod workload;

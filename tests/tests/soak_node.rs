@@ -53,6 +53,9 @@ use carina_tests::cluster::{NodeArgs, Pki, Service};
 use carina_tests::csi::mount_cap;
 use carina_tests::grpc::{Client, create_lv};
 use carina_tests::process::tail;
+use carina_tests::soak::{
+    Cycles, Sample, check, gpt_partitions, header, mountinfo, row, sample_interval, soak_duration,
+};
 use carina_tests::{
     LoopDisk, VgGuard, have_root, is_disk_or_partition, loops_backed_by, lvm, run, unique,
 };
@@ -81,65 +84,6 @@ const VOLUME_BYTES: u64 = 32 * MIB;
 const WRITE_BYTES: usize = 4 << 20;
 /// No single step (an RPC, the write) may take longer.
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
-const DEFAULT_DURATION: Duration = Duration::from_secs(120);
-/// RSS at any sample may exceed the warm-up sample's by at most this.
-const RSS_SLACK_MIB: u64 = 16;
-/// RSS rising in every one of this many consecutive intervals after
-/// warm-up (and by more than [`RSS_TREND_MIB`] in all) is a leak.
-const RSS_TREND_INTERVALS: usize = 6;
-const RSS_TREND_MIB: u64 = 2;
-
-// ---------------------------------------------------------------------------
-// Settings
-// ---------------------------------------------------------------------------
-
-/// A duration as `make soak DURATION=...` takes it: plain seconds (`120`)
-/// or numbers with units `s`, `m`, `h` (`90s`, `10m`, `1h30m`).
-fn parse_duration(text: &str) -> Result<Duration> {
-    let text = text.trim();
-    if let Ok(secs) = text.parse::<u64>() {
-        ensure!(secs > 0, "duration {text:?}: zero");
-        return Ok(Duration::from_secs(secs));
-    }
-    let (mut total, mut number) = (0u64, String::new());
-    for c in text.chars() {
-        if c.is_ascii_digit() {
-            number.push(c);
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            _ => bail!("duration {text:?}: unknown unit {c:?} (use s, m or h)"),
-        };
-        let n: u64 = number
-            .parse()
-            .with_context(|| format!("duration {text:?}: no number before {c:?}"))?;
-        total += n * unit;
-        number.clear();
-    }
-    ensure!(number.is_empty(), "duration {text:?}: {number} has no unit");
-    ensure!(total > 0, "duration {text:?}: zero");
-    Ok(Duration::from_secs(total))
-}
-
-/// The run's length from the value of `CARINA_SOAK_DURATION` (unset: two
-/// minutes); at least 4 s, one per sample.
-fn soak_duration(value: Option<&str>) -> Result<Duration> {
-    let d = value.map_or(Ok(DEFAULT_DURATION), parse_duration)?;
-    ensure!(
-        d >= Duration::from_secs(4),
-        "a soak run of {d:?} is too short"
-    );
-    Ok(d)
-}
-
-/// Time between samples: a minute, or a quarter of a shorter run, so
-/// there are at least four.
-fn sample_interval(duration: Duration) -> Duration {
-    (duration / 4).min(Duration::from_secs(60))
-}
 
 // ---------------------------------------------------------------------------
 // What a cycle does
@@ -483,91 +427,6 @@ impl Drop for Unmounter {
     }
 }
 
-struct Mount {
-    target: PathBuf,
-    source: String,
-}
-
-/// The mounts of `/proc/<pid>/mountinfo` (`self` for this process): the
-/// mount point (field 5, `\040` escapes undone) and the source (after
-/// the ` - ` separator and the fs type).
-fn mountinfo(pid: &str) -> Vec<Mount> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let target = l.split(' ').nth(4)?;
-            let (_, tail) = l.split_once(" - ")?;
-            let source = tail.split(' ').nth(1)?;
-            Some(Mount {
-                target: PathBuf::from(target.replace("\\040", " ")),
-                source: source.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// Cycles done, by policy and by access.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-struct Cycles {
-    lvm: u64,
-    raw: u64,
-    host: u64,
-    block: u64,
-    filesystem: u64,
-}
-
-impl Cycles {
-    fn total(&self) -> u64 {
-        self.lvm + self.raw + self.host
-    }
-}
-
-/// One measurement at rest.
-#[derive(Debug, Clone, Serialize)]
-struct Sample {
-    secs: f64,
-    cycles: Cycles,
-    rss_kib: u64,
-    fds: usize,
-    threads: u64,
-    /// Volumes the node lists (ListLVs).
-    volumes: usize,
-    /// Their names and groups (none at rest, unless one leaked).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    volume_names: Vec<String>,
-    /// LVs of the test volume group.
-    lvs: usize,
-    /// Entries of the RAW disks' GPTs.
-    partitions: usize,
-    /// Partitions of the RAW disks the kernel has.
-    kernel_partitions: usize,
-    /// Volume directories in the HOST group's root.
-    host_dirs: usize,
-    /// Loop devices over the test disks' files or devices.
-    loops: usize,
-    /// Mounts under the test directory or of the test devices.
-    mounts: usize,
-    /// Every loop device on the machine (other tests' too).
-    loops_total: usize,
-    /// Every mount in the node's namespace (other tests' too).
-    mounts_total: usize,
-}
-
-impl Sample {
-    /// What must not change at rest.
-    fn counts(&self) -> [(&'static str, usize); 7] {
-        [
-            ("volumes listed by the node", self.volumes),
-            ("LVs in the test VG", self.lvs),
-            ("GPT partitions on the RAW disks", self.partitions),
-            ("kernel partitions of the RAW disks", self.kernel_partitions),
-            ("HOST volume directories", self.host_dirs),
-            ("loop devices over the test disks", self.loops),
-            ("mounts under the test dir or of test devices", self.mounts),
-        ]
-    }
-}
-
 /// A running `carina-node` with its groups: one LVM, one HOST, and one
 /// RAW group for all workers or one per worker (see
 /// [`RAW_DISK_PER_WORKER`]). Fields drop in order:
@@ -759,172 +618,6 @@ impl Rig {
     }
 }
 
-/// Entries of the GPT on `dev`; none when it has no partition table yet.
-fn gpt_partitions(dev: &str) -> Result<usize> {
-    let out = std::process::Command::new("sfdisk")
-        .args(["-J", dev])
-        .output()
-        .context("run sfdisk")?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        ensure!(
-            stderr.contains("does not contain a recognized partition table"),
-            "sfdisk -J {dev}: {}",
-            stderr.trim()
-        );
-        return Ok(0);
-    }
-    let table: serde_json::Value =
-        serde_json::from_slice(&out.stdout).with_context(|| format!("sfdisk -J {dev} output"))?;
-    Ok(table["partitiontable"]["partitions"]
-        .as_array()
-        .map_or(0, Vec::len))
-}
-
-// ---------------------------------------------------------------------------
-// Verdicts
-// ---------------------------------------------------------------------------
-
-/// The RSS rule over the samples' RSS in KiB and thread counts (index 0
-/// before any cycle, 1 the warm-up sample): (a) no sample after warm-up
-/// exceeds it by more than [`RSS_SLACK_MIB`]; (b) over the last
-/// [`RSS_TREND_INTERVALS`] intervals, leaving out those in which the node
-/// gained threads, RSS does not rise in every one by a total of more
-/// than [`RSS_TREND_MIB`].
-///
-/// Why: at rest the node's RSS moves by a few MiB either way as
-/// blocking-pool threads (and their malloc arenas) come and go, so an
-/// exact or small bound would flap; 16 MiB is several times that noise
-/// and far below what a leak of a few KiB per cycle reaches in an hour at
-/// ~100 cycles a minute. A leak too slow to cross the bound in the run
-/// still rises at every sample, while noise goes down or stays flat
-/// (the same pages at rest) within a few samples: six rises in a row, at
-/// a minute each, is a trend, not chance. An interval in which the
-/// blocking pool grew is no evidence either way: each new thread brings
-/// its stack and a malloc arena, about half a MiB, once (a one-hour run
-/// saw 1.8 MiB with the pool going from 10 to 14 threads, and a few KiB
-/// per interval otherwise). The trend needs six samples after warm-up,
-/// so the two-minute run (three) checks the bound only. What this misses:
-/// a leak of less than about 600 bytes per cycle crosses neither in an
-/// hour.
-fn rss_verdict(rss: &[u64], threads: &[u64]) -> Result<()> {
-    let Some(&warm) = rss.get(1) else {
-        return Ok(());
-    };
-    for (i, &kib) in rss.iter().enumerate().skip(2) {
-        ensure!(
-            kib <= warm + RSS_SLACK_MIB * 1024,
-            "RSS at sample {i} is {} MiB, more than {RSS_SLACK_MIB} MiB over the warm-up sample's {} MiB",
-            kib / 1024,
-            warm / 1024
-        );
-    }
-    let after = &rss[1..];
-    if after.len() > RSS_TREND_INTERVALS {
-        let from = rss.len() - RSS_TREND_INTERVALS - 1;
-        let last = &rss[from..];
-        let pool = threads.get(from..).unwrap_or_default();
-        // The intervals in which the thread count did not grow.
-        let steady: Vec<(u64, u64)> = last
-            .windows(2)
-            .zip(
-                pool.windows(2)
-                    .map(|t| t[1] > t[0])
-                    .chain(std::iter::repeat(false)),
-            )
-            .filter(|(_, grew)| !grew)
-            .map(|(w, _)| (w[0], w[1]))
-            .collect();
-        let rising = !steady.is_empty() && steady.iter().all(|(a, b)| b > a);
-        let rise: u64 = steady.iter().map(|(a, b)| b.saturating_sub(*a)).sum();
-        ensure!(
-            !(rising && rise > RSS_TREND_MIB * 1024),
-            "RSS rose in each of the last {RSS_TREND_INTERVALS} intervals (those in which the node gained no thread), by {rise} KiB in all: {last:?} KiB, threads {pool:?}"
-        );
-    }
-    Ok(())
-}
-
-/// The rules of the module header, for the newest sample.
-fn check(samples: &[Sample]) -> Result<()> {
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
-        return Ok(());
-    };
-    let changed: Vec<String> = first
-        .counts()
-        .iter()
-        .zip(last.counts())
-        .filter(|((_, was), (_, now))| was != now)
-        .map(|((what, was), (_, now))| format!("{what} {now} (was {was})"))
-        .collect();
-    ensure!(
-        changed.is_empty(),
-        "leak at {:.0} s (at rest, after {} cycles; counts before the first cycle in brackets): {}; the node lists {:?}",
-        last.secs,
-        last.cycles.total(),
-        changed.join(", "),
-        last.volume_names
-    );
-    if let Some(warm) = samples.get(1) {
-        ensure!(
-            last.fds <= warm.fds,
-            "fd leak at {:.0} s: the node has {} open fds, {} at the warm-up sample",
-            last.secs,
-            last.fds,
-            warm.fds
-        );
-    }
-    let rss: Vec<u64> = samples.iter().map(|s| s.rss_kib).collect();
-    let threads: Vec<u64> = samples.iter().map(|s| s.threads).collect();
-    rss_verdict(&rss, &threads).with_context(|| format!("memory leak at {:.0} s", last.secs))
-}
-
-fn header() -> String {
-    format!(
-        "{:>7} {:>6} {:>6} {:>6} {:>6} {:>8} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>7}",
-        "time_s",
-        "LVM",
-        "RAW",
-        "HOST",
-        "cyc/m",
-        "RSS_MiB",
-        "fds",
-        "thr",
-        "LVs",
-        "parts",
-        "hdirs",
-        "loops",
-        "mounts",
-        "m_total"
-    )
-}
-
-fn row(s: &Sample, prev: Option<&Sample>) -> String {
-    let rate = match prev {
-        Some(p) if s.secs > p.secs => {
-            (s.cycles.total() - p.cycles.total()) as f64 * 60.0 / (s.secs - p.secs)
-        }
-        _ => 0.0,
-    };
-    format!(
-        "{:>7.0} {:>6} {:>6} {:>6} {:>6.1} {:>8.1} {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} {:>6} {:>7}",
-        s.secs,
-        s.cycles.lvm,
-        s.cycles.raw,
-        s.cycles.host,
-        rate,
-        s.rss_kib as f64 / 1024.0,
-        s.fds,
-        s.threads,
-        s.lvs,
-        s.partitions,
-        s.host_dirs,
-        s.loops,
-        s.mounts,
-        s.mounts_total
-    )
-}
-
 #[derive(Serialize)]
 struct Report<'a> {
     duration_secs: f64,
@@ -1075,32 +768,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_in_seconds_minutes_and_hours() {
-        let secs = |t: &str| parse_duration(t).map(|d| d.as_secs()).ok();
-        assert_eq!(secs("120"), Some(120));
-        assert_eq!(secs("90s"), Some(90));
-        assert_eq!(secs("10m"), Some(600));
-        assert_eq!(secs("1h"), Some(3600));
-        assert_eq!(secs("1h30m"), Some(5400));
-        for bad in ["", "0", "1d", "h", "10m5", "-1m", "0s"] {
-            assert_eq!(secs(bad), None, "{bad:?}");
-        }
-        assert_eq!(soak_duration(None).ok(), Some(DEFAULT_DURATION));
-        assert!(
-            soak_duration(Some("2s")).is_err(),
-            "fewer seconds than samples"
-        );
-    }
-
-    #[test]
-    fn at_least_four_samples_and_at_most_a_minute_apart() {
-        let at = |s: u64| sample_interval(Duration::from_secs(s)).as_secs_f64();
-        assert_eq!(at(120), 30.0);
-        assert_eq!(at(90), 22.5);
-        assert_eq!(at(3600), 60.0);
-    }
-
-    #[test]
     fn every_worker_cycles_every_policy_and_both_accesses() {
         for w in 0..WORKERS {
             let plans: Vec<_> = (0..6).map(|n| plan(w, n)).collect();
@@ -1112,38 +779,6 @@ mod tests {
             }
             assert!(!plans.contains(&(Policy::Host, Access::Block)));
         }
-    }
-
-    #[test]
-    fn rss_noise_passes_and_growth_fails() {
-        let mib = |v: &[u64]| v.iter().map(|m| m * 1024).collect::<Vec<_>>();
-        let same = |n: usize| vec![10u64; n];
-        // Warm-up jump, then wandering by a few MiB.
-        let rss = mib(&[20, 30, 33, 29, 31, 35, 30, 30, 32]);
-        assert!(rss_verdict(&rss, &same(rss.len())).is_ok());
-        // Over the slack.
-        let rss = mib(&[20, 30, 35, 47]);
-        assert!(rss_verdict(&rss, &same(rss.len())).is_err());
-        // A slow, steady rise under the slack.
-        let rss = mib(&[20, 30, 30, 31, 32, 33, 34, 35, 36]);
-        let err = rss_verdict(&rss, &same(rss.len())).expect_err("trend");
-        assert!(err.to_string().contains("rose in each"), "{err}");
-        // The same rise is a trend even when threads come and go in
-        // between (a steady rise shows in the other intervals too).
-        let threads = [4, 10, 10, 12, 12, 12, 14, 14, 14];
-        assert!(rss_verdict(&rss, &threads).is_err());
-        // Six rises of a few KiB each are noise.
-        let rss = [20480, 30720, 30721, 30722, 30723, 30724, 30725, 30726];
-        assert!(rss_verdict(&rss, &same(rss.len())).is_ok());
-        // The one-hour run's samples: a few KiB a minute, and 1.8 MiB in
-        // the minute the pool grew from 10 to 14 threads.
-        let rss = [
-            31448, 36880, 37996, 38020, 38044, 38092, 38096, 38112, 39976, 40048, 40120,
-        ];
-        let threads = [4, 10, 9, 10, 10, 10, 10, 10, 14, 14, 14];
-        assert!(rss_verdict(&rss, &threads).is_ok());
-        // Without the thread growth the same numbers are a trend.
-        assert!(rss_verdict(&rss, &same(rss.len())).is_err());
     }
 
     #[test]
