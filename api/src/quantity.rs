@@ -173,9 +173,19 @@ mod tests {
             let text = format!("{number}{suffix}");
             if super::quantity_bytes(&Quantity(text.clone())).is_ok() {
                 let known = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"];
-                let exponent = suffix.starts_with(['e', 'E']) && suffix[1..].parse::<i64>().is_ok();
+                // The suffix may go on with the number: more digits ("0"
+                // and "0m" is "00m"), and a fraction where the number has
+                // none ("0" and ".k" is "0.k", the number "0." as
+                // Kubernetes reads it); what follows is the real suffix.
+                let digits = |t: &str| t.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+                let mut rest = &suffix[suffix.len() - digits(&suffix)..];
+                if !number.contains('.') && let Some(fraction) = rest.strip_prefix('.') {
+                    rest = &fraction[fraction.len() - digits(fraction)..];
+                }
+                let rest = rest.trim_end();
+                let exponent = rest.starts_with(['e', 'E']) && rest[1..].parse::<i64>().is_ok();
                 proptest::prop_assert!(
-                    known.contains(&suffix.trim_end()) || exponent || suffix.chars().all(|c| c.is_ascii_digit() || c == '.' || c.is_whitespace()),
+                    known.contains(&rest) || exponent || suffix.chars().all(|c| c.is_ascii_digit() || c == '.' || c.is_whitespace()),
                     "{:?}", text
                 );
             }
