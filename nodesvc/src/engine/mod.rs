@@ -43,6 +43,8 @@ pub mod volume;
 pub mod wipe;
 
 #[cfg(test)]
+mod records_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
