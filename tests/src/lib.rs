@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod copy;
 pub mod csi;
+pub mod csi_direct;
 pub mod csi_node;
 pub mod engine;
 pub mod fuzz;
