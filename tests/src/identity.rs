@@ -462,6 +462,23 @@ impl IssuedNode {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Starts `carina-node` as this node asking the issuer on
+    /// `issuer_port` ([`IssuedNode::argv`]), its log a new file in the
+    /// cluster's log directory, and waits for its CSI socket.
+    pub async fn start(&self, cluster: &KubeCluster, issuer_port: u16) -> Result<Service> {
+        let log = cluster
+            .log_dir()
+            .join(format!("{}.log", unique("carina-node")));
+        Service::start(
+            "carina-node",
+            &self.name,
+            self.argv(issuer_port),
+            &self.csi_socket,
+            &log,
+        )
+        .await
+    }
+
     /// Its arguments, asking the issuer at `https://localhost:<issuer_port>`.
     pub fn argv(&self, issuer_port: u16) -> Vec<String> {
         [

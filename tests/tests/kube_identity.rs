@@ -35,14 +35,13 @@ use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage::CapacityRequest;
 use carina_proto::nodestorage::node_storage_client::NodeStorageClient;
 use carina_proto::tls::{ClientTls, connect};
-use carina_tests::cluster::{Service, await_object, free_port, register_node};
+use carina_tests::cluster::{await_object, free_port, register_node};
 use carina_tests::identity::{
     self, AUDIENCE, CA, IssuedNode, NODE, NODE_SA, WAIT, ask, csr, expired_copy, start_controller,
     wait_served,
 };
 use carina_tests::kube::KubeCluster;
 use carina_tests::process::tail;
-use carina_tests::unique;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -105,11 +104,7 @@ async fn a_node_gets_renews_and_reloads_its_certificate() -> Result<()> {
     std::fs::write(&node.ca_file, &ca)?;
     let token = pods.token(NODE_SA, &[AUDIENCE], Some(&pod)).await?;
     std::fs::write(&node.token_file, token)?;
-    let log = cluster
-        .log_dir()
-        .join(format!("{}.log", unique("carina-node")));
-    let mut process =
-        Service::start("carina-node", NODE, node.argv(port), &node.csi_socket, &log).await?;
+    let mut process = node.start(&cluster, port).await?;
     let pid = process.pid();
 
     let tls = controller_tls(&client, &pods.namespace, NODE).await?;
@@ -396,11 +391,8 @@ async fn a_node_started_before_the_issuer_gets_its_certificate_when_it_comes() -
         &node.token_file,
         pods.token(NODE_SA, &[AUDIENCE], Some(&pod)).await?,
     )?;
-    let log = cluster
-        .log_dir()
-        .join(format!("{}.log", unique("carina-node")));
-    let mut process =
-        Service::start("carina-node", NODE, node.argv(port), &node.csi_socket, &log).await?;
+    let mut process = node.start(&cluster, port).await?;
+    let log = process.log().to_path_buf();
 
     // It asks, is refused by an absent issuer, and serves nothing meanwhile.
     let deadline = Instant::now() + WAIT;

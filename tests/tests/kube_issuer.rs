@@ -31,7 +31,6 @@ use carina_tests::identity::{
     self, AUDIENCE, CA, IssuedNode, NODE, NODE_SA, WAIT, ask, csr, start_controller, wait_served,
 };
 use carina_tests::process::tail;
-use carina_tests::unique;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
@@ -266,11 +265,7 @@ async fn a_rewritten_ca_bundle_is_refused_and_an_endorsed_rotation_taken() -> Re
         &node.token_file,
         pods.token(NODE_SA, &[AUDIENCE], Some(&pod)).await?,
     )?;
-    let log = cluster
-        .log_dir()
-        .join(format!("{}.log", unique("carina-node")));
-    let mut process =
-        Service::start("carina-node", NODE, node.argv(port), &node.csi_socket, &log).await?;
+    let mut process = node.start(&cluster, port).await?;
     let tls_a = client_of(&old, &ca_a)?;
     wait_served(&mut process, &node.endpoint(), &tls_a, "served", |_| true).await?;
     capacity(&node.endpoint(), &tls_a).await?;
@@ -317,17 +312,7 @@ async fn a_rewritten_ca_bundle_is_refused_and_an_endorsed_rotation_taken() -> Re
     // A restart does not start over from the rewritten file: the pinned
     // bundle verifies the issuer and the clients.
     process.stop().await;
-    let log2 = cluster
-        .log_dir()
-        .join(format!("{}.log", unique("carina-node")));
-    let mut process = Service::start(
-        "carina-node",
-        NODE,
-        node.argv(port),
-        &node.csi_socket,
-        &log2,
-    )
-    .await?;
+    let mut process = node.start(&cluster, port).await?;
     wait_logged(&mut process, "trusting the pinned CA bundle").await?;
     wait_served(
         &mut process,
