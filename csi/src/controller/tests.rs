@@ -1,3 +1,7 @@
+//! The Controller service over an in-memory provisioner: request
+//! validation, capacity, paging tokens, the busy-volume lock, snapshots,
+//! conditions, validation and expansion.
+
 proptest::proptest! {
     /// A token we issue reads back as its volume id; any other text is
     /// refused or read, never a panic.
