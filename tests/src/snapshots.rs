@@ -84,6 +84,16 @@ pub async fn install_snapshot_crds(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// A cluster with Carina's CRDs and the VolumeSnapshot CRDs
+/// ([`install_snapshot_crds`]), and a work directory named from `prefix`.
+pub async fn snapshot_cluster(prefix: &str) -> Result<(KubeCluster, tempfile::TempDir)> {
+    let cluster = KubeCluster::start().await?;
+    cluster.install_crds().await?;
+    install_snapshot_crds(&cluster.client()).await?;
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    Ok((cluster, dir))
+}
+
 /// The controller Deployment's container `name` as the chart renders it
 /// with its default values.
 pub fn chart_container(objs: &[Value], name: &str) -> Result<Value> {

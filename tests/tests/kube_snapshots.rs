@@ -42,10 +42,10 @@ use carina_csi::names::local_name;
 use carina_csi::snapshot_id::{self, local_snapshot_name};
 use carina_csi::{DRIVER_NAME, context};
 use carina_tests::cluster::{LvmNode, Pki};
-use carina_tests::kube::{KubeCluster, gone};
+use carina_tests::kube::gone;
 use carina_tests::snapshots::{
     MIB, SNAPSHOT_GROUP, SnapshotPlane, WAIT, bound_volume, claim, create_snapshot_class, field,
-    install_snapshot_crds, snapshot_resource, take_snapshot, volume_snapshots, word,
+    snapshot_cluster, snapshot_resource, take_snapshot, volume_snapshots, word,
 };
 use carina_tests::workload::add_namespace;
 use carina_tests::{have_root, lvm, unique};
@@ -150,13 +150,8 @@ async fn volume_snapshots_and_clones_hold_the_source_data() -> Result<()> {
     if !have_root("volume_snapshots_and_clones_hold_the_source_data") {
         return Ok(());
     }
-    let cluster = KubeCluster::start().await?;
-    cluster.install_crds().await?;
+    let (cluster, dir) = snapshot_cluster("carina-snapshots-").await?;
     let client = cluster.client();
-    install_snapshot_crds(&client).await?;
-    let dir = tempfile::Builder::new()
-        .prefix("carina-snapshots-")
-        .tempdir()?;
     let pki = Pki::write(&dir.path().join("pki"))?;
     let group = unique("snap");
     let node = LvmNode::start(&cluster, &pki, dir.path(), NODE, &group, DISK_BYTES).await?;

@@ -21,10 +21,10 @@ use carina_proto::csi::node_client::NodeClient;
 use carina_tests::cluster::{NodeArgs, Pki, register_node};
 use carina_tests::csi::mount_cap;
 use carina_tests::grpc::unix_channel;
-use carina_tests::kube::{KubeCluster, gone};
+use carina_tests::kube::gone;
 use carina_tests::snapshots::{
     MIB, SNAPSHOT_GROUP, SnapshotPlane, WAIT, bound_volume, claim, create_snapshot_class,
-    install_snapshot_crds, take_snapshot, volume_snapshots, word,
+    snapshot_cluster, take_snapshot, volume_snapshots, word,
 };
 use carina_tests::workload::add_namespace;
 use carina_tests::{LoopDisk, VgGuard, have_root, mounts_under, run, unique};
@@ -103,13 +103,8 @@ async fn xfs_restores_and_clones_stage_beside_their_mounted_source() -> Result<(
     if !have_root("xfs_restores_and_clones_stage_beside_their_mounted_source") {
         return Ok(());
     }
-    let cluster = KubeCluster::start().await?;
-    cluster.install_crds().await?;
+    let (cluster, dir) = snapshot_cluster("carina-xfs-copies-").await?;
     let client = cluster.client();
-    install_snapshot_crds(&client).await?;
-    let dir = tempfile::Builder::new()
-        .prefix("carina-xfs-copies-")
-        .tempdir()?;
     let work = dir.path().canonicalize()?;
     let pki = Pki::write(&work.join("pki"))?;
     // One node with an LVM and a RAW group, room for four volumes in each.
