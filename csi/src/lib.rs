@@ -12,6 +12,7 @@ pub mod capability;
 pub mod controller;
 pub mod error;
 pub mod identity;
+pub mod legacy;
 pub mod names;
 pub mod node;
 pub mod params;
