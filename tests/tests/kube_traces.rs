@@ -53,6 +53,21 @@ fn has(spans: &[Span], service: &str, name: &str) -> bool {
     spans.iter().any(|s| s.service == service && s.name == name)
 }
 
+/// Whether the bridge's and the node's parts of a trace have reached
+/// Jaeger. Each process exports in batches, in the order its spans end: the
+/// node's `rpc` server span ends after every node span below it (the
+/// engine's, the command's), and the bridge's reconcile span, which may
+/// end after the CSI call returns, ends after its client call. Once both
+/// are in, so is everything `assert_tree` reads; waiting only for a command
+/// span could read the trace between two batches.
+fn node_side_done(spans: &[Span], rpc: &str) -> bool {
+    has(
+        spans,
+        "carina-node",
+        &format!("carina.nodestorage.v1.NodeStorage/{rpc}"),
+    ) && has(spans, "carina-controller", &format!("bridge {rpc}"))
+}
+
 /// Asserts the tree of one operation's trace: the controller's CSI server
 /// span is the root; the node's `rpc` server span and the `command` span
 /// below it lead up to it; each is where and what it should be.
@@ -220,7 +235,7 @@ async fn each_volume_operation_is_one_trace_in_jaeger() -> Result<()> {
             "carina-controller",
             "csi.v1.Controller/CreateVolume",
             WAIT,
-            |spans| has(spans, "carina-node", "lvm.lvcreate"),
+            |spans| node_side_done(spans, "CreateLV"),
         )
         .await?;
     assert_tree(&created, "CreateVolume", "CreateLV", "lvm.lvcreate")?;
@@ -246,7 +261,7 @@ async fn each_volume_operation_is_one_trace_in_jaeger() -> Result<()> {
             "carina-controller",
             "csi.v1.Controller/ControllerExpandVolume",
             WAIT,
-            |spans| has(spans, "carina-node", "lvm.lvextend"),
+            |spans| node_side_done(spans, "ResizeLV"),
         )
         .await?;
     assert_tree(
@@ -260,7 +275,7 @@ async fn each_volume_operation_is_one_trace_in_jaeger() -> Result<()> {
             "carina-controller",
             "csi.v1.Controller/DeleteVolume",
             WAIT,
-            |spans| has(spans, "carina-node", "lvm.lvremove"),
+            |spans| node_side_done(spans, "DeleteLV"),
         )
         .await?;
     assert_tree(&deleted, "DeleteVolume", "DeleteLV", "lvm.lvremove")?;
