@@ -19,6 +19,7 @@
 //!   grown in place and detached (the ioctls and `coprocess`'s `fcntl` are
 //!   the workspace's only `unsafe` code, allowed at each call site).
 //! - [`blockdev`]: whether a block device is mounted or held open.
+//! - [`blockstat`]: a block device's IO counters, read by device number.
 //! - [`fsctl`]: a mounted filesystem frozen and thawed (an ioctl, its
 //!   `unsafe` allowed at the call site), special files made.
 //! - [`fdtree`]: directory trees read and written through directory
@@ -40,6 +41,7 @@
 pub mod atomic_file;
 pub mod bcache;
 pub mod blockdev;
+pub mod blockstat;
 pub mod busy;
 pub mod command;
 pub mod coprocess;
