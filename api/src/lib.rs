@@ -27,7 +27,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use logicvolume::{
-    LogicVolume, LogicVolumeCache, LogicVolumeSource, LogicVolumeSpec, LogicVolumeStatus,
+    LogicVolume, LogicVolumeCache, LogicVolumeSource, LogicVolumeSpec, LogicVolumeStatus, Owner,
+    OwnerError,
 };
 pub use nodestorageresource::{
     DeviceGroupCapacity, Disk, NodeStorageResource, NodeStorageResourceSpec,
@@ -57,6 +58,17 @@ pub const PATH_ANNOTATION: &str = "carina.storage.io/path";
 /// Annotation on a `LogicVolume` asking for a whole RAW disk (value
 /// `"true"`); the provisioner writes it, the bridge and the scheduler read it.
 pub const EXCLUSIVE_ANNOTATION: &str = "carina.storage.io/exclusively-raw-disk";
+
+/// Annotation on a `LogicVolume` Go Carina made, written once the volume
+/// was taken over on its node (`carinactl migrate apply`): the object is
+/// this project's from then on, and its volume's node-local name is the
+/// value (the Go id, `volume-<name>` or `host-<name>`), not the object's
+/// name. [`LogicVolume::owner`] reads it.
+pub const ADOPTED_ANNOTATION: &str = "carina.storage.io/adopted-volume";
+
+/// Annotation Go Carina put on each `LogicVolume` it made (`lvm`, `raw` or
+/// `host`); none of this project's objects carry it.
+pub const GO_VOLUME_TYPE_ANNOTATION: &str = "carina.io/volume-manage-type";
 
 /// Pod annotations (Carina's) limiting the pod's block IO on its Carina
 /// volumes: bytes per second read and written, operations per second read

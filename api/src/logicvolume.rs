@@ -4,12 +4,24 @@
 //! The spec and the first seven status fields keep the Go original's names
 //! and JSON types, so existing objects and tooling read the same; the
 //! standard `conditions` and `observedGeneration` are additions.
+//!
+//! **Whose an object is** ([`LogicVolume::owner`]), the one rule every
+//! reader takes a volume's node-local name from: an object of this
+//! project names its volume after itself; one Go Carina made
+//! (`status.volumeID` is Go's id of the object, `volume-<name>`,
+//! `host-<name>` or `thin-<name>`, or Go's
+//! [`crate::GO_VOLUME_TYPE_ANNOTATION`] is on it) is Go's until
+//! [`crate::ADOPTED_ANNOTATION`] says it was taken over, and then its
+//! volume's name is that annotation's value, which must be the object's
+//! Go id (so a wrong annotation can point at no other volume).
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube::{CustomResource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::{ADOPTED_ANNOTATION, GO_VOLUME_TYPE_ANNOTATION};
 
 /// What the provisioner asks for: a volume of `size` in `deviceGroup` on
 /// `nodeName`. Cluster-scoped; the object's name is the volume's name.
@@ -167,6 +179,86 @@ pub const STATUS_SUCCESS: &str = "Success";
 /// `status.status` after a failed node operation.
 pub const STATUS_FAILED: &str = "Failed";
 
+/// What Go Carina put before the object's name in its volume ids: LVM
+/// and RAW volumes, HOST volumes, thin-pool volumes (up to Go v0.10). The
+/// same as `carina_csi::legacy::LegacyKind::prefix`; a control-plane test
+/// checks that they agree.
+pub const GO_ID_PREFIXES: [&str; 3] = ["volume-", "host-", "thin-"];
+
+/// The Go id prefixes a taken-over volume can keep as its node-local name
+/// (thin volumes are never taken over).
+const ADOPTABLE_PREFIXES: [&str; 2] = ["volume-", "host-"];
+
+/// Whose a `LogicVolume` is, and so what its volume is called on its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// Made by this project: the volume is named after the object.
+    Ours { local: String },
+    /// Made by Go Carina and taken over: the volume keeps its Go id, its
+    /// node-local name.
+    TakenOver { local: String },
+    /// Made by Go Carina and not taken over: nothing of this project
+    /// creates, resizes, deletes or vouches for its volume. `go_id` is
+    /// the id Go recorded in `status.volumeID`, if it recorded one.
+    Go { go_id: Option<String> },
+}
+
+impl Owner {
+    /// The volume's node-local name; `None` for a Go volume not taken
+    /// over, which this project does not serve.
+    pub fn local_name(&self) -> Option<&str> {
+        match self {
+            Owner::Ours { local } | Owner::TakenOver { local } => Some(local),
+            Owner::Go { .. } => None,
+        }
+    }
+}
+
+/// Why the owner of a `LogicVolume` cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnerError {
+    /// The adoption annotation names something other than the object's
+    /// own Go id.
+    #[error(
+        "annotation {annotation} of LogicVolume {object:?} is {value:?}, which is not a Go Carina id of this object (volume-{object} or host-{object})",
+        annotation = ADOPTED_ANNOTATION
+    )]
+    BadAdoption { object: String, value: String },
+}
+
+impl LogicVolume {
+    /// Whose this object is ([the rule](self)).
+    pub fn owner(&self) -> Result<Owner, OwnerError> {
+        let object = self.name_any();
+        let is_go_id = |id: &str, prefixes: &[&str]| {
+            prefixes
+                .iter()
+                .any(|p| id.strip_prefix(p) == Some(object.as_str()))
+        };
+        if let Some(value) = self.annotations().get(ADOPTED_ANNOTATION) {
+            if !is_go_id(value, &ADOPTABLE_PREFIXES) {
+                return Err(OwnerError::BadAdoption {
+                    object,
+                    value: value.clone(),
+                });
+            }
+            return Ok(Owner::TakenOver {
+                local: value.clone(),
+            });
+        }
+        let go_id = self
+            .status
+            .as_ref()
+            .and_then(|s| s.volume_id.as_deref())
+            .filter(|id| is_go_id(id, &GO_ID_PREFIXES))
+            .map(str::to_string);
+        if go_id.is_some() || self.annotations().contains_key(GO_VOLUME_TYPE_ANNOTATION) {
+            return Ok(Owner::Go { go_id });
+        }
+        Ok(Owner::Ours { local: object })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +300,106 @@ mod tests {
             json!({"volumeID": "volume-pvc-1", "code": 0, "currentSize": "10Gi",
                    "status": "Success", "deviceMajor": 7, "deviceMinor": 3})
         );
+    }
+
+    fn named(name: &str) -> LogicVolume {
+        LogicVolume::new(
+            name,
+            LogicVolumeSpec {
+                source: None,
+                node_name: "n".into(),
+                size: Quantity("1Gi".into()),
+                device_group: "g".into(),
+                pvc: String::new(),
+                name_space: String::new(),
+                cache: None,
+            },
+        )
+    }
+
+    fn with(
+        mut lv: LogicVolume,
+        annotations: &[(&str, &str)],
+        volume_id: Option<&str>,
+    ) -> LogicVolume {
+        lv.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        lv.status = volume_id.map(|id| LogicVolumeStatus {
+            volume_id: Some(id.into()),
+            ..LogicVolumeStatus::default()
+        });
+        lv
+    }
+
+    #[test]
+    fn owners_and_node_local_names() {
+        let ours = with(named("pvc-1"), &[], Some("pvc-1@n"));
+        assert_eq!(
+            ours.owner(),
+            Ok(Owner::Ours {
+                local: "pvc-1".into()
+            })
+        );
+        assert_eq!(
+            with(named("pvc-1"), &[], None)
+                .owner()
+                .expect("owner")
+                .local_name(),
+            Some("pvc-1"),
+            "not made yet: ours"
+        );
+        for id in ["volume-pvc-1", "host-pvc-1", "thin-pvc-1"] {
+            let go = with(named("pvc-1"), &[], Some(id));
+            assert_eq!(
+                go.owner(),
+                Ok(Owner::Go {
+                    go_id: Some(id.into())
+                }),
+                "{id}"
+            );
+            assert_eq!(go.owner().expect("owner").local_name(), None);
+        }
+        // Go's id of another object is not Go's id of this one.
+        assert!(matches!(
+            with(named("pvc-1"), &[], Some("volume-pvc-2")).owner(),
+            Ok(Owner::Ours { .. })
+        ));
+        // Go's annotation alone (a create Go never finished) is Go's.
+        let failed = with(named("pvc-1"), &[(GO_VOLUME_TYPE_ANNOTATION, "lvm")], None);
+        assert_eq!(failed.owner(), Ok(Owner::Go { go_id: None }));
+        for local in ["volume-pvc-1", "host-pvc-1"] {
+            let taken = with(
+                named("pvc-1"),
+                &[
+                    (ADOPTED_ANNOTATION, local),
+                    (GO_VOLUME_TYPE_ANNOTATION, "lvm"),
+                ],
+                Some(local),
+            );
+            assert_eq!(taken.owner().expect("owner").local_name(), Some(local));
+            assert!(matches!(taken.owner(), Ok(Owner::TakenOver { .. })));
+        }
+        // The annotation can name only this object's own Go id.
+        for bad in [
+            "volume-pvc-2",
+            "pvc-1",
+            "thin-pvc-1",
+            "volume-pvc-1/../x",
+            "",
+        ] {
+            let e = with(
+                named("pvc-1"),
+                &[(ADOPTED_ANNOTATION, bad)],
+                Some("volume-pvc-1"),
+            )
+            .owner()
+            .expect_err(bad);
+            assert!(e.to_string().contains(ADOPTED_ANNOTATION), "{e}");
+        }
     }
 
     #[test]
