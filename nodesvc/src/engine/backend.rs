@@ -10,7 +10,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use super::config::GroupConfig;
 use super::disks::Disk;
 use super::error::Result;
-use super::volume::{CreateRequest, GroupCapacity, Volume};
+use super::volume::{AdoptRequest, CreateRequest, GroupCapacity, Volume};
 
 /// One device group (an LVM VG, a set of RAW disks, a HOST root).
 ///
@@ -82,6 +82,21 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Removes the volume; `VolumeNotFound` if we own none of that name.
     async fn delete(&self, name: &str) -> Result<()>;
+
+    /// Takes over, in place, the volume `req.name` another program made
+    /// in this group: adds what makes it ours without touching its data,
+    /// and returns it. A volume of that name we own already is returned
+    /// as it is. `VolumeNotFound` when there is none; `FailedPrecondition`
+    /// when it is smaller than `req.size_bytes` or cannot be served. The
+    /// steps are ordered so a failed adoption leaves the volume either
+    /// untouched or adoptable by a retry.
+    async fn adopt(&self, _req: &AdoptRequest) -> Result<Volume> {
+        Err(super::error::Error::Unsupported {
+            group: self.config().name.clone(),
+            policy: self.config().policy.as_str(),
+            operation: "adopting volumes",
+        })
+    }
 
     /// Current capacity.
     async fn capacity(&self) -> Result<GroupCapacity>;

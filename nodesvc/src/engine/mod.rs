@@ -9,9 +9,11 @@
 //!
 //! This file holds the engine's state and its start; each verb has a file
 //! of its own: `create`, `resize`, `delete`, `lookup` (get and list),
-//! `capacity` (reports and snapshots), `settle` (changes a node did not
+//! `capacity` (reports and snapshots), `adopt` (taking over volumes
+//! another program made), `settle` (changes a node did not
 //! finish) and `scan` (rescans and configuration applies).
 
+mod adopt;
 pub mod backend;
 pub mod bcache;
 mod capacity;
@@ -61,7 +63,9 @@ pub use backend::{Backend, GroupLock};
 pub use config::{Activation, Config, GroupConfig, Policy, SchedulerStrategy};
 pub use disks::{Disk, DiskStatus};
 pub use error::{Error, Result};
-pub use volume::{CapacitySnapshot, ChangeReason, CreateRequest, GroupCapacity, QuotaMode, Volume};
+pub use volume::{
+    AdoptRequest, CapacitySnapshot, ChangeReason, CreateRequest, GroupCapacity, QuotaMode, Volume,
+};
 
 /// Settings of the engine that are not part of `config.json`.
 #[derive(Debug, Clone, Default)]

@@ -37,6 +37,24 @@ pub struct CreateRequest {
     pub exclusive: bool,
 }
 
+/// A volume another program (Go Carina) made on this node, to be taken
+/// over in place under its own name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdoptRequest {
+    /// The volume's name on disk, kept as its name here.
+    pub name: String,
+    pub group: String,
+    /// The policy the caller expects the group to have.
+    pub policy: Policy,
+    /// RAW: the disk (its device name) holding the partition.
+    pub disk: Option<String>,
+    /// RAW: the partition's GPT name as the other program wrote it; it is
+    /// renamed `name`.
+    pub partition_label: Option<String>,
+    /// The volume must be at least this large.
+    pub size_bytes: u64,
+}
+
 /// Whether a HOST group enforces volume sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -21,6 +21,8 @@ use super::metrics::Metrics;
 use crate::engine::copy::{Progress, Stop};
 use crate::engine::{Config, Engine, Error, health};
 
+mod adopt;
+
 /// Default and largest `ListLVs` page.
 pub const DEFAULT_PAGE_SIZE: usize = 500;
 pub const MAX_PAGE_SIZE: usize = 5000;
@@ -330,6 +332,20 @@ impl NodeStorage for NodeStorageService {
         }
         .await;
         self.done("ResizeLV", result)
+    }
+
+    #[instrument(
+        name = "NodeStorage/AdoptLV",
+        skip(self, request),
+        err(level = "info"),
+        fields(carina.volume.name = %request.get_ref().name, carina.group = %request.get_ref().device_group)
+    )]
+    async fn adopt_lv(
+        &self,
+        request: Request<pb::AdoptLvRequest>,
+    ) -> Result<Response<pb::AdoptLvResponse>, Status> {
+        let result = self.adopt(request.into_inner()).await;
+        self.done("AdoptLV", result)
     }
 
     type CopyLVStream = CopyStream;
