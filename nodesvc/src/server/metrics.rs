@@ -3,14 +3,16 @@
 //! the engine's latest snapshot, whether kubelet has registered the CSI
 //! plugin (when the node registers itself), and, for a certificate from
 //! the issuer, when it expires and how requests for one went. Served over
-//! plain HTTP/1 on its own (by default loopback) address; it carries no
-//! volume names.
+//! plain HTTP/1 on its own (by default loopback) address.
 //!
 //! The page never waits on a volume group: the capacity gauges come from
 //! the snapshot the engine already holds, and the one figure that needs
 //! the volumes listed (the IO limits in force) is read beside the page
 //! ([`super::slow_gauge`]), waited for at most [`IO_LIMITS_WAIT`] and
-//! rendered with its age.
+//! rendered with its age. The same goes for the IO counters of the
+//! volumes' block devices, rendered under the names Go Carina exported
+//! with its group capacity gauges ([`super::compat_metrics`]); those
+//! carry volume names.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,6 +24,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::Code;
 
+use super::compat_metrics::{self, VolumeIo};
 use super::slow_gauge::{Reading, SlowGauge};
 use crate::engine::{CapacitySnapshot, Engine, GroupCapacity};
 
@@ -44,6 +47,8 @@ pub struct Metrics {
     certificate_requests_failed: AtomicU64,
     /// The IO limits in force, counted beside the page.
     io_limits: Arc<SlowGauge>,
+    /// The volumes' block device counters, read beside the page.
+    volume_io: Arc<SlowGauge<Vec<VolumeIo>>>,
 }
 
 impl Default for Metrics {
@@ -55,6 +60,7 @@ impl Default for Metrics {
             certificates_issued: AtomicU64::default(),
             certificate_requests_failed: AtomicU64::default(),
             io_limits: Arc::new(SlowGauge::new("metrics.io_limits")),
+            volume_io: Arc::new(SlowGauge::new("metrics.volume_io")),
         }
     }
 }
@@ -110,14 +116,16 @@ impl Metrics {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text for `node` given the latest capacity snapshot
-    /// and the last count of IO limits in force (pod and volume pairs;
-    /// `None` while none could be read).
+    /// The exposition text for `node` given the latest capacity snapshot,
+    /// the last count of IO limits in force (pod and volume pairs; `None`
+    /// while none could be read) and the volumes' IO counters as last read
+    /// (`None` likewise).
     pub fn render(
         &self,
         node: &str,
         snapshot: &CapacitySnapshot,
         io_limits: Option<Reading>,
+        volume_io: Option<&Reading<Vec<VolumeIo>>>,
     ) -> String {
         let mut out = String::new();
         let node = escape(node);
@@ -218,6 +226,8 @@ impl Metrics {
                 );
             }
         }
+        compat_metrics::render_groups(&mut out, &node, snapshot);
+        compat_metrics::render_volumes(&mut out, &node, volume_io);
         // The histograms and the trace export counters.
         out.push_str(&crate::latency::latency().encode());
         out
@@ -227,7 +237,8 @@ impl Metrics {
 /// Reads one gauge's value from a group's capacity.
 type Gauge = fn(&GroupCapacity) -> u64;
 
-fn escape(s: &str) -> String {
+/// A label value escaped for the exposition format.
+pub(super) fn escape(s: &str) -> String {
     s.replace('\\', r"\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
@@ -236,9 +247,10 @@ fn escape(s: &str) -> String {
 pub use carina_proto::code_name;
 
 /// The `/metrics` page of node `node_name` now: [`Metrics::render`] of
-/// the engine's latest capacity snapshot and the IO limits in force as
-/// last counted. It waits on no lock of a volume group and runs no
-/// command: the count waits at most [`IO_LIMITS_WAIT`].
+/// the engine's latest capacity snapshot, the IO limits in force as last
+/// counted and the volumes' IO counters as last read. It waits on no lock
+/// of a volume group and runs no command: the count and the read wait at
+/// most [`IO_LIMITS_WAIT`], side by side.
 pub async fn page(metrics: &Metrics, engine: &Engine, node_name: &str) -> String {
     // Without a block IO controller no limit can be in force: the count
     // fails, and the gauge is left out rather than reported as 0.
@@ -246,9 +258,18 @@ pub async fn page(metrics: &Metrics, engine: &Engine, node_name: &str) -> String
         let engine = engine.clone();
         async move { engine.pod_io_limits(None).await.ok().map(|l| l.len()) }
     };
-    let limits = metrics.io_limits.get(count, IO_LIMITS_WAIT).await;
+    let io = {
+        let engine = engine.clone();
+        async move { compat_metrics::read_volume_io(&engine).await }
+    };
+    // Both list the volumes, which may wait on LVM: side by side, a page
+    // waits the bound once.
+    let (limits, io) = tokio::join!(
+        metrics.io_limits.get(count, IO_LIMITS_WAIT),
+        metrics.volume_io.get(io, IO_LIMITS_WAIT)
+    );
     let snapshot = engine.subscribe().borrow().clone();
-    metrics.render(node_name, &snapshot, limits)
+    metrics.render(node_name, &snapshot, limits, io.as_ref())
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown` completes.
@@ -303,13 +324,13 @@ mod tests {
                 no_disks: None,
             }],
         };
-        let text = m.render("node-a", &snap, None);
+        let text = m.render("node-a", &snap, None, None);
         assert!(
             !text.contains("carina_node_plugin_registered"),
             "not registering, no gauge:\n{text}"
         );
         m.set_plugin_registered(true);
-        let text = m.render("node-a", &snap, None);
+        let text = m.render("node-a", &snap, None, None);
         assert!(!text.contains("certificate"), "no issued certificate yet");
         m.certificate_request_failed();
         m.certificate_issued(1_900_000_000);
@@ -317,7 +338,7 @@ mod tests {
             value: 2,
             age: Duration::from_millis(1500),
         };
-        let text = m.render("node-a", &snap, Some(io));
+        let text = m.render("node-a", &snap, Some(io), None);
         for line in [
             r#"carina_node_plugin_registered{node="node-a"} 1"#,
             r#"carina_node_certificate_not_after_seconds{node="node-a"} 1900000000"#,
@@ -335,7 +356,7 @@ mod tests {
         }
         // The whole page, histograms included, is one valid exposition.
         crate::latency::latency().operation("create", "HOST", true, std::time::Duration::ZERO);
-        let text = m.render("node-a", &snap, None);
+        let text = m.render("node-a", &snap, None, None);
         let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
             .expect("the page parses");
         for family in [

@@ -7,12 +7,15 @@
 //! - [`status`]: the one engine-error → status-code table;
 //! - [`auth`]: the role check, as a tower layer;
 //! - [`metrics`]: counters and gauges, and the `/metrics` endpoint;
+//! - [`compat_metrics`]: the families Go Carina exported (group capacity,
+//!   per-volume IO counters), under its names;
 //! - [`slow_gauge`]: a `/metrics` figure read beside the page, with its age.
 //!
 //! Layers, outermost first: trace context (the request span continues the
 //! caller's trace), then authorization, then the services.
 
 pub mod auth;
+pub mod compat_metrics;
 pub mod convert;
 pub mod metrics;
 pub mod service;

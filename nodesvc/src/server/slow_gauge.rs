@@ -20,36 +20,46 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
-/// A figure as last read.
+/// A figure as last read (a count by default; any value a read makes,
+/// such as a table of counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reading {
+pub struct Reading<T = usize> {
     /// The value read.
-    pub value: usize,
+    pub value: T,
     /// How long ago it was read.
     pub age: Duration,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct State {
+#[derive(Debug, Clone, Copy)]
+struct State<T> {
     /// The last successful read: its value and when it ended.
-    last: Option<(usize, Instant)>,
+    last: Option<(T, Instant)>,
     /// Reads ended, successful or not (a waiting scrape wakes on each).
     ended: u64,
 }
 
+impl<T> Default for State<T> {
+    fn default() -> Self {
+        State {
+            last: None,
+            ended: 0,
+        }
+    }
+}
+
 /// One figure read beside the page; see the module documentation.
 #[derive(Debug)]
-pub struct SlowGauge {
+pub struct SlowGauge<T = usize> {
     /// Span name of a read, e.g. `metrics.io_limits`.
     name: &'static str,
     /// When the running read started; `None` while none runs.
     reading: Mutex<Option<Instant>>,
-    state: watch::Sender<State>,
+    state: watch::Sender<State<T>>,
 }
 
-impl SlowGauge {
+impl<T: Clone + Send + Sync + 'static> SlowGauge<T> {
     /// A gauge whose reads are traced as `name`.
-    pub fn new(name: &'static str) -> SlowGauge {
+    pub fn new(name: &'static str) -> SlowGauge<T> {
         SlowGauge {
             name,
             reading: Mutex::new(None),
@@ -62,9 +72,9 @@ impl SlowGauge {
     /// read to end until the running one is `wait` old, and returns the
     /// last successful reading; `None` before the first. `read` answers
     /// `None` when it failed.
-    pub async fn get<F>(self: &Arc<Self>, read: F, wait: Duration) -> Option<Reading>
+    pub async fn get<F>(self: &Arc<Self>, read: F, wait: Duration) -> Option<Reading<T>>
     where
-        F: Future<Output = Option<usize>> + Send + 'static,
+        F: Future<Output = Option<T>> + Send + 'static,
     {
         let mut ended = self.state.subscribe();
         ended.borrow_and_update();
@@ -86,13 +96,14 @@ impl SlowGauge {
                     // Free before the news: a page that comes between
                     // starts its own read instead of waiting for none.
                     *gauge.reading.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    let failed = value.is_none();
                     gauge.state.send_modify(|s| {
                         if let Some(value) = value {
                             s.last = Some((value, Instant::now()));
                         }
                         s.ended += 1;
                     });
-                    if value.is_none() {
+                    if failed {
                         tracing::debug!("the read failed; the last reading stays");
                     }
                 }
@@ -111,11 +122,15 @@ impl SlowGauge {
     }
 
     /// The last successful reading, without reading.
-    pub fn last(&self) -> Option<Reading> {
-        self.state.borrow().last.map(|(value, at)| Reading {
-            value,
-            age: at.elapsed(),
-        })
+    pub fn last(&self) -> Option<Reading<T>> {
+        self.state
+            .borrow()
+            .last
+            .as_ref()
+            .map(|(value, at)| Reading {
+                value: value.clone(),
+                age: at.elapsed(),
+            })
     }
 }
 
@@ -129,7 +144,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_quick_read_is_rendered_fresh() {
-        let g = Arc::new(SlowGauge::new("test"));
+        let g = Arc::new(SlowGauge::<usize>::new("test"));
         let got = g.get(async { Some(3) }, Duration::from_secs(60)).await;
         assert_eq!(got.map(|r| r.value), Some(3));
         assert!(
@@ -142,7 +157,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hung_read_costs_a_page_the_wait_and_leaves_the_last_reading() {
-        let g = Arc::new(SlowGauge::new("test"));
+        let g = Arc::new(SlowGauge::<usize>::new("test"));
         assert_eq!(g.get(async { None }, WAIT).await, None, "nothing read yet");
         g.get(async { Some(2) }, Duration::from_secs(60)).await;
         let started = Arc::new(AtomicUsize::new(0));
@@ -198,7 +213,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_read_keeps_the_last_reading() {
-        let g = Arc::new(SlowGauge::new("test"));
+        let g = Arc::new(SlowGauge::<usize>::new("test"));
         g.get(async { Some(1) }, Duration::from_secs(60)).await;
         let t = Instant::now();
         let got = g.get(async { None }, Duration::from_secs(60)).await;
