@@ -11,12 +11,15 @@
 //!   token, checked with TokenReview), the controller's own certificate.
 //! - [`nodes`]: what both share about nodes: node specs, placement, the
 //!   NodeStorage client pool.
+//! - [`migrate`]: taking over a Go Carina cluster: what
+//!   `carinactl migrate plan` reads and classifies.
 //! - [`policy`]: the one mapping between wire policies and their names.
 //! - [`serve`]: CSI Identity and Controller on a unix socket.
 
 pub mod direct;
 pub mod identity;
 pub mod kube;
+pub mod migrate;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
