@@ -13,8 +13,13 @@
 //!   `ext4`, `xfs` or the default.
 //! - In flight: a second CreateVolume, DeleteVolume or ControllerExpandVolume
 //!   for a volume that already has one running answers `ABORTED` (the CO
-//!   retries). The key is the node-local volume name, so a create by name
-//!   and a delete by id of the same volume exclude each other too.
+//!   retries). The key is the node-local volume name (of a Go Carina id,
+//!   its object's name), so a create by name and a delete by id of the
+//!   same volume exclude each other too.
+//! - Go Carina's ids (`volume-<pv>`, `host-<pv>`, `thin-<pv>`, which
+//!   PersistentVolumes keep) are read beside ours wherever a volume id is
+//!   ([`crate::legacy`]); the provisioner decides whether it serves the
+//!   volume.
 //! - Condition: `ListVolumes` and `ControllerGetVolume` report each
 //!   volume's condition as its node sees it now (the provisioner asks);
 //!   a node that cannot be asked, or no longer has the volume, makes the
@@ -45,8 +50,8 @@ use carina_sys::busy::{BusyNames, Held, busy_message};
 use tonic::{Request, Response, Status};
 
 use crate::error::CsiError;
+use crate::legacy::VolumeHandle;
 use crate::types::{ProvisionedVolume, Provisioner};
-use crate::volume_id::VolumeId;
 
 pub use paging::{decode_token, encode_token};
 pub use request::{snapshot_request, volume_request};
@@ -114,13 +119,24 @@ impl<P: Provisioner> ControllerService<P> {
     }
 
     /// The volume `volume_id` names: `NOT_FOUND` when there is none or the
-    /// id is not of a form this driver issues.
+    /// id is neither of a form this driver issues nor Go Carina's.
     async fn existing(&self, volume_id: &str) -> Result<ProvisionedVolume, CsiError> {
-        VolumeId::parse(volume_id)?;
+        VolumeHandle::parse(volume_id)?;
         self.provisioner
             .get_volume(volume_id)
             .await?
             .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id:?} does not exist")))
+    }
+}
+
+/// The in-flight key of a call on the volume `id`: the name of the
+/// volume, and of its `LogicVolume` in the Kubernetes plane, that a create
+/// by name takes too. Go Carina named both after the object, so a Go id's
+/// key is the object's name.
+fn claim_key(id: &VolumeHandle) -> String {
+    match id {
+        VolumeHandle::Ours(id) => id.volume.clone(),
+        VolumeHandle::Go(id) => id.object.clone(),
     }
 }
 

@@ -28,6 +28,7 @@ use crate::types::{
     CapacityInfo, CapacityRange, ContentSource, ProvisionedSnapshot, Topology, VolumeHealth,
     VolumeRequest,
 };
+use crate::volume_id::VolumeId;
 use crate::{TOPOLOGY_KEY, context, sizes};
 
 const GIB: i64 = 1 << 30;
@@ -551,4 +552,69 @@ async fn validate_and_expand() {
     assert_eq!(r.capacity_bytes, 2 * GIB);
     assert!(r.node_expansion_required);
     assert!(!expand(block()).await.node_expansion_required);
+}
+
+/// A Go Carina id reaches the provisioner in every call that reads an id
+/// (before, DeleteVolume answered success without asking it, and the
+/// others NOT_FOUND), and takes the in-flight key of its object.
+#[tokio::test]
+async fn go_ids_reach_the_provisioner() {
+    let fake = Arc::new(Fake::default());
+    let svc = ControllerService::new(fake.clone());
+    let go_id = "volume-pvc-0b6f3c2e";
+    let mut go = fake_volume("unused", GIB as u64);
+    go.volume_id = go_id.into();
+    fake.volumes
+        .lock()
+        .expect("not poisoned")
+        .insert(go_id.into(), go);
+    let validated = svc
+        .validate(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: go_id.into(),
+            volume_capabilities: vec![cap(Mode::SingleNodeWriter, mount(""))],
+            ..Default::default()
+        })
+        .await
+        .expect("validated");
+    assert!(validated.confirmed.is_some());
+    let got = svc
+        .get(csi::ControllerGetVolumeRequest {
+            volume_id: go_id.into(),
+        })
+        .await
+        .expect("got");
+    assert_eq!(got.volume.map(|v| v.volume_id).as_deref(), Some(go_id));
+    let grown = svc
+        .expand(csi::ControllerExpandVolumeRequest {
+            volume_id: go_id.into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 2 * GIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("grown");
+    assert_eq!(grown.capacity_bytes, 2 * GIB);
+    // A create of the object's name holds the key a Go id's delete takes.
+    let held = svc.claim("pvc-0b6f3c2e").expect("free");
+    let busy = svc
+        .delete(csi::DeleteVolumeRequest {
+            volume_id: go_id.into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("busy");
+    assert_eq!(busy.code(), Code::Aborted);
+    drop(held);
+    svc.delete(csi::DeleteVolumeRequest {
+        volume_id: go_id.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("deleted");
+    assert!(
+        fake.volumes.lock().expect("not poisoned").is_empty(),
+        "the provisioner was asked to delete it"
+    );
 }

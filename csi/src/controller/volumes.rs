@@ -7,17 +7,17 @@ use std::collections::HashMap;
 use carina_proto::csi;
 use tonic::Code;
 
-use super::ControllerService;
 use super::paging::Paging;
 use super::request::{topology, volume_request};
 use super::wire::{wire_bytes, wire_condition, wire_volume};
+use super::{ControllerService, claim_key};
 use crate::capability::{self, Access};
 use crate::context;
 use crate::error::CsiError;
+use crate::legacy::VolumeHandle;
 use crate::params::Parameters;
 use crate::sizes;
 use crate::types::{CapacityInfo, ProvisionedVolume, Provisioner, VolumeHealth};
-use crate::volume_id::VolumeId;
 
 /// What tiered volumes can have of `backing` (the backend group's
 /// capacity) and `cache` (the cache group's), with a cache of
@@ -74,13 +74,14 @@ impl<P: Provisioner> ControllerService<P> {
         req: csi::DeleteVolumeRequest,
     ) -> Result<csi::DeleteVolumeResponse, CsiError> {
         // An empty id is INVALID_ARGUMENT; no volume can have a malformed
-        // one, so deleting it is done.
-        let id = match VolumeId::parse(&req.volume_id) {
+        // one, so deleting it is done. A Go Carina id goes to the
+        // provisioner, which says whether it serves that volume.
+        let id = match VolumeHandle::parse(&req.volume_id) {
             Ok(id) => id,
             Err(CsiError::NotFound(_)) => return Ok(csi::DeleteVolumeResponse {}),
             Err(e) => return Err(e),
         };
-        let _claim = self.claim(&id.volume)?;
+        let _claim = self.claim(&claim_key(&id))?;
         match self.provisioner.delete_volume(&req.volume_id).await {
             Err(e) if e.code() != Code::NotFound => Err(e),
             _ => Ok(csi::DeleteVolumeResponse {}),
@@ -111,8 +112,8 @@ impl<P: Provisioner> ControllerService<P> {
             .as_ref()
             .map(|c| capability::check("volume_capability", c).map(|c| c.access))
             .transpose()?;
-        let id = VolumeId::parse(&req.volume_id)?;
-        let _claim = self.claim(&id.volume)?;
+        let id = VolumeHandle::parse(&req.volume_id)?;
+        let _claim = self.claim(&claim_key(&id))?;
         let size = self
             .provisioner
             .expand_volume(&req.volume_id, &range)
