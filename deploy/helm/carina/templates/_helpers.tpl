@@ -29,9 +29,21 @@ app.kubernetes.io/name: {{ . }}
 {{- if eq $s "spradout" }}spreadout{{ else }}{{ $s }}{{ end -}}
 {{- end }}
 
-{{/* The kubelet directory without a trailing slash. */}}
+{{/*
+The kubelet directory without a trailing slash. Go Carina's values name it
+node.kubelet: that key is read as kubeletDir, and refused when kubeletDir
+names another directory than its default.
+*/}}
 {{- define "carina.kubeletDir" -}}
-{{- .Values.kubeletDir | trimSuffix "/" -}}
+{{- $dir := .Values.kubeletDir | trimSuffix "/" -}}
+{{- with .Values.node.kubelet -}}
+{{- $go := . | trimSuffix "/" -}}
+{{- if and (ne $dir "/var/lib/kubelet") (ne $dir $go) -}}
+{{- fail (printf "node.kubelet (Go Carina's name of kubeletDir) is %q and kubeletDir is %q: give only kubeletDir" $go $dir) -}}
+{{- end -}}
+{{- $dir = $go -}}
+{{- end -}}
+{{- $dir -}}
 {{- end }}
 
 {{/* The issuer's URL as the nodes reach it (the Service's DNS name). */}}
