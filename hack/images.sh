@@ -57,7 +57,8 @@ RUSTFLAGS="--remap-path-prefix=$CARGO_HOME_DIR=/cargo -C link-arg=-Wl,--build-id
 CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=true CARGO_INCREMENTAL=0 \
 CARGO_TARGET_DIR=$BUILD_DIR \
   cargo build --release --locked -q \
-    -p carina-node --bin carina-node --bin carinactl \
+    -p carina-node --bin carina-node \
+    -p carina-ctl --bin carinactl \
     -p carina-controlplane --bin carina-controller \
     -p carina-scheduler --bin carina-scheduler
 BIN=$BUILD_DIR/release
