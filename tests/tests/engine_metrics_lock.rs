@@ -2,7 +2,8 @@
 //! lvcreate waits in the node's `lvm` shell for the VG's lock (held
 //! exclusively here, as a hung lvm command elsewhere would hold it), and a
 //! scrape meanwhile answers within its bound with the capacity gauges of
-//! the node's latest snapshot, the next one at once. Before, the page listed the volumes (an
+//! the node's latest snapshot and the volumes' IO counters as last read,
+//! the next one at once. Before, the page listed the volumes (an
 //! `lvm pvs` that waits for the same lock) and answered only when that
 //! command gave up.
 
@@ -54,6 +55,9 @@ async fn a_scrape_answers_with_the_capacity_gauges_while_an_lvcreate_waits_for_t
         Some(1.0),
         "one volume before the lock"
     );
+    let kept = [("pv", "kept"), ("device_group", f.group.as_str())];
+    let written = value(&before, "carina_volume_stats_write_bytes_total", &kept)
+        .expect("the volume's IO counters before the lock");
 
     let pid = f.engine.lvm_shell_pid().expect("an lvm shell runs");
     let lock = VgLock::exclusive(&f.group);
@@ -91,6 +95,23 @@ async fn a_scrape_answers_with_the_capacity_gauges_while_an_lvcreate_waits_for_t
         "the free bytes of the latest snapshot"
     );
     assert_eq!(value(&during, "carina_node_volumes", &labels), Some(1.0));
+    // The volumes' IO counters are read with a listing that waits on the
+    // lock too: the page renders the last reading, and its age.
+    assert_eq!(
+        value(&during, "carina_volume_stats_write_bytes_total", &kept),
+        Some(written),
+        "the last reading of the counters"
+    );
+    let age = value(
+        &during,
+        "carina_node_volume_stats_age_seconds",
+        &[("node", "node-a")],
+    )
+    .expect("the reading's age");
+    assert!(
+        age >= IO_LIMITS_WAIT.as_secs_f64(),
+        "the reading is as old as the wait at least: {age}"
+    );
     // The count of IO limits the first scrape started still waits on
     // LVM: the next scrape starts none and does not wait for it again.
     let started = Instant::now();
