@@ -3,7 +3,7 @@
 //! [`LocalVolumes`] (node side: which local device or directory a volume
 //! id is).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use async_trait::async_trait;
@@ -146,6 +146,14 @@ pub trait Provisioner: Send + Sync + 'static {
     /// that no longer has the volume, makes the volume abnormal with a
     /// message that says so.
     async fn volume_health(&self, volumes: &[ProvisionedVolume]) -> Vec<VolumeHealth>;
+
+    /// The names of the device groups the nodes publish, for reading Go
+    /// Carina's group shorthand ([`crate::params::compat::resolve_group`]).
+    /// Asked only for a request that uses the shorthand; without an answer
+    /// (the default) a shorthand names its `carina-vg-*` group.
+    async fn group_names(&self) -> Result<BTreeSet<String>, CsiError> {
+        Ok(BTreeSet::new())
+    }
 
     /// Whether snapshots and clones are made ([`Self::create_snapshot`],
     /// [`Self::delete_snapshot`], [`Self::list_snapshots`] and requests

@@ -39,7 +39,7 @@
 //! volume verbs; `bcache` the tiered volumes; `copies` the snapshots and
 //! clones.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -514,6 +514,25 @@ impl Provisioner for DirectProvisioner {
         let nodes: Vec<&NodeSpec> = self
             .nodes
             .nodes
+    /// Every group name the nodes answer with; a node that does not
+    /// answer is left out unless none answers.
+    #[tracing::instrument(name = "direct.group_names", skip_all, err(level = "info"))]
+    async fn group_names(&self) -> Result<BTreeSet<String>, CsiError> {
+        let answers = join_all(self.nodes.nodes.iter().map(|n| self.capacity_of(n))).await;
+        let mut names = BTreeSet::new();
+        let mut last_error = None;
+        for answer in answers {
+            match answer {
+                Ok(groups) => names.extend(groups.into_iter().map(|g| g.device_group)),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        match last_error {
+            Some(e) if names.is_empty() => Err(e),
+            _ => Ok(names),
+        }
+    }
+
             .iter()
             .filter(|n| topology.is_none_or(|t| n.matches(t)))
             .collect();

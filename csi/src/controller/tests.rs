@@ -11,7 +11,7 @@ proptest::proptest! {
         let _ = super::decode_token(&junk);
     }
 }
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex as StdMutex;
 
 use async_trait::async_trait;
@@ -42,6 +42,10 @@ struct Fake {
     entered: Arc<Notify>,
     /// Volume ids whose node calls them abnormal, with the message.
     sick: StdMutex<BTreeMap<String, String>>,
+    /// The group names the nodes publish ([`Provisioner::group_names`]).
+    group_names: BTreeSet<String>,
+    /// The group each create and capacity call was asked for.
+    groups_asked: StdMutex<Vec<Option<String>>>,
 }
 
 fn fake_volume(local: &str, size: u64) -> ProvisionedVolume {
@@ -58,6 +62,10 @@ fn fake_volume(local: &str, size: u64) -> ProvisionedVolume {
 impl Provisioner for Fake {
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
         self.entered.notify_one();
+        self.groups_asked
+            .lock()
+            .expect("not poisoned")
+            .push(req.parameters.group.clone());
         if let Some(gate) = &self.gate {
             gate.notified().await;
         }
@@ -114,11 +122,19 @@ impl Provisioner for Fake {
             .collect()
     }
 
+    async fn group_names(&self) -> Result<BTreeSet<String>, CsiError> {
+        Ok(self.group_names.clone())
+    }
+
     async fn capacity(
         &self,
         _: Option<&Topology>,
-        _: Option<&str>,
+        group: Option<&str>,
     ) -> Result<CapacityInfo, CsiError> {
+        self.groups_asked
+            .lock()
+            .expect("not poisoned")
+            .push(group.map(str::to_string));
         Ok(CapacityInfo {
             available_bytes: 100,
             maximum_volume_size: 60,
@@ -258,6 +274,50 @@ fn tokens() {
         assert!(
             matches!(decode_token(bad), Err(CsiError::Aborted(_))),
             "{bad}"
+        );
+    }
+}
+
+/// Go Carina's `disk-group-name: ssd` reaches the control plane as the
+/// group Go Carina read it as: a published group of the written name, else
+/// `carina-vg-ssd`; in CreateVolume and GetCapacity alike.
+#[tokio::test]
+async fn group_shorthand_is_read_against_published_groups() {
+    let shorthand = |name: &str, group: &str| {
+        let mut r = create_req(name);
+        r.parameters = HashMap::from([(crate::params::DISK_GROUP.to_string(), group.to_string())]);
+        r
+    };
+    let capacity = |group: &str| csi::GetCapacityRequest {
+        parameters: HashMap::from([(crate::params::DISK_GROUP.to_string(), group.to_string())]),
+        ..Default::default()
+    };
+    for (published, want) in [
+        (&["carina-vg-ssd", "carina-vg-hdd"][..], "carina-vg-ssd"),
+        (&["ssd", "carina-vg-ssd"][..], "ssd"),
+        (&[][..], "carina-vg-ssd"),
+    ] {
+        let fake = Arc::new(Fake {
+            group_names: published.iter().map(|g| g.to_string()).collect(),
+            ..Default::default()
+        });
+        let svc = ControllerService::new(fake.clone());
+        svc.create(shorthand("pvc-1", "SSD"))
+            .await
+            .expect("created");
+        svc.capacity(capacity("ssd")).await.expect("capacity");
+        svc.create(shorthand("pvc-2", "nvme"))
+            .await
+            .expect("created");
+        let asked = fake.groups_asked.lock().expect("not poisoned").clone();
+        assert_eq!(
+            asked,
+            [
+                Some(want.to_string()),
+                Some(want.to_string()),
+                Some("nvme".to_string())
+            ],
+            "{published:?}"
         );
     }
 }

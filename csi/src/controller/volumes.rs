@@ -47,12 +47,28 @@ pub fn tiered_capacity(
 }
 
 impl<P: Provisioner> ControllerService<P> {
+    /// Reads Go Carina's `ssd`/`hdd` group shorthand in `parameters`
+    /// against the groups the nodes publish; asks for them only when a
+    /// shorthand is used.
+    async fn resolve_shorthand(&self, parameters: &mut Parameters) -> Result<(), CsiError> {
+        if !parameters.uses_shorthand() {
+            return Ok(());
+        }
+        let names = self.provisioner.group_names().await?;
+        for (written, group) in parameters.resolve_groups(|g| names.contains(g)) {
+            tracing::debug!(carina.group = %group, parameter = %written, "group shorthand read as Go Carina read it");
+        }
+        Ok(())
+    }
+
     #[tracing::instrument(name = "Controller/CreateVolume", skip_all, err(level = "info"), fields(carina.volume.name = %req.name))]
     pub(super) async fn create(
         &self,
         req: csi::CreateVolumeRequest,
     ) -> Result<csi::CreateVolumeResponse, CsiError> {
-        let request = volume_request(&req)?;
+        let mut request = volume_request(&req)?;
+        self.resolve_shorthand(&mut request.parameters).await?;
+        crate::params::compat::report(&request.parameters, &req.name);
         if request.source.is_some() && !self.provisioner.copies() {
             return Err(CsiError::invalid(
                 "volume_content_source",
@@ -215,7 +231,8 @@ impl<P: Provisioner> ControllerService<P> {
         &self,
         req: csi::GetCapacityRequest,
     ) -> Result<csi::GetCapacityResponse, CsiError> {
-        let parameters = Parameters::parse(&req.parameters)?;
+        let mut parameters = Parameters::parse(&req.parameters)?;
+        self.resolve_shorthand(&mut parameters).await?;
         let possible = req
             .volume_capabilities
             .iter()

@@ -46,6 +46,7 @@
 use carina_api::policy::{self, Needs, Unsuitable};
 use carina_api::quantity::quantity_bytes;
 use carina_api::{CAPACITY_KEY_PREFIX, NodeStorageResourceStatus};
+use carina_csi::params::compat::resolve_group;
 use carina_csi::sizes;
 
 use crate::request::Volume;
@@ -288,6 +289,13 @@ impl<'a> NodeRoom<'a> {
         NodeRoom { groups }
     }
 
+    /// The index of the group a class's group name `name` names on this
+    /// node, Go Carina's `ssd`/`hdd` shorthand read as Go Carina read it.
+    fn named(&self, name: &str) -> Option<usize> {
+        let name = resolve_group(name, |n| self.groups.iter().any(|g| g.name == n));
+        self.groups.iter().position(|g| g.name == name)
+    }
+
     /// Places `v`: returns the index of the group it went into.
     ///
     /// # Errors
@@ -295,7 +303,7 @@ impl<'a> NodeRoom<'a> {
     pub fn place(&mut self, v: &Volume) -> Result<usize, Shortfall> {
         match &v.group {
             Some(name) => {
-                let Some(i) = self.groups.iter().position(|g| g.name == name) else {
+                let Some(i) = self.named(name) else {
                     return Err(Shortfall(format!("the node has no device group {name:?}")));
                 };
                 let g = &mut self.groups[i];
@@ -337,7 +345,7 @@ impl<'a> NodeRoom<'a> {
     /// what does not fit takes what is left.
     pub fn reserve(&mut self, v: &Volume) {
         let i = match &v.group {
-            Some(name) => self.groups.iter().position(|g| g.name == name),
+            Some(name) => self.named(name),
             None => self
                 .groups
                 .iter()

@@ -105,7 +105,8 @@ proptest! {
             } else if let Ok(i) = room.place(&v) {
                 prop_assert!(i < room.groups.len());
                 if let Some(name) = &v.group {
-                    prop_assert_eq!(room.groups[i].name, name.as_str());
+                    let named = resolve_group(name, |n| before.groups.iter().any(|g| g.name == n));
+                    prop_assert_eq!(&room.groups[i].name, &named);
                 }
                 if !v.exclusive {
                     prop_assert!(before.groups[i].allocatable >= v.range.required_bytes);
@@ -188,6 +189,33 @@ fn raw_disk(name: &str, gib: u64) -> Disk {
 /// the GPT and alignment.
 fn raw_area(gib: u64) -> u64 {
     gib * GIB - 2 * MIB
+}
+
+/// Go Carina's `ssd`/`hdd` shorthand names `carina-vg-ssd`/`carina-vg-hdd`,
+/// unless the node has a group of the written name.
+#[test]
+fn group_shorthand_reads_as_go_carina_read_it() {
+    let go = status(
+        vec![
+            group("carina-vg-hdd", "LVM", 12 * MIB, 12 * MIB),
+            group("carina-vg-ssd", "LVM", 12 * MIB, 12 * MIB),
+        ],
+        vec![],
+    );
+    let mut room = NodeRoom::from_status(&go);
+    assert_eq!(room.place(&vol(Some("ssd"), 4 * MIB)), Ok(1));
+    assert_eq!(room.place(&vol(Some("HDD"), 4 * MIB)), Ok(0));
+    let both = status(
+        vec![
+            group("carina-vg-ssd", "LVM", 12 * MIB, 12 * MIB),
+            group("ssd", "LVM", 12 * MIB, 12 * MIB),
+        ],
+        vec![],
+    );
+    let mut room = NodeRoom::from_status(&both);
+    assert_eq!(room.place(&vol(Some("ssd"), 4 * MIB)), Ok(1));
+    room.reserve(&vol(Some("ssd"), 4 * MIB));
+    assert_eq!(room.groups[1].in_flight, 4 * MIB);
 }
 
 #[test]

@@ -208,6 +208,45 @@ mod tests {
         }
     }
 
+    /// A Go Carina StorageClass and pod, as Go Carina's manifests write
+    /// them (the key spelled out, not through our constant): Go's key is
+    /// the one read, on the class (annotation, where Go Carina's webhook
+    /// read it, or parameter, where its examples put it) and on the pod.
+    /// The changelog's spelling without `node-`, which Go Carina never
+    /// read, consents to nothing.
+    #[test]
+    fn go_carina_manifests_opt_in_under_go_name() {
+        let go: StorageClass = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "csi-carina-sc", "annotations": {
+                "carina.storage.io/allow-pod-migration-if-node-notready": "true"}},
+            "provisioner": "carina.storage.io",
+            "parameters": {"carina.storage.io/disk-group-name": "hdd"},
+        }))
+        .expect("a class");
+        assert!(class_allows_migration(&go));
+        let example: StorageClass = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "csi-carina-sc"},
+            "provisioner": "carina.storage.io",
+            "parameters": {"carina.storage.io/allow-pod-migration-if-node-notready": "true"},
+        }))
+        .expect("a class");
+        assert!(class_allows_migration(&example));
+        let changelog: StorageClass = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "csi-carina-sc", "annotations": {
+                "carina.storage.io/allow-pod-migration-if-notready": "true"}},
+            "provisioner": "carina.storage.io",
+            "parameters": {"carina.storage.io/allow-pod-migration-if-notready": "true"},
+        }))
+        .expect("a class");
+        assert!(!class_allows_migration(&changelog));
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-0", "annotations": {
+                "carina.storage.io/allow-pod-migration-if-node-notready": "true"}},
+        }))
+        .expect("a pod");
+        assert!(allows_migration(&pod));
+    }
+
     #[test]
     fn only_other_unfinished_pods_hold_a_claim() {
         let pod = |name: &str, uid: &str, phase: &str, claim: &str| -> Pod {

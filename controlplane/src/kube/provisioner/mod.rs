@@ -88,7 +88,7 @@
 //! object's status means; `watch` waits for one object on a watch of its
 //! own; `error` maps codes and API errors to CSI answers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -683,6 +683,23 @@ impl Provisioner for KubeProvisioner {
                         v.node
                     ))
                 })
+    /// The group names of the published `NodeStorageResource`s, from the
+    /// cache once it is ready.
+    #[tracing::instrument(name = "kube.group_names", skip_all, err(level = "info"))]
+    async fn group_names(&self) -> Result<BTreeSet<String>, CsiError> {
+        let records = if self.cache.is_ready() {
+            self.cache.records()
+        } else {
+            listed(&self.nsrs, &self.lvs).await?
+        };
+        Ok(records
+            .nsrs
+            .iter()
+            .flat_map(|nsr| nsr.status.iter().flat_map(|s| s.groups.iter()))
+            .map(|g| g.name.clone())
+            .collect())
+    }
+
                 .collect();
         };
         let (nodes, port) = (&self.nodes, access.port);
