@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::instrument;
 
 use super::{
-    Backend, ChangeReason, Config, Disk, DiskStatus, Engine, GroupSlot, Policy, Result,
+    Backend, ChangeReason, Config, Disk, DiskStatus, Engine, GroupSlot, Kept, Policy, Result,
     backend_call, disks, host, log_config_warnings, lvm, raw,
 };
 
@@ -83,6 +83,7 @@ impl Engine {
         };
         let statuses = discover_and_assign(&config, &self.inner.lvm).await?;
         let assigned = disks::by_group(&statuses);
+        let leaving = disks::leaving(&config, &statuses);
         self.note_empty_groups(disks::empty_groups(&config, &statuses));
         *self.inner.disks.lock().unwrap_or_else(|p| p.into_inner()) = statuses;
         let mut first_error = None;
@@ -95,11 +96,15 @@ impl Engine {
                 return Ok(());
             }
             let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let rescan = slot.backend.rescan(group_disks);
-            if let Err(e) = backend_call(slot.backend.as_ref(), "rescan", rescan).await {
-                tracing::error!(carina.group = %name, error = %e, "group rescan failed");
-                first_error.get_or_insert(e);
-                continue;
+            let group_leaving = leaving.get(name).map(Vec::as_slice).unwrap_or(&[]);
+            let rescan = slot.backend.rescan_leaving(group_disks, group_leaving);
+            match backend_call(slot.backend.as_ref(), "rescan", rescan).await {
+                Ok(kept) => self.note_kept(name, &kept),
+                Err(e) => {
+                    tracing::error!(carina.group = %name, error = %e, "group rescan failed");
+                    first_error.get_or_insert(e);
+                    continue;
+                }
             }
             match slot.backend.list().await {
                 // Under the group's lock, so a create or delete in this
@@ -117,6 +122,20 @@ impl Engine {
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Marks the disks `group` keeps though its selector no longer
+    /// matches them in the last scan's disk report, with why.
+    fn note_kept(&self, group: &str, kept: &[Kept]) {
+        if kept.is_empty() {
+            return;
+        }
+        let mut statuses = self.inner.disks.lock().unwrap_or_else(|p| p.into_inner());
+        for k in kept {
+            if let Some(s) = statuses.iter_mut().find(|s| s.disk.path == k.path) {
+                s.reason = format!("{}: {}", disks::still_member(group), k.reason);
+            }
         }
     }
 
@@ -190,9 +209,20 @@ async fn discover_and_assign(config: &Config, runner: &lvm::LvmRunner) -> Result
     for disk in all.iter_mut().filter(|d| matched(d)) {
         disks::probe(disk).await?;
     }
+    // Disks no selector matches are read (their LVM label, never
+    // written) only to find physical volumes of our groups' VGs that a
+    // selector left behind; our own LV exposures (loops over a PV) are
+    // not read at all: a pod controls what they hold.
+    let lvm_groups = config.groups.iter().any(|g| g.policy == Policy::Lvm);
     let lvm_paths: Vec<PathBuf> = all
         .iter()
-        .filter(|d| matched(d) && d.fstype.as_deref() == Some("LVM2_member"))
+        .filter(|d| {
+            if matched(d) {
+                d.fstype.as_deref() == Some("LVM2_member")
+            } else {
+                lvm_groups && disks::may_be_left_behind(d)
+            }
+        })
         .map(|d| d.path.clone())
         .collect();
     if !lvm_paths.is_empty() {

@@ -134,3 +134,48 @@ pub fn by_group(statuses: &[DiskStatus]) -> BTreeMap<String, Vec<Disk>> {
     }
     map
 }
+
+/// Whether `disk`, which no selector matches, may be a physical volume a
+/// selector left behind: a writable disk, or a loop device over a file.
+/// Loop devices over block devices (our LV exposures, whose contents a
+/// pod controls) and loops with no backing file are not.
+pub fn may_be_left_behind(disk: &Disk) -> bool {
+    if disk.read_only {
+        return false;
+    }
+    disk.kind != "loop"
+        || disk
+            .backing_file
+            .as_deref()
+            .is_some_and(|f| !f.starts_with("/dev/"))
+}
+
+/// For each LVM group, the disks that are physical volumes of its VG
+/// (`lvm_vg`) but that none of its patterns match any more (pure). A disk
+/// its patterns still match stays a member even when it is unusable for
+/// now (read-only, in use): only a change of the selector makes a disk
+/// leave.
+pub fn leaving(config: &Config, statuses: &[DiskStatus]) -> BTreeMap<String, Vec<Disk>> {
+    let mut map: BTreeMap<String, Vec<Disk>> = BTreeMap::new();
+    for group in config.groups.iter().filter(|g| g.policy == Policy::Lvm) {
+        for s in statuses {
+            let disk = &s.disk;
+            if disk.lvm_vg.as_deref() == Some(group.name.as_str())
+                && !(group.matches(&disk.path, &disk.name) && group.takes_kind(disk.rotational))
+            {
+                map.entry(group.name.clone())
+                    .or_default()
+                    .push(disk.clone());
+            }
+        }
+    }
+    map
+}
+
+/// The start of [`DiskStatus::reason`] of a disk its group keeps though
+/// the group's selector no longer matches it.
+pub fn still_member(group: &str) -> String {
+    format!(
+        "no longer matched by the selector of group {group:?}, still a physical volume of its volume group"
+    )
+}

@@ -228,3 +228,54 @@ fn same_cause_ignores_disks_no_pattern_matches() {
     let other = empty_groups(&cfg, &assign(&cfg, &d, &[]));
     assert!(!before[0].same_cause(&other[0]), "its disk changed");
 }
+
+#[test]
+fn only_a_member_no_pattern_of_its_group_matches_is_leaving() {
+    let c = config(
+        r#"{"diskSelector":[
+            {"name":"g","re":["^loop1$"],"policy":"LVM"},
+            {"name":"r","re":["^loop9$"],"policy":"RAW"}]}"#,
+    );
+    let member = |name: &str, vg: &str| Disk {
+        lvm_vg: Some(vg.into()),
+        ..disk(name)
+    };
+    let mut read_only = member("loop1", "g");
+    read_only.read_only = true;
+    let statuses = assign(
+        &c,
+        &[
+            read_only,
+            member("loop2", "g"),
+            member("loop3", "other"),
+            disk("loop4"),
+        ],
+        &[],
+    );
+    let leaving = leaving(&c, &statuses);
+    let names: Vec<&str> = leaving["g"].iter().map(|d| d.name.as_str()).collect();
+    // loop1 is unusable now but still matched: it stays a member.
+    assert_eq!(names, ["loop2"]);
+    assert_eq!(leaving.len(), 1, "{leaving:?}");
+}
+
+#[test]
+fn our_lv_exposures_are_never_read_as_left_behind_disks() {
+    assert!(may_be_left_behind(&disk("loop1")));
+    let exposure = Disk {
+        backing_file: Some("/dev/loop1".into()),
+        ..disk("loop7")
+    };
+    assert!(!may_be_left_behind(&exposure));
+    let detached = Disk {
+        backing_file: None,
+        ..disk("loop8")
+    };
+    assert!(!may_be_left_behind(&detached));
+    let sdb = Disk {
+        kind: "disk".into(),
+        backing_file: None,
+        ..disk("sdb")
+    };
+    assert!(may_be_left_behind(&sdb));
+}
