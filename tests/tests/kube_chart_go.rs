@@ -337,11 +337,17 @@ fn api_for(
 /// `helm install` of the chart into kube-system against the cluster (no
 /// waiting: nothing runs pods); what helm printed, failed or not.
 fn helm_install(chart: &Chart, cluster: &KubeCluster) -> Result<(bool, String)> {
+    helm(chart, cluster, "install")
+}
+
+/// `helm <verb>` (install or upgrade) of the chart into kube-system; what
+/// helm printed, failed or not.
+fn helm(chart: &Chart, cluster: &KubeCluster, verb: &str) -> Result<(bool, String)> {
     let dir = chart.dir().to_string_lossy().into_owned();
     let kubeconfig = cluster.kubeconfig_path().to_string_lossy().into_owned();
     let out = chart.run(
         &[
-            "install",
+            verb,
             RELEASE,
             &dir,
             "--namespace",
@@ -469,6 +475,33 @@ async fn install_over_go_leftovers_refuses_until_they_are_removed_or_handed_over
         .filter_map(|p| p["port"].as_i64())
         .collect();
     assert_eq!(ports, [7444], "{spec}");
+
+    // Any namespace user can make a Deployment whose container's command
+    // is Go's program: it holds up an install, never an upgrade.
+    let tenant = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "not-go", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "not-go"}},
+            "template": {
+                "metadata": {"labels": {"app": "not-go"}},
+                "spec": {"containers": [{"name": "x", "image": "example.org/x", "command": ["carina-node"]}]},
+            },
+        },
+    });
+    let tenant: DynamicObject = serde_json::from_value(tenant)?;
+    api_for(&client, &discovery, &tenant)?
+        .patch(
+            "not-go",
+            &PatchParams::apply("tenant"),
+            &Patch::Apply(&tenant),
+        )
+        .await?;
+    let (ok, out) = helm(&chart, &cluster, "upgrade")?;
+    assert!(
+        ok,
+        "a namespace user's Deployment held up helm upgrade: {out}"
+    );
     let config_maps = &leftovers
         .iter()
         .find(|(api, _)| api.resource_url().ends_with("/configmaps"))
