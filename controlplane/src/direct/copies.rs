@@ -116,7 +116,10 @@ impl DirectProvisioner {
                 snapshot_id::parse("volume_content_source.snapshot.snapshot_id", id)?,
                 "snapshot",
             ),
-            ContentSource::Volume(id) => (VolumeId::parse(id)?, "volume"),
+            ContentSource::Volume(id) => {
+                super::legacy::refuse_go_id(id)?;
+                (VolumeId::parse(id)?, "volume")
+            }
         };
         let not_found =
             || CsiError::NotFound(format!("source {kind} {:?} does not exist", id.encode()));
@@ -240,6 +243,7 @@ impl DirectProvisioner {
                 req.source_volume_id
             ))
         };
+        super::legacy::refuse_go_id(&req.source_volume_id)?;
         let id = VolumeId::parse(&req.source_volume_id)?;
         let node = self.nodes.get(&id.node).ok_or_else(not_found)?;
         if let Some((at, lv)) = self.find_anywhere(&req.local_name).await? {

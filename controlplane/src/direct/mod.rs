@@ -28,6 +28,11 @@
 //! `csi.storage.k8s.io/fstype` when CreateVolume was given one (the node
 //! does not store it, so listed volumes lack it).
 //!
+//! **Go Carina's ids** (`volume-<pv>`, `host-<pv>`) are `NOT_FOUND`
+//! with a message saying such volumes are taken over through the
+//! Kubernetes control plane; DeleteVolume of one is done, as of any
+//! volume this plane cannot have.
+//!
 //! **Tiered volumes.** A bcache class (the same StorageClass parameters
 //! the Kubernetes plane takes) is one `CreateBcache` on the chosen node,
 //! which makes the backing volume, the cache volume and the device, and
@@ -63,6 +68,9 @@ use crate::nodes::spec::{NodeList, NodeSpec};
 
 mod bcache;
 mod copies;
+mod legacy;
+
+use legacy::refuse_go_id;
 
 /// Volumes on a static list of nodes.
 #[derive(Debug)]
@@ -134,6 +142,7 @@ impl DirectProvisioner {
     /// `None` when no such volume can exist (malformed id, unknown node,
     /// a name no node accepts).
     fn locate<'a>(&'a self, volume_id: &str) -> Result<Option<(&'a NodeSpec, String)>, CsiError> {
+        refuse_go_id(volume_id)?;
         let id = match VolumeId::parse(volume_id) {
             Ok(id) => id,
             Err(CsiError::NotFound(_)) => return Ok(None),
@@ -505,15 +514,6 @@ impl Provisioner for DirectProvisioner {
         .await
     }
 
-    #[tracing::instrument(name = "direct.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]
-    async fn capacity(
-        &self,
-        topology: Option<&Topology>,
-        group: Option<&str>,
-    ) -> Result<CapacityInfo, CsiError> {
-        let nodes: Vec<&NodeSpec> = self
-            .nodes
-            .nodes
     /// Every group name the nodes answer with; a node that does not
     /// answer is left out unless none answers.
     #[tracing::instrument(name = "direct.group_names", skip_all, err(level = "info"))]
@@ -533,6 +533,15 @@ impl Provisioner for DirectProvisioner {
         }
     }
 
+    #[tracing::instrument(name = "direct.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]
+    async fn capacity(
+        &self,
+        topology: Option<&Topology>,
+        group: Option<&str>,
+    ) -> Result<CapacityInfo, CsiError> {
+        let nodes: Vec<&NodeSpec> = self
+            .nodes
+            .nodes
             .iter()
             .filter(|n| topology.is_none_or(|t| n.matches(t)))
             .collect();

@@ -32,7 +32,7 @@ use carina_api::quantity::quantity_bytes;
 use carina_api::{
     READ_BPS_ANNOTATION, READ_IOPS_ANNOTATION, WRITE_BPS_ANNOTATION, WRITE_IOPS_ANNOTATION,
 };
-use carina_csi::volume_id::VolumeId;
+use carina_csi::legacy::VolumeHandle;
 use carina_proto::nodestorage as pb;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -190,8 +190,11 @@ impl Context {
             let Some(csi) = csi.filter(|c| c.driver == carina_csi::DRIVER_NAME) else {
                 continue;
             };
-            if let Ok(id) = VolumeId::parse(&csi.volume_handle) {
-                names.insert(id.volume);
+            // A Go Carina volume taken over keeps its Go id as its name
+            // on the node; one not taken over is not on the node's books,
+            // and the node says so.
+            if let Ok(id) = VolumeHandle::parse(&csi.volume_handle) {
+                names.insert(id.local_name());
             }
         }
         Ok(names)

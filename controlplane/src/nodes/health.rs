@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use carina_api::LogicVolumeSpec;
-use carina_csi::volume_id::VolumeId;
+use carina_csi::legacy::VolumeHandle;
 use carina_csi::{ProvisionedVolume, VolumeHealth};
 use carina_proto::nodestorage::LogicVolume;
 use futures::future::join_all;
@@ -72,8 +72,9 @@ fn on_node(
     volume: &ProvisionedVolume,
     owned: &BTreeMap<&str, &LogicVolume>,
 ) -> VolumeHealth {
-    let name = match VolumeId::parse(&volume.volume_id) {
-        Ok(id) => id.volume,
+    // A Go Carina volume taken over keeps its Go id, its name on the node.
+    let name = match VolumeHandle::parse(&volume.volume_id) {
+        Ok(id) => id.local_name(),
         Err(e) => return VolumeHealth::abnormal(e.to_string()),
     };
     if let Some(lv) = owned.get(name.as_str()) {
@@ -109,6 +110,7 @@ fn reported(node: &str, lv: &LogicVolume) -> VolumeHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use carina_csi::volume_id::VolumeId;
     use carina_proto::nodestorage::VolumeCondition;
 
     fn provisioned(name: &str, node: &str) -> ProvisionedVolume {

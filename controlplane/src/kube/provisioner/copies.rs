@@ -9,6 +9,7 @@
 //! right after).
 
 use carina_api::{LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSource, LogicVolumeSpec};
+use carina_csi::legacy::VolumeHandle;
 use carina_csi::names::is_local_name;
 use carina_csi::snapshot_id::{self, is_snapshot_name};
 use carina_csi::volume_id::VolumeId;
@@ -80,6 +81,27 @@ impl KubeProvisioner {
         .ok_or_else(|| CsiError::NotFound(format!("{what} does not exist")))
     }
 
+    /// The id of a volume to copy. A Go Carina volume is not copied
+    /// (`FAILED_PRECONDITION`, saying whether it must be taken over
+    /// first); `NOT_FOUND` for an id of neither kind.
+    async fn source_id(&self, volume_id: &str) -> Result<VolumeId, CsiError> {
+        match VolumeHandle::parse(volume_id)? {
+            VolumeHandle::Ours(id) => Ok(id),
+            VolumeHandle::Go(id) => match self.find(volume_id).await? {
+                None => Err(CsiError::NotFound(format!(
+                    "source volume {:?} does not exist",
+                    id.encode()
+                ))),
+                Some(lv) => Err(CsiError::FailedPrecondition(format!(
+                    "source volume {:?} is a Go Carina volume taken over (LogicVolume {:?}); \
+                     snapshots and clones of taken-over volumes are not offered",
+                    id.encode(),
+                    lv.name_any()
+                ))),
+            },
+        }
+    }
+
     /// Creates `object`, or takes the object a concurrent create made.
     async fn create_or_existing(&self, object: &LogicVolume) -> Result<LogicVolume, CsiError> {
         match self.lvs.create(&PostParams::default(), object).await {
@@ -112,7 +134,7 @@ impl KubeProvisioner {
                 "snapshot",
                 true,
             ),
-            ContentSource::Volume(id) => (VolumeId::parse(id)?, "volume", false),
+            ContentSource::Volume(id) => (self.source_id(id).await?, "volume", false),
         };
         let what = format!("source {kind} {:?}", id.encode());
         let source_lv = self.made_source(&id.volume, &id.node, &what).await?;
@@ -232,7 +254,7 @@ impl KubeProvisioner {
         &self,
         req: &SnapshotRequest,
     ) -> Result<ProvisionedSnapshot, CsiError> {
-        let id = VolumeId::parse(&req.source_volume_id)?;
+        let id = self.source_id(&req.source_volume_id).await?;
         let name = req.local_name.clone();
         let wanted = CopyOf {
             volume: id.volume.clone(),

@@ -46,6 +46,10 @@
 //! retry (e.g. after rescheduling to another node) places the volume anew;
 //! a retry that finds such an object on its way out waits until it is gone.
 //!
+//! **Go Carina's volumes** (their PersistentVolumes keep Go's ids) are
+//! served once taken over and refused with `FAILED_PRECONDITION` until
+//! then (`legacy`); `ListVolumes` lists only the taken over ones.
+//!
 //! **Condition.** `ListVolumes` and `ControllerGetVolume` ask the
 //! volumes' nodes what they see now (read-only `ListLVs`, over the node
 //! access given by [`KubeProvisioner::with_node_access`]; the Node's
@@ -86,15 +90,14 @@
 //! published capacity records (`records` reads those); `object` builds the
 //! new `LogicVolume`; `outcome` holds the pure decisions on what an
 //! object's status means; `watch` waits for one object on a watch of its
-//! own; `error` maps codes and API errors to CSI answers.
+//! own; `error` maps codes and API errors to CSI answers; `legacy` reads
+//! volume ids of either kind, Go Carina's too, into objects.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use carina_csi::names;
-use carina_csi::volume_id::VolumeId;
 use carina_csi::{
     CapacityInfo, CapacityRange, CsiError, ProvisionedSnapshot, ProvisionedVolume, Provisioner,
     SnapshotRequest, Topology, VolumeHealth, VolumeRequest, sizes,
@@ -117,6 +120,7 @@ mod copies;
 mod error;
 #[cfg(test)]
 mod fixtures;
+mod legacy;
 mod object;
 mod outcome;
 mod placement;
@@ -388,24 +392,6 @@ impl KubeProvisioner {
             }
         }
     }
-
-    /// The object for a volume id: `None` when no such volume can exist.
-    async fn find(&self, volume_id: &str) -> Result<Option<LogicVolume>, CsiError> {
-        let id = match VolumeId::parse(volume_id) {
-            Ok(id) => id,
-            Err(CsiError::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if !names::is_local_name(&id.volume) {
-            return Ok(None);
-        }
-        let lv = self
-            .lvs
-            .get_opt(&id.volume)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?;
-        Ok(lv.filter(|lv| lv.spec.node_name == id.node))
-    }
 }
 
 /// Deletes that very object: a newer one of the same name is left alone
@@ -662,6 +648,7 @@ impl Provisioner for KubeProvisioner {
                     .and_then(|s| s.volume_id.as_ref())
                     .is_some()
                     && copies::snapshot_of(lv).is_none()
+                    && legacy::serves(lv)
             })
             .map(|lv| {
                 let key = (lv.spec.node_name.clone(), lv.spec.device_group.clone());
@@ -683,6 +670,19 @@ impl Provisioner for KubeProvisioner {
                         v.node
                     ))
                 })
+                .collect();
+        };
+        let (nodes, port) = (&self.nodes, access.port);
+        health::volume_health(&access.clients, volumes, |name| async move {
+            match nodes.get_opt(&name).await {
+                Ok(Some(node)) => node_endpoint(&node, port).map_err(|e| e.to_string()),
+                Ok(None) => Err("no such Node".to_string()),
+                Err(e) => Err(format!("reading the Node failed: {e}")),
+            }
+        })
+        .await
+    }
+
     /// The group names of the published `NodeStorageResource`s, from the
     /// cache once it is ready.
     #[tracing::instrument(name = "kube.group_names", skip_all, err(level = "info"))]
@@ -698,19 +698,6 @@ impl Provisioner for KubeProvisioner {
             .flat_map(|nsr| nsr.status.iter().flat_map(|s| s.groups.iter()))
             .map(|g| g.name.clone())
             .collect())
-    }
-
-                .collect();
-        };
-        let (nodes, port) = (&self.nodes, access.port);
-        health::volume_health(&access.clients, volumes, |name| async move {
-            match nodes.get_opt(&name).await {
-                Ok(Some(node)) => node_endpoint(&node, port).map_err(|e| e.to_string()),
-                Ok(None) => Err("no such Node".to_string()),
-                Err(e) => Err(format!("reading the Node failed: {e}")),
-            }
-        })
-        .await
     }
 
     #[tracing::instrument(name = "kube.capacity", skip_all, err(level = "info"), fields(carina.group = group.unwrap_or_default()))]

@@ -13,7 +13,6 @@ use carina_api::quantity::quantity_bytes;
 use carina_api::state::Retry;
 use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, LogicVolumeStatus, PATH_ANNOTATION};
 use carina_csi::params::{BCACHE_DATA_OFFSET, FsType};
-use carina_csi::volume_id::VolumeId;
 use carina_csi::{CsiError, ProvisionedVolume, VolumeRequest, context, sizes};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -271,7 +270,7 @@ pub(super) fn provisioned(
         ctx.insert(context::FS_TYPE.to_string(), fs.as_str().to_string());
     }
     ProvisionedVolume {
-        volume_id: VolumeId::new(lv.name_any(), node.clone()).encode(),
+        volume_id: super::legacy::csi_volume_id(lv),
         capacity_bytes: current_bytes(lv).unwrap_or(0),
         node,
         group: lv.spec.device_group.clone(),
