@@ -36,6 +36,23 @@ pub(crate) fn condition(
     }
 }
 
+/// `previous` with `new` in place of the condition of its type (added
+/// after the others when there is none); the other types kept.
+pub(crate) fn with_condition(previous: &[Condition], new: Condition) -> Vec<Condition> {
+    let mut out: Vec<Condition> = previous
+        .iter()
+        .filter(|c| c.type_ != new.type_)
+        .cloned()
+        .collect();
+    let at = previous
+        .iter()
+        .position(|c| c.type_ == new.type_)
+        .unwrap_or(out.len())
+        .min(out.len());
+    out.insert(at, new);
+    out
+}
+
 /// `text` cut to at most `max` bytes on a character boundary.
 pub(crate) fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {

@@ -51,11 +51,23 @@ impl Context {
         action: Op,
         note: &str,
     ) {
+        self.note(lv, type_, reason, action.rpc_for(lv), note).await
+    }
+
+    /// An Event on `lv` whose action is `action`.
+    pub(super) async fn note(
+        &self,
+        lv: &LogicVolume,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
         let event = KubeEvent {
             type_,
             reason: reason.to_string(),
             note: Some(truncate(note, MAX_NOTE)),
-            action: action.rpc_for(lv).to_string(),
+            action: action.to_string(),
             secondary: None,
         };
         let published = self

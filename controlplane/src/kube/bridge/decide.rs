@@ -6,7 +6,7 @@
 
 use carina_api::logicvolume::{STATUS_FAILED, STATUS_SUCCESS};
 use carina_api::quantity::{bytes_quantity, quantity_bytes};
-use carina_api::{LogicVolume, LogicVolumeCache, LogicVolumeStatus};
+use carina_api::{LogicVolume, LogicVolumeCache, LogicVolumeStatus, Owner};
 use carina_csi::volume_id::VolumeId;
 use carina_proto::code_name;
 use carina_proto::nodestorage as pb;
@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use tonic::Code;
 
 use super::error::{Error, Retry};
-use crate::kube::status::condition;
+use crate::kube::status::{condition, with_condition};
 
 /// The condition type the bridge maintains.
 pub const READY: &str = "Ready";
@@ -25,6 +25,8 @@ pub(super) enum Op {
     Create,
     Resize,
     Delete,
+    /// Finding a Go Carina volume taken over on its node.
+    Confirm,
 }
 
 impl Op {
@@ -36,6 +38,7 @@ impl Op {
             (Op::Resize, _) => "ResizeLV",
             (Op::Delete, false) => "DeleteLV",
             (Op::Delete, true) => "DeleteBcache",
+            (Op::Confirm, _) => "GetLV",
         }
     }
 
@@ -44,6 +47,7 @@ impl Op {
             Op::Create => "CreateFailed",
             Op::Resize => "ResizeFailed",
             Op::Delete => "DeleteFailed",
+            Op::Confirm => "TakeOverFailed",
         }
     }
 }
@@ -179,14 +183,17 @@ pub(super) fn failed_status(lv: &LogicVolume, code: Code, message: &str) -> Logi
         code: Some(code as i32),
         message: Some(message.to_string()),
         status: Some(STATUS_FAILED.to_string()),
-        conditions: vec![condition(
+        conditions: with_condition(
             &previous.conditions,
-            READY,
-            false,
-            code_name(code),
-            message,
-            lv.metadata.generation,
-        )],
+            condition(
+                &previous.conditions,
+                READY,
+                false,
+                code_name(code),
+                message,
+                lv.metadata.generation,
+            ),
+        ),
         observed_generation: lv.metadata.generation,
         ..previous
     }
@@ -203,21 +210,24 @@ pub(super) fn made_status(
     let previous = lv.status.clone().unwrap_or_default();
     let block = !volume.device_path.is_empty();
     LogicVolumeStatus {
-        volume_id: Some(VolumeId::new(lv.name_any(), lv.spec.node_name.clone()).encode()),
+        volume_id: Some(status_volume_id(lv)),
         code: Some(0),
         message: Some(message.to_string()),
         current_size: Some(bytes_quantity(volume.size_bytes)),
         status: Some(STATUS_SUCCESS.to_string()),
         device_major: block.then_some(volume.major),
         device_minor: block.then_some(volume.minor),
-        conditions: vec![condition(
+        conditions: with_condition(
             &previous.conditions,
-            READY,
-            true,
-            "Provisioned",
-            message,
-            lv.metadata.generation,
-        )],
+            condition(
+                &previous.conditions,
+                READY,
+                true,
+                "Provisioned",
+                message,
+                lv.metadata.generation,
+            ),
+        ),
         observed_generation: lv.metadata.generation,
         // One status write carries everything: a second request right
         // after it would wait on a delayed ACK.
@@ -231,6 +241,15 @@ pub(super) fn made_status(
             .map(|c| c.incarnation.clone())
             .filter(|i| !i.is_empty()),
         capacity_generation: capacity.map(|c| c.generation),
+    }
+}
+
+/// The id `status.volumeID` records: `<object>@<node>`, or the Go id a
+/// Go Carina volume taken over keeps (its PersistentVolume's handle).
+fn status_volume_id(lv: &LogicVolume) -> String {
+    match lv.owner() {
+        Ok(Owner::TakenOver { local }) => local,
+        _ => VolumeId::new(lv.name_any(), lv.spec.node_name.clone()).encode(),
     }
 }
 
@@ -249,14 +268,17 @@ pub(super) fn settled_status(lv: &LogicVolume) -> Option<LogicVolumeStatus> {
         code: Some(0),
         message: Some(message.clone()),
         status: Some(STATUS_SUCCESS.to_string()),
-        conditions: vec![condition(
+        conditions: with_condition(
             &previous.conditions,
-            READY,
-            true,
-            "Provisioned",
-            &message,
-            lv.metadata.generation,
-        )],
+            condition(
+                &previous.conditions,
+                READY,
+                true,
+                "Provisioned",
+                &message,
+                lv.metadata.generation,
+            ),
+        ),
         observed_generation: lv.metadata.generation,
         ..previous
     })

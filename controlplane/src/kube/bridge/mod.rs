@@ -40,6 +40,12 @@
 //! retried. A `LogicVolume` whose Node object no longer exists is
 //! released with a Warning Event: there is no node left to delete on.
 //!
+//! **Go Carina's objects** ([`LogicVolume::owner`]): one not taken over
+//! is left alone (no node call, no Ready, its finalizer neither added nor
+//! removed) but for the condition [`ADOPTED`] `False`; one taken over is
+//! first found on its node (`GetLV`, never `CreateLV`), then reconciled
+//! like ours under its node-local name, the Go id (`takeover`).
+//!
 //! **Files.** This one runs the controller (`run_controller`, `reconcile`,
 //! [`error_policy`]); `decide` holds the pure decisions (which operation,
 //! terminal or not, the status to write); `steps` carries them out on the
@@ -68,6 +74,7 @@ mod context;
 mod decide;
 mod error;
 mod steps;
+mod takeover;
 
 use context::Context;
 pub use context::FIELD_MANAGER;
@@ -75,6 +82,8 @@ pub use decide::READY;
 pub use error::Error;
 use error::Retry;
 use steps::{apply, cleanup};
+use takeover::Route;
+pub use takeover::{ADOPTED, BAD_ADOPTION, GO_CARINA_VOLUME};
 
 /// `reportingController` of the bridge's Events.
 pub const REPORTER: &str = "carina-bridge";
@@ -83,15 +92,25 @@ async fn reconcile(lv: Arc<LogicVolume>, ctx: Arc<Context>) -> Result<Action, Er
     let name = lv.name_any();
     let started = std::time::Instant::now();
     let span = tracing::info_span!("bridge.reconcile", carina.volume.name = %name);
-    let result = finalizer(&ctx.lvs, LOGICVOLUME_FINALIZER, lv, |event| async {
-        match event {
-            FinalizerEvent::Apply(lv) => apply(&lv, &ctx).await,
-            FinalizerEvent::Cleanup(lv) => cleanup(&lv, &ctx).await,
+    let result = match takeover::route(&lv) {
+        Route::LeaveAlone { reason, message } => {
+            takeover::leave_alone(&lv, &ctx, reason, &message)
+                .instrument(span)
+                .await
         }
-    })
-    .instrument(span)
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+        Route::Confirm { local } => takeover::confirm(&lv, &ctx, &local).instrument(span).await,
+        Route::Reconcile { local } => {
+            finalizer(&ctx.lvs, LOGICVOLUME_FINALIZER, lv, |event| async {
+                match event {
+                    FinalizerEvent::Apply(lv) => apply(&lv, &ctx, &local).await,
+                    FinalizerEvent::Cleanup(lv) => cleanup(&lv, &ctx, &local).await,
+                }
+            })
+            .instrument(span)
+            .await
+            .map_err(|e| Error::Finalizer(Box::new(e)))
+        }
+    };
     if result.is_ok() {
         ctx.failures().remove(&name);
     }

@@ -73,7 +73,9 @@ pub(super) async fn fail(
     Err(error)
 }
 
-pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
+/// Carries out what `lv` asks of its node; `local` is its volume's name
+/// there ([`LogicVolume::owner`]).
+pub(super) async fn apply(lv: &LogicVolume, ctx: &Context, local: &str) -> Result<Action, Error> {
     let (op, wanted) = match plan(lv) {
         Plan::Wait => return Ok(Action::await_change()),
         Plan::Invalid { op, error } => return fail(lv, ctx, op, error).await,
@@ -81,6 +83,16 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
         Plan::Call { op, wanted } => (op, wanted),
     };
     let name = lv.name_any();
+    if op == Op::Create && local != name {
+        // A Go Carina volume taken over exists on its node already.
+        let error = Error::Spec {
+            field: "status.volumeID",
+            reason: format!(
+                "unset on a Go Carina volume taken over ({local}); it is never created"
+            ),
+        };
+        return fail(lv, ctx, op, error).await;
+    }
     let endpoint = match ctx.endpoint(lv).await {
         Ok(e) => e,
         Err(e) => return fail(lv, ctx, op, e.into()).await,
@@ -93,7 +105,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
             }
             Op::Create => {
                 let req = pb::CreateLvRequest {
-                    name: name.clone(),
+                    name: local.to_string(),
                     device_group: lv.spec.device_group.clone(),
                     size_bytes: wanted,
                     exclusive: lv
@@ -101,7 +113,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
                         .get(EXCLUSIVE_ANNOTATION)
                         .is_some_and(|v| v == "true"),
                 };
-                let what = format!("CreateLV {name}");
+                let what = format!("CreateLV {local}");
                 let made = clients
                     .call(
                         &endpoint,
@@ -115,7 +127,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
                     // complete. A failed copy leaves the volume marked
                     // incomplete on the node; the retry copies again.
                     Some(source) => {
-                        copy(clients, &endpoint, &source.volume, &name, source.snapshot)
+                        copy(clients, &endpoint, &source.volume, local, source.snapshot)
                             .await
                             .map(|v| (Some(v), made.capacity))
                     }
@@ -124,10 +136,10 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
             }
             _ => {
                 let req = pb::ResizeLvRequest {
-                    name: name.clone(),
+                    name: local.to_string(),
                     size_bytes: wanted,
                 };
-                let what = format!("ResizeLV {name}");
+                let what = format!("ResizeLV {local}");
                 clients
                     .call(
                         &endpoint,
@@ -145,7 +157,7 @@ pub(super) async fn apply(lv: &LogicVolume, ctx: &Context) -> Result<Action, Err
         Ok((Some(v), capacity)) => (v, capacity),
         Ok((None, _)) => {
             let e = CsiError::Internal(format!(
-                "node {}: {} {name} answered without a volume",
+                "node {}: {} {local} answered without a volume",
                 endpoint.node,
                 op.rpc_for(lv)
             ));
@@ -218,7 +230,8 @@ async fn settled(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, Error> {
+/// Deletes the volume of `lv`, named `local` on its node.
+pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context, local: &str) -> Result<Action, Error> {
     let name = lv.name_any();
     let endpoint = match ctx.endpoint(lv).await {
         Ok(e) => e,
@@ -233,7 +246,7 @@ pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, E
         }
         Err(e) => return fail(lv, ctx, Op::Delete, e.into()).await,
     };
-    let what = format!("{} {name}", Op::Delete.rpc_for(lv));
+    let what = format!("{} {local}", Op::Delete.rpc_for(lv));
     let result = if lv.spec.cache.is_some() {
         // The node deletes the volumes CreateBcache made with the device.
         let req = pb::DeleteBcacheRequest { name: name.clone() };
@@ -245,7 +258,9 @@ pub(super) async fn cleanup(lv: &LogicVolume, ctx: &Context) -> Result<Action, E
             .await
             .map(drop)
     } else {
-        let req = pb::DeleteLvRequest { name: name.clone() };
+        let req = pb::DeleteLvRequest {
+            name: local.to_string(),
+        };
         ctx.clients
             .call(
                 &endpoint,
