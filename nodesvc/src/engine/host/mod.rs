@@ -11,12 +11,15 @@
 //! A directory without our marker is foreign: it is never listed, resized or
 //! deleted. Create writes the marker first and the directory second; delete
 //! removes the directory first and the marker last; a failure in between is
-//! rolled back, so a volume is never half there.
+//! rolled back, so a volume is never half there. A directory another
+//! program made becomes ours when adopted ([`adopt`]): our marker is
+//! added, the directory kept as it is.
 //!
 //! Sizes are enforced by project quota when the root's file system supports
 //! it ([`super::quota`]); otherwise they are only accounted, and the
 //! capacity report says so.
 
+mod adopt;
 mod store;
 
 use std::sync::{Arc, Mutex};
@@ -30,7 +33,7 @@ use super::disks::Disk;
 use super::error::{Error, Result};
 use super::names;
 use super::quota::{self, Enforcement};
-use super::volume::{CreateRequest, GroupCapacity, Volume};
+use super::volume::{AdoptRequest, CreateRequest, GroupCapacity, Volume};
 
 /// Directory under the root that holds the markers. Volume names cannot
 /// start with a dot, so it never collides with a volume.
@@ -247,6 +250,10 @@ impl Backend for HostGroup {
         }
         let owned = name.to_string();
         self.blocking(move |s| s.remove_marker(&owned)).await
+    }
+
+    async fn adopt(&self, req: &AdoptRequest) -> Result<Volume> {
+        self.adopt_dir(req).await
     }
 
     async fn capacity(&self) -> Result<GroupCapacity> {

@@ -18,7 +18,7 @@ use crate::engine::devnum;
 use crate::engine::disks::Disk;
 use crate::engine::error::{Error, Result};
 use crate::engine::names;
-use crate::engine::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
+use crate::engine::volume::{AdoptRequest, CreateRequest, GroupCapacity, QuotaMode, Volume};
 
 use super::cache::VgCache;
 use super::cli::{extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
@@ -26,6 +26,7 @@ use super::device::{self, Mode, dm_path, ensure_unused};
 use super::report::{Lv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
 use super::runner::LvmRunner;
 
+mod adopt;
 mod create;
 mod members;
 
@@ -411,6 +412,10 @@ impl Backend for LvmGroup {
                 Err(e.into())
             }
         }
+    }
+
+    async fn adopt(&self, req: &AdoptRequest) -> Result<Volume> {
+        self.adopt_lv(req).await
     }
 
     async fn capacity(&self) -> Result<GroupCapacity> {

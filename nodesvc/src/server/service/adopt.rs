@@ -138,48 +138,52 @@ mod tests {
 
     #[test]
     fn reads_each_kind() {
-        let r = adopt_request(req("volume-pvc-1-ab", "carina-vg-ssd", pb::Policy::Lvm)).unwrap();
+        let r =
+            adopt_request(req("volume-pvc-1-ab", "carina-vg-ssd", pb::Policy::Lvm)).expect("valid");
         assert_eq!(
             (r.name.as_str(), r.group.as_str()),
             ("volume-pvc-1-ab", "carina-vg-ssd")
         );
         assert_eq!((r.disk, r.partition_label), (None, None));
-        let r = adopt_request(req("volume-pvc-1-ab", "raw/loop7", pb::Policy::Raw)).unwrap();
+        let r = adopt_request(req("volume-pvc-1-ab", "raw/loop7", pb::Policy::Raw)).expect("valid");
         assert_eq!(r.group, "raw");
         assert_eq!(r.disk.as_deref(), Some("loop7"));
         assert_eq!(r.partition_label.as_deref(), Some("carina.io/ab"));
-        let r = adopt_request(req("host-pvc-1", "hostgrp", pb::Policy::Host)).unwrap();
+        let r = adopt_request(req("host-pvc-1", "hostgrp", pb::Policy::Host)).expect("valid");
         assert_eq!(r.policy, Policy::Host);
     }
 
     #[test]
     fn refuses_what_is_not_a_go_volume() {
         assert_eq!(
-            field(adopt_request(req("pvc-1@node", "g", pb::Policy::Lvm)).unwrap_err()),
+            field(adopt_request(req("pvc-1@node", "g", pb::Policy::Lvm)).expect_err("refused")),
             "name"
         );
         assert_eq!(
-            field(adopt_request(req("thin-pvc-1", "g", pb::Policy::Lvm)).unwrap_err()),
+            field(adopt_request(req("thin-pvc-1", "g", pb::Policy::Lvm)).expect_err("refused")),
             "name"
         );
         assert_eq!(
-            field(adopt_request(req("volume-pvc-1", "", pb::Policy::Lvm)).unwrap_err()),
+            field(adopt_request(req("volume-pvc-1", "", pb::Policy::Lvm)).expect_err("refused")),
             "device_group"
         );
         assert_eq!(
-            field(adopt_request(req("volume-pvc-1", "raw", pb::Policy::Raw)).unwrap_err()),
+            field(adopt_request(req("volume-pvc-1", "raw", pb::Policy::Raw)).expect_err("refused")),
             "device_group"
         );
         assert_eq!(
-            field(adopt_request(req("volume-pvc-1", "g", pb::Policy::Unspecified)).unwrap_err()),
+            field(
+                adopt_request(req("volume-pvc-1", "g", pb::Policy::Unspecified))
+                    .expect_err("refused")
+            ),
             "policy"
         );
         assert!(matches!(
-            adopt_request(req("host-pvc-1", "g", pb::Policy::Lvm)).unwrap_err(),
+            adopt_request(req("host-pvc-1", "g", pb::Policy::Lvm)).expect_err("refused"),
             Error::FailedPrecondition { .. }
         ));
         assert!(matches!(
-            adopt_request(req("volume-pvc-1", "g", pb::Policy::Host)).unwrap_err(),
+            adopt_request(req("volume-pvc-1", "g", pb::Policy::Host)).expect_err("refused"),
             Error::FailedPrecondition { .. }
         ));
     }
