@@ -59,6 +59,38 @@ fn run_promtool(dir: &Path, args: &[&str], stdin: Option<&str>) -> Result<String
     Ok(text)
 }
 
+/// The gauges Go Carina named with a `_total` suffix, served under its
+/// names so its dashboards keep working.
+const GO_GAUGES_NAMED_TOTAL: [&str; 3] = [
+    "carina_volume_group_stats_capacity_bytes_total",
+    "carina_volume_group_stats_lv_total",
+    "carina_volume_group_stats_pv_total",
+];
+
+/// `promtool check metrics` of `page`: it passes, or its only objections
+/// are the suffix of Go Carina's gauges (each of which the page serves).
+fn check_metrics(dir: &Path, page: &str) -> Result<()> {
+    let Err(e) = run_promtool(dir, &["check", "metrics"], Some(page)) else {
+        return Ok(());
+    };
+    let text = e.to_string();
+    // The first line is run_promtool's; the rest is promtool's answer.
+    let problems: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let expected: Vec<String> = GO_GAUGES_NAMED_TOTAL
+        .iter()
+        .map(|n| format!("{n} non-counter metrics should not have \"_total\" suffix"))
+        .collect();
+    if problems.is_empty() || !problems.iter().all(|p| expected.iter().any(|x| x == p)) {
+        return Err(e);
+    }
+    Ok(())
+}
+
 fn alerts_file() -> PathBuf {
     repo_root().join("deploy/helm/carina/files/alerts.yaml")
 }
@@ -189,7 +221,7 @@ fn dashboard_queries_are_promql_promtool_accepts() -> Result<()> {
 
 /// The node's page as `/metrics` renders it: one group of each policy,
 /// a certificate from the issuer, the plugin registered, the IO limits,
-/// and one observation in each histogram.
+/// one volume's IO counters, and one observation in each histogram.
 fn node_page() -> String {
     let metrics = carina_node::server::metrics::Metrics::default();
     metrics.observe("CreateLV", tonic::Code::Ok);
@@ -231,7 +263,19 @@ fn node_page() -> String {
         value: 1,
         age: Duration::from_millis(20),
     };
-    metrics.render("node-a", &snapshot, Some(io_limits))
+    let volume_io = carina_node::server::slow_gauge::Reading {
+        value: vec![carina_node::server::compat_metrics::VolumeIo {
+            volume: "pvc-1".into(),
+            group: "lvm".into(),
+            stat: carina_sys::blockstat::BlockStat {
+                writes_completed: 2,
+                sectors_written: 16,
+                ..Default::default()
+            },
+        }],
+        age: Duration::from_millis(20),
+    };
+    metrics.render("node-a", &snapshot, Some(io_limits), Some(&volume_io))
 }
 
 fn controller_page() -> String {
@@ -287,8 +331,7 @@ fn metrics_pages_pass_promtool_and_carry_every_name_the_rules_use() -> Result<()
     let dir = repo_root();
     let mut known = BTreeSet::new();
     for (program, page) in &pages {
-        run_promtool(&dir, &["check", "metrics"], Some(page))
-            .with_context(|| format!("the {program} page:\n{page}"))?;
+        check_metrics(&dir, page).with_context(|| format!("the {program} page:\n{page}"))?;
         known.extend(sample_names(page));
     }
     let name = regex::Regex::new(r"\bcarina_[a-z0-9_]+")?;
