@@ -209,28 +209,51 @@ async fn discover_and_assign(config: &Config, runner: &lvm::LvmRunner) -> Result
     for disk in all.iter_mut().filter(|d| matched(d)) {
         disks::probe(disk).await?;
     }
+    let lvm_paths: Vec<PathBuf> = all
+        .iter()
+        .filter(|d| matched(d) && d.fstype.as_deref() == Some("LVM2_member"))
+        .map(|d| d.path.clone())
+        .collect();
+    let mut vgs = if lvm_paths.is_empty() {
+        Default::default()
+    } else {
+        lvm::pv_vg_names(runner, &lvm_paths).await?
+    };
     // Disks no selector matches are read (their LVM label, never
     // written) only to find physical volumes of our groups' VGs that a
     // selector left behind; our own LV exposures (loops over a PV) are
-    // not read at all: a pod controls what they hold.
-    let lvm_groups = config.groups.iter().any(|g| g.policy == Policy::Lvm);
-    let lvm_paths: Vec<PathBuf> = all
+    // not read at all: a pod controls what they hold. A failure there is
+    // no failure of the scan: those disks are not the groups'. Read
+    // without locks (`--readonly`): another program's volume group held
+    // locked must not stall the scan.
+    let unmatched: Vec<PathBuf> = all
         .iter()
-        .filter(|d| {
-            if matched(d) {
-                d.fstype.as_deref() == Some("LVM2_member")
-            } else {
-                lvm_groups && disks::may_be_left_behind(d)
-            }
-        })
+        .filter(|d| !matched(d) && disks::may_be_left_behind(d))
         .map(|d| d.path.clone())
         .collect();
-    if !lvm_paths.is_empty() {
-        let vgs = lvm::pv_vg_names(runner, &lvm_paths).await?;
-        for disk in &mut all {
-            if let Some(vg) = vgs.get(&disk.path) {
-                disk.lvm_vg = Some(vg.clone());
+    let lvm_groups = config.groups.iter().any(|g| g.policy == Policy::Lvm);
+    if lvm_groups && !unmatched.is_empty() {
+        let pvs = lvm::lvm_cmd("pvs", &unmatched).args([
+            "--readonly",
+            "--reportformat",
+            "json",
+            "-o",
+            "pv_name,vg_name",
+        ]);
+        let found = match runner.run(pvs).await {
+            Ok(out) => lvm::parse_pv_vgs(&out.stdout),
+            Err(e) => Err(e.into()),
+        };
+        match found {
+            Ok(found) => vgs.extend(found),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the LVM labels of disks no selector matches")
             }
+        }
+    }
+    for disk in &mut all {
+        if let Some(vg) = vgs.get(&disk.path) {
+            disk.lvm_vg = Some(vg.clone());
         }
     }
     let gpt: Vec<Disk> = all
