@@ -193,12 +193,14 @@ async fn carina_parameters_idempotency_sizes_and_lifecycle() -> Result<()> {
         "Identity is served next to Controller"
     );
 
-    // disk-group-name + fstype xfs, pinned to node-a.
+    // disk-group-name + fstype xfs, pinned to node-a; a carina.storage.io
+    // key this driver does not know is accepted (as Go Carina did).
     let mut req = create("pvc-xfs", 10 * MIB + 1);
     req.parameters = params(&[
         ("carina.storage.io/disk-group-name", "host"),
         ("csi.storage.k8s.io/fstype", "xfs"),
         ("csi.storage.k8s.io/pvc/name", "data"),
+        ("carina.storage.io/volume-type", "lvm"),
     ]);
     req.accessibility_requirements = Some(csi::TopologyRequirement {
         requisite: vec![on(A), on(B)],
@@ -624,8 +626,13 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
             InvalidArgument,
         ),
         (
-            "unknown carina.storage.io key",
-            param("carina.storage.io/disk-group", "host"),
+            "a bad known value beside an unknown carina.storage.io key",
+            with(&|r| {
+                r.parameters = params(&[
+                    ("carina.storage.io/disk-group", "host"),
+                    ("carina.storage.io/exclusively-raw-disk", "yes"),
+                ])
+            }),
             InvalidArgument,
         ),
         (
@@ -833,9 +840,15 @@ async fn malformed_requests_get_the_spec_code_and_create_nothing() -> Result<()>
             NotFound,
         ),
         (
-            "capacity with an unknown carina key",
+            "capacity with a bad known value beside an unknown carina key",
             Call::Capacity(csi::GetCapacityRequest {
-                parameters: params(&[("carina.storage.io/size", "1")]),
+                parameters: params(&[
+                    ("carina.storage.io/size", "1"),
+                    ("carina.storage.io/cache-policy", "fast"),
+                    ("carina.storage.io/backend-disk-group-name", "host"),
+                    ("carina.storage.io/cache-disk-group-name", "host"),
+                    ("carina.storage.io/cache-disk-ratio", "10"),
+                ]),
                 ..Default::default()
             }),
             InvalidArgument,
