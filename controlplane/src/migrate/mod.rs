@@ -9,6 +9,7 @@
 //! The plan's JSON field names are stable (snake_case); the human table is
 //! rendered by `carinactl`.
 
+pub mod apply;
 mod classify;
 mod leftovers;
 #[cfg(test)]
