@@ -46,7 +46,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Take over a cluster that runs Go Carina: list what will happen to
-    /// every Go object and volume (`plan`).
+    /// every Go object and volume (`plan`), then do it (`apply`).
     #[command(subcommand)]
     Migrate(migrate::MigrateCommand),
     #[command(flatten)]
@@ -76,7 +76,7 @@ async fn main() -> ExitCode {
             let out = Printer {
                 format: args.output,
             };
-            migrate::run(cmd, &out).await
+            migrate::run(cmd, &args.connection, &out).await
         }
         Command::Node(command) => cli::run(args::Cli {
             connection: args.connection,

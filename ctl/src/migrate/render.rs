@@ -1,6 +1,7 @@
 //! The human output of `carinactl migrate plan`: one table per kind of
 //! object, then a summary line. The JSON output is the plan itself.
 
+use carina_controlplane::migrate::apply::{ApplyOutcome, ApplyReport};
 use carina_controlplane::migrate::{HandleKind, Plan, VolumeAction};
 use carina_node::cli::size::format_size;
 use carina_node::cli::table::{Table, left, right};
@@ -159,6 +160,41 @@ pub fn summary(plan: &Plan) -> String {
         "nothing blocks migrate apply".to_string()
     };
     format!("plan: {}; {verdict}\n", parts.join(", "))
+}
+
+/// One row per LogicVolume, then a summary line.
+pub fn apply_table(report: &ApplyReport) -> String {
+    let mut t = Table::new(&[
+        left("LOGICVOLUME"),
+        left("OUTCOME"),
+        left("NODE"),
+        left("VOLUMEID"),
+        left("DETAIL"),
+    ]);
+    let name = |o: ApplyOutcome| match o {
+        ApplyOutcome::Adopted => "adopted",
+        ApplyOutcome::AlreadyAdopted => "already-adopted",
+        ApplyOutcome::Skipped => "skipped",
+        ApplyOutcome::Error => "error",
+    };
+    for v in &report.volumes {
+        t.row([
+            v.name.clone(),
+            name(v.outcome).to_string(),
+            v.node.clone(),
+            v.volume_id.clone().unwrap_or_default(),
+            v.detail.clone(),
+        ]);
+    }
+    let count = |o: ApplyOutcome| report.volumes.iter().filter(|v| v.outcome == o).count();
+    format!(
+        "{}\napply: {} adopted, {} already adopted, {} skipped, {} error\n",
+        t.render(),
+        count(ApplyOutcome::Adopted),
+        count(ApplyOutcome::AlreadyAdopted),
+        count(ApplyOutcome::Skipped),
+        count(ApplyOutcome::Error)
+    )
 }
 
 #[cfg(test)]
