@@ -179,7 +179,20 @@ impl LvmGroup {
                     snap = self.refresh().await?;
                 }
                 Leave::Move { used, to } => {
-                    self.move_off(&disk.path, used, &to).await?;
+                    // A move that fails is a reason to stay, not a failed
+                    // rescan: the group keeps serving from the old extents.
+                    if let Err(e) = self.move_off(&disk.path, used, &to).await {
+                        let reason = format!(
+                            "it holds {used} extents; moving them failed, and they stay \
+                             where they were: {e}"
+                        );
+                        kept.push(Kept {
+                            path: disk.path.clone(),
+                            reason,
+                        });
+                        snap = self.refresh().await?;
+                        continue;
+                    }
                     self.reduce(&disk.path).await?;
                     snap = self.refresh().await?;
                 }
