@@ -42,7 +42,9 @@ use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
 use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
@@ -339,6 +341,7 @@ async fn kube_provisioner_over_a_real_apiserver() -> Result<()> {
     create_returns_when_the_status_is_written(&mut spread.csi, &lvs, &record).await?;
     placement(&mut spread.csi, &mut pack.csi, &lvs).await?;
     repeats_are_idempotent(&mut spread.csi).await?;
+    ignored_parameters_warn_on_the_claim(&client, &mut spread.csi).await?;
     bridge_codes(&mut spread.csi, &lvs).await?;
     deadline_then_retry(&client, &mut spread.csi, &lvs).await?;
     delete_waits_for_the_finalizer(&mut spread.csi, &lvs, &record).await?;
@@ -565,6 +568,65 @@ async fn repeats_are_idempotent(csi: &mut Csi) -> Result<()> {
     let v2 = make(csi, create(odd, MIB)).await?;
     assert_eq!(v1.volume_id, v2.volume_id);
     assert!(v1.volume_id.starts_with("csi-"), "{}", v1.volume_id);
+    Ok(())
+}
+
+/// A StorageClass key this driver does not read is accepted (as Go Carina
+/// did) and a Warning Event on the claim names it; a class whose every key
+/// has its effect makes no Event.
+async fn ignored_parameters_warn_on_the_claim(client: &Client, csi: &mut Csi) -> Result<()> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claim = |name: &str| -> Result<PersistentVolumeClaim> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Mi"}}},
+        }))?)
+    };
+    let mut uids = Vec::new();
+    for name in ["data-ignored", "data-plain"] {
+        let made = claims.create(&PostParams::default(), &claim(name)?).await?;
+        uids.push(made.uid().context("a uid")?);
+    }
+    let of = |pvc: &str| {
+        [
+            ("csi.storage.k8s.io/pvc/name", pvc.to_string()),
+            ("csi.storage.k8s.io/pvc/namespace", "default".to_string()),
+        ]
+    };
+    let mut ignored = create("pvc-ignored", MIB);
+    ignored.parameters.extend(
+        of("data-ignored")
+            .map(|(k, v)| (k.to_string(), v))
+            .into_iter()
+            .chain([(
+                "carina.storage.io/volume-type".to_string(),
+                "lvm".to_string(),
+            )]),
+    );
+    make(csi, ignored).await?;
+    let mut plain = create("pvc-plain", MIB);
+    plain
+        .parameters
+        .extend(of("data-plain").map(|(k, v)| (k.to_string(), v)));
+    make(csi, plain).await?;
+    // The Event is written before the create goes on: it is there now.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let warnings: Vec<Event> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("StorageClassParametersIgnored"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    let w = &warnings[0];
+    assert_eq!(w.type_.as_deref(), Some("Warning"));
+    let regarding = w.regarding.as_ref().context("regarding")?;
+    assert_eq!(regarding.uid.as_ref(), Some(&uids[0]), "on the claim");
+    assert_eq!(regarding.kind.as_deref(), Some("PersistentVolumeClaim"));
+    let note = w.note.as_deref().unwrap_or_default();
+    assert!(note.contains("carina.storage.io/volume-type"), "{note}");
     Ok(())
 }
 

@@ -124,11 +124,13 @@ mod legacy;
 mod object;
 mod outcome;
 mod placement;
+mod notice;
 mod records;
 mod watch;
 
 use cache::{Cache, Records, Reservation};
 use error::api_error;
+use notice::Notices;
 pub use error::status_error;
 pub use object::{PVC_NAME_PARAMETER, PVC_NAMESPACE_PARAMETER};
 use object::{new_object, traceparent};
@@ -172,6 +174,7 @@ pub struct KubeProvisioner {
     cache: Arc<Cache>,
     config: KubeProvisionerConfig,
     node_access: Option<NodeAccess>,
+    notices: Notices,
 }
 
 /// How the provisioner reaches nodes to read volume conditions.
@@ -200,6 +203,7 @@ impl KubeProvisioner {
             lvs: Api::all(client.clone()),
             nsrs: Api::all(client.clone()),
             nodes: Api::all(client.clone()),
+            notices: Notices::new(client.clone()),
             cache: Arc::new(Cache::start(client)),
             config,
             node_access: None,
@@ -410,6 +414,7 @@ fn exactly(lv: &LogicVolume) -> DeleteParams {
 impl Provisioner for KubeProvisioner {
     #[tracing::instrument(name = "kube.create_volume", skip_all, err(level = "info"), fields(carina.volume.name = %req.name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
+        self.notices.parameters_ignored(req).await;
         if let Some(source) = &req.source {
             return self.create_from(req, source).await;
         }
