@@ -410,3 +410,137 @@ async fn a_host_volume_go_made_is_adopted_in_place() {
         Err(Error::VolumeNotFound { .. })
     ));
 }
+
+/// `sgdisk -i N` of `dev`: (partition name, unique GUID).
+fn gpt_entry(dev: &str, number: u32) -> (String, String) {
+    let out = run("sgdisk", &["-i", &number.to_string(), dev]).expect("sgdisk -i");
+    let field = |key: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().trim_matches('\'').to_string())
+            .unwrap_or_default()
+    };
+    (field("Partition name:"), field("Partition unique GUID:"))
+}
+
+#[tokio::test]
+async fn a_raw_volume_go_made_is_adopted_in_place() {
+    const TEST: &str = "a_raw_volume_go_made_is_adopted_in_place";
+    let Some(f) = EngineFixture::new(TEST, "RAW", &[128 * MIB], 0).await else {
+        return;
+    };
+    let disk = &f.disks[0];
+    let dev = disk.dev();
+    let g = f.group.as_str();
+    // As Go Carina did: a GPT, one partition per volume named
+    // carina.io/<the name's last segment>, a random unique GUID.
+    let other = format!("volume-{}", unique("pvc"));
+    let name = format!("volume-{}", unique("pvc"));
+    let label = |n: &str| format!("carina.io/{}", n.rsplit('-').next().expect("segment"));
+    run("sgdisk", &["-o", &dev]).expect("sgdisk -o");
+    run(
+        "sgdisk",
+        &[
+            "-n",
+            "1:0:+16M",
+            "-c",
+            &format!("1:{}", label(&other)),
+            &dev,
+        ],
+    )
+    .expect("p1");
+    run(
+        "sgdisk",
+        &["-n", "2:0:+24M", "-c", &format!("2:{}", label(&name)), &dev],
+    )
+    .expect("p2");
+    run("partx", &["-u", &dev]).expect("partx");
+    put_data(&format!("{dev}p1"), "bystander");
+    put_data(&format!("{dev}p2"), "kept in place");
+    let other_entry = gpt_entry(&dev, 1);
+    let go_entry = gpt_entry(&dev, 2);
+    // The node starts over the disk Go Carina left: not taken, since it
+    // holds only partitions that are not ours.
+    let engine = f.restart().await;
+    assert!(capacity(&engine, g).await.disks.is_empty());
+    let raw = |n: &str, size: u64| AdoptRequest {
+        disk: Some(disk.name.clone()),
+        partition_label: Some(label(n)),
+        ..req(n, g, Policy::Raw, size)
+    };
+
+    let e = refused(&engine, raw(&name, 25 * MIB)).await;
+    assert!(matches!(e, Error::FailedPrecondition { .. }), "{e}");
+    let e = refused(
+        &engine,
+        AdoptRequest {
+            disk: Some("no-such-disk".into()),
+            ..raw(&name, MIB)
+        },
+    )
+    .await;
+    assert!(matches!(e, Error::VolumeNotFound { .. }), "{e}");
+    let e = refused(&engine, raw(&format!("volume-{}", unique("pvc")), MIB)).await;
+    assert!(matches!(e, Error::VolumeNotFound { .. }), "{e}");
+    let e = refused(
+        &engine,
+        AdoptRequest {
+            group: "no-such-group".into(),
+            ..raw(&name, MIB)
+        },
+    )
+    .await;
+    assert!(matches!(e, Error::FailedPrecondition { .. }), "{e}");
+    assert_eq!(
+        gpt_entry(&dev, 2),
+        go_entry,
+        "a refused adoption changed the entry"
+    );
+
+    let v = engine
+        .adopt_volume(raw(&name, 24 * MIB))
+        .await
+        .expect("adopt");
+    assert_eq!((v.name.as_str(), v.size_bytes), (name.as_str(), 24 * MIB));
+    let (label_now, guid_now) = gpt_entry(&dev, 2);
+    assert_eq!(label_now, carina_node::engine::raw::partition_name(&name));
+    assert_eq!(guid_now, carina_node::engine::raw::volume_guid(&name));
+    assert_eq!(
+        read_data(&v.device_path.clone().expect("device")),
+        "kept in place"
+    );
+    assert_eq!(
+        engine
+            .adopt_volume(raw(&name, 24 * MIB))
+            .await
+            .expect("again"),
+        v
+    );
+    assert_eq!(engine.get_volume(&name).await.expect("get"), v);
+    let adopted = capacity(&engine, g).await;
+    assert_eq!(adopted.volume_count, 1);
+    assert_eq!(adopted.disks, vec![dev.clone()], "the group took the disk");
+    let grown = engine.resize_volume(&name, 32 * MIB).await.expect("resize");
+    assert_eq!(grown.size_bytes, 32 * MIB);
+    assert_eq!(
+        read_data(&grown.device_path.clone().expect("device")),
+        "kept in place"
+    );
+    assert_eq!(
+        capacity(&engine, g).await.free_bytes,
+        adopted.free_bytes - 8 * MIB
+    );
+    engine.delete_volume(&name).await.expect("delete");
+    assert!(matches!(
+        engine.get_volume(&name).await,
+        Err(Error::VolumeNotFound { .. })
+    ));
+    assert_eq!(
+        capacity(&engine, g).await.free_bytes,
+        adopted.free_bytes + 24 * MIB
+    );
+
+    // The partition not named is as Go left it.
+    assert_eq!(gpt_entry(&dev, 1), other_entry);
+    assert_eq!(read_data(Path::new(&format!("{dev}p1"))), "bystander");
+}

@@ -96,12 +96,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Takes over, in place, the volume `req.name` another program made
     /// in this group: adds what makes it ours without touching its data,
-    /// and returns it. A volume of that name we own already is returned
-    /// as it is. `VolumeNotFound` when there is none; `FailedPrecondition`
-    /// when it is smaller than `req.size_bytes` or cannot be served. The
+    /// and returns it. `disk` is the disk a RAW volume is on (the group
+    /// may not have taken it yet: only foreign partitions were on it). A
+    /// volume of that name we own already is returned as it is.
+    /// `VolumeNotFound` when there is none; `FailedPrecondition` when it
+    /// is smaller than `req.size_bytes` or cannot be served. The
     /// steps are ordered so a failed adoption leaves the volume either
     /// untouched or adoptable by a retry.
-    async fn adopt(&self, _req: &AdoptRequest) -> Result<Volume> {
+    async fn adopt(&self, _req: &AdoptRequest, _disk: Option<&Disk>) -> Result<Volume> {
         Err(super::error::Error::Unsupported {
             group: self.config().name.clone(),
             policy: self.config().policy.as_str(),

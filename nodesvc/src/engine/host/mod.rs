@@ -252,7 +252,7 @@ impl Backend for HostGroup {
         self.blocking(move |s| s.remove_marker(&owned)).await
     }
 
-    async fn adopt(&self, req: &AdoptRequest) -> Result<Volume> {
+    async fn adopt(&self, req: &AdoptRequest, _disk: Option<&Disk>) -> Result<Volume> {
         self.adopt_dir(req).await
     }
 

@@ -414,7 +414,7 @@ impl Backend for LvmGroup {
         }
     }
 
-    async fn adopt(&self, req: &AdoptRequest) -> Result<Volume> {
+    async fn adopt(&self, req: &AdoptRequest, _disk: Option<&Disk>) -> Result<Volume> {
         self.adopt_lv(req).await
     }
 

@@ -9,7 +9,9 @@
 //! a name-based UUID (version 8) cut from the SHA-256 of the full name.
 //! Both must hold. Every other partition — no prefix, or the prefix with a
 //! GUID that is not the hash of the name — is foreign: never listed,
-//! resized or deleted, and its sectors are never allocated.
+//! resized or deleted, and its sectors are never allocated. A partition
+//! another program made becomes ours only when adopted ([`adopt`]): its
+//! entry is given our name and GUID in place.
 //!
 //! # Full names of long volumes
 //!
@@ -64,6 +66,7 @@
 //! the group holds its disks open between rescans, so those reads (and
 //! sfdisk's) come from the page cache.
 
+mod adopt;
 mod codec;
 mod create;
 #[cfg(test)]
@@ -84,7 +87,7 @@ use super::disks::Disk;
 use super::error::{Error, Result};
 use super::gpt;
 use super::names;
-use super::volume::{CreateRequest, GroupCapacity, QuotaMode, Volume};
+use super::volume::{AdoptRequest, CreateRequest, GroupCapacity, QuotaMode, Volume};
 use carina_sys::blockdev;
 use kernel::{NODE_WAIT, kernel_size, present_node, sync_kernel, wait_node};
 use placement::{choose_exclusive, choose_shared};
@@ -472,6 +475,11 @@ impl Backend for RawGroup {
             sync_kernel(&view.disk, None, &others).await?;
         }
         Ok(())
+    }
+
+    async fn adopt(&self, req: &AdoptRequest, disk: Option<&Disk>) -> Result<Volume> {
+        let disk = disk.ok_or_else(|| Error::invalid("device_group", "a RAW adoption names the disk"))?;
+        self.adopt_partition(req, disk).await
     }
 
     async fn capacity(&self) -> Result<GroupCapacity> {
