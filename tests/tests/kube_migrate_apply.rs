@@ -10,8 +10,9 @@
 //! exists, touching nothing; once it is gone, apply adopts the volume on
 //! the node (GetLV finds it under its Go id, the file is intact), writes
 //! the adopted-volume annotation and keeps the finalizer, and leaves the
-//! orphan alone; a second run skips the volume as already adopted and
-//! changes no object.
+//! orphan alone; a volume an interrupted run adopted on the node but did
+//! not annotate is finished (AdoptLV of an adopted volume returns it); a
+//! second run skips the volumes as already adopted and changes no object.
 //!
 //! Needs etcd and kube-apiserver from `tests/tools/build.sh etcd kube`,
 //! and `cargo build --workspace --bins` for `carinactl`.
@@ -23,6 +24,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use carina_api::{LOGICVOLUME_FINALIZER, LogicVolume};
 use carina_proto::devcerts::Validity;
+use carina_proto::nodestorage as pb;
 use carina_tests::cluster::register_node;
 use carina_tests::grpc::{TestNode, get_lv, host_engine};
 use carina_tests::kube::KubeCluster;
@@ -112,9 +114,11 @@ async fn migrate_apply_takes_a_go_host_volume_over() -> Result<()> {
     // The node, holding Go's directory with data in it.
     let (engine, dirs) = host_engine(GROUP, None).await?;
     let go_dir = dirs.root.join("host-pvc-h1");
-    std::fs::create_dir(&go_dir)?;
-    std::fs::set_permissions(&go_dir, std::fs::Permissions::from_mode(0o777))?;
-    std::fs::write(go_dir.join("data.txt"), "written by a pod under Go Carina")?;
+    for dir in [&go_dir, &dirs.root.join("host-pvc-h2")] {
+        std::fs::create_dir(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+        std::fs::write(dir.join("data.txt"), "written by a pod under Go Carina")?;
+    }
     let node = TestNode::start(engine, NODE).await?;
     register_node(&client, NODE, &node.endpoint()).await?;
     let certs = tempfile::tempdir()?;
@@ -124,17 +128,20 @@ async fn migrate_apply_takes_a_go_host_volume_over() -> Result<()> {
     std::fs::write(certs.path().join("controller-key.pem"), &controller.key_pem)?;
 
     let lvs: Api<LogicVolume> = Api::all(client.clone());
-    go_host_lv(&lvs, "pvc-h1").await?;
-    go_host_lv(&lvs, "pvc-orphan").await?;
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    create(
-        &pvs,
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pvc-h1"},
-            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                "claimRef": {"namespace": "app", "name": "claim-pvc-h1"},
-                "csi": {"driver": "carina.storage.io", "volumeHandle": "host-pvc-h1"}}}),
-    )
-    .await?;
+    for name in ["pvc-h1", "pvc-h2"] {
+        go_host_lv(&lvs, name).await?;
+        create(
+            &pvs,
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+                "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                    "claimRef": {"namespace": "app", "name": format!("claim-{name}")},
+                    "csi": {"driver": "carina.storage.io",
+                        "volumeHandle": format!("host-{name}")}}}),
+        )
+        .await?;
+    }
+    go_host_lv(&lvs, "pvc-orphan").await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
     create(
         &deployments,
@@ -159,7 +166,20 @@ async fn migrate_apply_takes_a_go_host_volume_over() -> Result<()> {
     let mut reader = node.client("reader").await?;
     assert!(get_lv(&mut reader, "host-pvc-h1").await?.is_none());
 
-    // Go gone: the volume is taken over.
+    // An earlier run that stopped after the node adopted pvc-h2 and
+    // before its object was annotated.
+    let mut controller_client = node.client("controller").await?;
+    controller_client
+        .adopt_lv(pb::AdoptLvRequest {
+            name: "host-pvc-h2".into(),
+            device_group: GROUP.into(),
+            policy: pb::Policy::Host as i32,
+            size_bytes: 1 << 20,
+        })
+        .await
+        .context("AdoptLV host-pvc-h2 as an interrupted run did")?;
+
+    // Go gone: the volumes are taken over.
     deployments
         .delete("csi-carina-provisioner", &DeleteParams::default())
         .await?;
@@ -167,6 +187,7 @@ async fn migrate_apply_takes_a_go_host_volume_over() -> Result<()> {
     ensure!(code == 0, "apply exited {code}: {stderr}\n{stdout}");
     let report: Value = serde_json::from_str(&stdout).context("apply JSON")?;
     assert_eq!(outcome(&report, "pvc-h1"), "adopted", "{report:#}");
+    assert_eq!(outcome(&report, "pvc-h2"), "adopted", "{report:#}");
     assert_eq!(outcome(&report, "pvc-orphan"), "skipped", "{report:#}");
     assert_eq!(report["errors"], 0);
     let lv = lvs.get("pvc-h1").await?;
@@ -175,6 +196,12 @@ async fn migrate_apply_takes_a_go_host_volume_over() -> Result<()> {
         Some("host-pvc-h1")
     );
     assert!(lv.finalizers().iter().any(|f| f == LOGICVOLUME_FINALIZER));
+    let h2 = lvs.get("pvc-h2").await?;
+    assert_eq!(
+        h2.annotations().get(ADOPTED).map(String::as_str),
+        Some("host-pvc-h2"),
+        "the interrupted run is finished"
+    );
     let orphan = lvs.get("pvc-orphan").await?;
     assert!(!orphan.annotations().contains_key(ADOPTED));
     let served = get_lv(&mut reader, "host-pvc-h1")
@@ -195,6 +222,7 @@ async fn migrate_apply_takes_a_go_host_volume_over() -> Result<()> {
     ensure!(code == 0, "second apply exited {code}: {stderr}");
     let report: Value = serde_json::from_str(&stdout)?;
     assert_eq!(outcome(&report, "pvc-h1"), "already-adopted", "{report:#}");
+    assert_eq!(outcome(&report, "pvc-h2"), "already-adopted", "{report:#}");
     let after = (
         lvs.get("pvc-h1").await?.resource_version(),
         lvs.get("pvc-orphan").await?.resource_version(),
