@@ -9,7 +9,8 @@
 //! wrote them) but for the condition `Adopted=False`; DeleteVolume,
 //! ControllerExpandVolume and ValidateVolumeCapabilities with its Go id
 //! answer FAILED_PRECONDITION naming `carinactl migrate apply`, and the
-//! object stays. Once its volume is this project's on the node (made here
+//! object stays; a Go id no object has is deleted (done) and not found,
+//! a thin one refused. Once its volume is this project's on the node (made here
 //! by `CreateLV` under the Go name, as AdoptLV leaves it) and the object
 //! carries the adopted-volume annotation, the bridge finds it with GetLV
 //! (Adopted and Ready True, the Go id kept), the Go id grows it (data
@@ -290,6 +291,30 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
             status.message()
         );
     }
+    // A Go id no object has: its delete is done (as for ours), the rest
+    // NOT_FOUND; a thin id is refused.
+    let absent = format!("volume-pvc-{}", unique("absent"));
+    csi.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: absent.clone(),
+        ..Default::default()
+    })
+    .await
+    .context("DeleteVolume of an absent Go volume")?;
+    let status = csi
+        .controller_expand_volume(expand(&absent, 128 * MIB))
+        .await
+        .expect_err("no such volume");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let status = csi
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: format!("thin-{name}"),
+            ..Default::default()
+        })
+        .await
+        .expect_err("thin");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("thin"), "{}", status.message());
+
     let kept = lvs.get(&name).await?;
     ensure!(
         kept.metadata.deletion_timestamp.is_none() && kept.spec.size.0 == "64Mi",
