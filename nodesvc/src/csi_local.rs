@@ -1,6 +1,7 @@
 //! The node's CSI side: [`EngineVolumes`] tells the CSI Node service which
 //! local device or directory a volume id is (a bcache device of that name
-//! first, then a volume), by asking the engine,
+//! first, then a volume), by asking the engine; an id Go Carina wrote
+//! names the volume taken over under that id,
 //! [`serve`] runs CSI Identity and Node on the kubelet plugin socket, and
 //! [`registration`] registers that socket with kubelet.
 
@@ -8,7 +9,7 @@ pub mod registration;
 pub mod serve;
 
 use async_trait::async_trait;
-use carina_csi::volume_id::VolumeId;
+use carina_csi::legacy::VolumeHandle;
 use carina_csi::{CsiError, LocalKind, LocalVolume, LocalVolumes};
 use tonic::Status;
 
@@ -17,9 +18,14 @@ use carina_csi::params::BCACHE_DATA_OFFSET;
 use crate::engine::bcache::BcacheDevice;
 use crate::engine::{Engine, Error, Policy, Volume};
 
-/// [`LocalVolumes`] over the node's engine. A volume id names its node
-/// (`<volume>@<node>`); an id of another node, a malformed id and a volume
-/// the engine does not have are all "not here".
+/// [`LocalVolumes`] over the node's engine. A volume id of ours names its
+/// node (`<volume>@<node>`); an id of another node, a malformed id and a
+/// volume the engine does not have are all "not here". A Go Carina id
+/// (`volume-<pv>`, `host-<pv>`) names no node: it is the node-local name
+/// of a volume taken over here; one the engine does not have is a Go
+/// volume not taken over yet (`FAILED_PRECONDITION`, never "not here":
+/// kubelet gives up on a volume that is not found), and a thin one is
+/// refused.
 #[derive(Debug, Clone)]
 pub struct EngineVolumes {
     engine: Engine,
@@ -86,25 +92,18 @@ impl LocalVolumes for EngineVolumes {
     }
 
     async fn creation_trace(&self, volume_id: &str) -> Option<String> {
-        let id = VolumeId::parse(volume_id).ok()?;
-        (id.node == self.node)
-            .then(|| self.engine.creation_trace(&id.volume))
-            .flatten()
+        let (name, _) = self.local_name(volume_id).ok()??;
+        self.engine.creation_trace(&name)
     }
 
     async fn find(&self, volume_id: &str) -> Result<Option<LocalVolume>, CsiError> {
-        let id = match VolumeId::parse(volume_id) {
-            Ok(id) => id,
-            Err(CsiError::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if id.node != self.node {
+        let Some((name, go)) = self.local_name(volume_id)? else {
             return Ok(None);
-        }
+        };
         // A tiered volume is the bcache device of its name (its backing
         // and cache volumes have names of their own).
-        if self.engine.has_bcache(&id.volume) {
-            match self.engine.get_bcache(&id.volume).await {
+        if self.engine.has_bcache(&name) {
+            match self.engine.get_bcache(&name).await {
                 Ok(device) => return self.bcache_volume(volume_id, device).await.map(Some),
                 // Deleted since: the name is no bcache device now.
                 Err(Error::BcacheNotFound { .. } | Error::InvalidArgument { .. }) => {}
@@ -116,8 +115,12 @@ impl LocalVolumes for EngineVolumes {
                 }
             }
         }
-        match self.engine.get_volume(&id.volume).await {
+        match self.engine.get_volume(&name).await {
             Ok(v) => local_volume(volume_id, v).map(Some),
+            // A Go volume not taken over (yet).
+            Err(Error::VolumeNotFound { .. } | Error::InvalidArgument { .. }) if go => {
+                Err(not_taken_over(volume_id))
+            }
             // A name the engine would refuse cannot be one of its volumes.
             Err(Error::VolumeNotFound { .. } | Error::InvalidArgument { .. }) => Ok(None),
             // The engine's own status table decides the code.
@@ -127,6 +130,36 @@ impl LocalVolumes for EngineVolumes {
             )),
         }
     }
+}
+
+impl EngineVolumes {
+    /// The engine's name of the volume `volume_id` names: ours on this
+    /// node (`None` for another node's, or an id of neither kind), or a
+    /// Go Carina id itself (then with `true`); a thin Go id is
+    /// `FAILED_PRECONDITION`.
+    fn local_name(&self, volume_id: &str) -> Result<Option<(String, bool)>, CsiError> {
+        let handle = match VolumeHandle::parse(volume_id) {
+            Ok(handle) => handle,
+            Err(CsiError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match &handle {
+            VolumeHandle::Ours(id) if id.node != self.node => Ok(None),
+            VolumeHandle::Ours(_) => Ok(Some((handle.local_name(), false))),
+            VolumeHandle::Go(id) => {
+                id.refuse_thin()?;
+                Ok(Some((handle.local_name(), true)))
+            }
+        }
+    }
+}
+
+/// The answer for a Go Carina id whose volume this node has not taken over.
+fn not_taken_over(volume_id: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "volume {volume_id:?} is a Go Carina volume this node has not taken over; \
+         `carinactl migrate apply` takes it over in place, and then it is served"
+    ))
 }
 
 /// What an engine volume is to the CSI node service: LVM and RAW volumes

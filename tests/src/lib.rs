@@ -16,6 +16,7 @@ pub mod csi_direct;
 pub mod csi_node;
 pub mod engine;
 pub mod fuzz;
+pub mod gocarina;
 pub mod grpc;
 pub mod identity;
 pub mod jaeger;

@@ -6,134 +6,14 @@
 //! that adoption is idempotent, that refusals change nothing, and that a
 //! volume not named is never touched.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use carina_node::engine::{AdoptRequest, Engine, Error, Policy, detect_device_mapper};
+use carina_node::engine::{AdoptRequest, Engine, Error, Policy};
 use carina_tests::engine::{EngineFixture, capacity, engine_for};
+use carina_tests::gocarina::{go_host_dir, go_lvcreate, lv_device, put_data, read_data};
 use carina_tests::{LoopDisk, MountGuard, have_root, lvm, run, unique};
 
 const MIB: u64 = 1 << 20;
-
-/// A loop device over a window of a disk, detached on drop.
-struct Window(String);
-
-impl Drop for Window {
-    fn drop(&mut self) {
-        let _ = run("losetup", &["-d", &self.0]);
-    }
-}
-
-/// A block device showing LV `vg/lv` as it is on disk: its device-mapper
-/// node, or (without device-mapper) a loop device over its one segment.
-fn lv_device(devs: &[&str], vg: &str, lv: &str) -> (String, Option<Window>) {
-    if detect_device_mapper() {
-        return (format!("/dev/{vg}/{lv}"), None);
-    }
-    let num = |args: &[&str]| -> u64 {
-        lvm(devs, args)
-            .expect("lvm report")
-            .trim()
-            .parse()
-            .expect("a number")
-    };
-    let extent = num(&[
-        "vgs",
-        "--noheadings",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        "vg_extent_size",
-        vg,
-    ]);
-    let size = num(&[
-        "lvs",
-        "--noheadings",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        "lv_size",
-        &format!("{vg}/{lv}"),
-    ]);
-    let ranges = lvm(
-        devs,
-        &[
-            "lvs",
-            "--noheadings",
-            "-o",
-            "seg_pe_ranges",
-            &format!("{vg}/{lv}"),
-        ],
-    )
-    .expect("lvs");
-    // "/dev/loopN:first-last"
-    let (pv, range) = ranges.trim().rsplit_once(':').expect("pv:range");
-    let first: u64 = range
-        .split('-')
-        .next()
-        .expect("first")
-        .parse()
-        .expect("extent");
-    let pe_start = num(&[
-        "pvs",
-        "--noheadings",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        "pe_start",
-        pv,
-    ]);
-    let offset = (pe_start + first * extent).to_string();
-    let dev = run(
-        "losetup",
-        &[
-            "-f",
-            "--show",
-            "-o",
-            &offset,
-            "--sizelimit",
-            &size.to_string(),
-            pv,
-        ],
-    )
-    .expect("losetup");
-    let dev = dev.trim().to_string();
-    (dev.clone(), Some(Window(dev)))
-}
-
-/// Makes the LV `vg/lv` of `size` bytes as Go Carina did: no tags.
-fn go_lvcreate(devs: &[&str], vg: &str, lv: &str, size: u64) {
-    let size = format!("{size}b");
-    let mut args = vec!["lvcreate", "-q", "-n", lv, "-L", &size, "-W", "y", "-y"];
-    if !detect_device_mapper() {
-        // No activation without device-mapper (nor zeroing, which needs it).
-        args.extend(["-an", "-Zn", "--driverloaded", "n"]);
-    }
-    args.push(vg);
-    lvm(devs, &args).expect("lvcreate");
-}
-
-/// Formats `dev` with ext4 and writes `content` to `data.txt` in it.
-fn put_data(dev: &str, content: &str) {
-    run("mkfs.ext4", &["-q", "-F", dev]).expect("mkfs.ext4");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let m = MountGuard::mount(dev, dir.path(), Some("ext4"), None).expect("mount");
-    std::fs::write(dir.path().join("data.txt"), content).expect("write");
-    drop(m);
-}
-
-/// The content of `data.txt` on `dev`'s file system.
-fn read_data(dev: &Path) -> String {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let m = MountGuard::mount(&dev.to_string_lossy(), dir.path(), Some("ext4"), Some("ro"))
-        .expect("mount");
-    let text = std::fs::read_to_string(dir.path().join("data.txt")).expect("read");
-    drop(m);
-    text
-}
 
 fn tags(devs: &[&str], vg: &str, lv: &str) -> String {
     lvm(
@@ -314,16 +194,6 @@ async fn host_fs(test: &str) -> Option<HostFs> {
         _dir: dir,
         _disk: disk,
     })
-}
-
-/// Makes `<root>/host-<pv>` as Go Carina did (mode 0777, no marker) with
-/// a file in it.
-fn go_host_dir(root: &Path, name: &str, content: &str) -> PathBuf {
-    let dir = root.join(name);
-    std::fs::create_dir(&dir).expect("mkdir");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    std::fs::write(dir.join("data.txt"), content).expect("write");
-    dir
 }
 
 #[tokio::test]
