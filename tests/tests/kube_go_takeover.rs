@@ -8,8 +8,8 @@
 //! bridge (nothing made on the node, no Ready, status and finalizer as Go
 //! wrote them) but for the condition `Adopted=False`; DeleteVolume,
 //! ControllerExpandVolume and ValidateVolumeCapabilities with its Go id
-//! answer FAILED_PRECONDITION naming `carinactl migrate apply`, and the
-//! object stays; a Go id no object has is deleted (done) and not found,
+//! answer FAILED_PRECONDITION naming `carinactl migrate apply`, as does
+//! a CreateVolume of its name, and the object stays; a Go id no object has is deleted (done) and not found,
 //! a thin one refused. Once its volume is this project's on the node (made here
 //! by `CreateLV` under the Go name, as AdoptLV leaves it) and the object
 //! carries the adopted-volume annotation, the bridge finds it with GetLV
@@ -291,6 +291,19 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
             status.message()
         );
     }
+    // A create named like it (a claim Go Carina had not finished) does
+    // not hand out the Go object under an id of ours.
+    let status = csi
+        .create_volume(carina_tests::csi::create(&name, 64 * MIB, ""))
+        .await
+        .expect_err("a create onto Go's object");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("carinactl migrate apply"),
+        "{}",
+        status.message()
+    );
+
     // A Go id no object has: its delete is done (as for ours), the rest
     // NOT_FOUND; a thin id is refused.
     let absent = format!("volume-pvc-{}", unique("absent"));

@@ -85,6 +85,25 @@ pub(super) fn not_taken_over(id: &LegacyId, lv: &LogicVolume) -> CsiError {
     ))
 }
 
+/// `FAILED_PRECONDITION` when `lv`, found under the name of a volume to
+/// create, is Go Carina's and not taken over: answering with it would
+/// hand out an id no node serves.
+pub(super) fn refuse_go_object(lv: &LogicVolume) -> Result<(), CsiError> {
+    let go_id = match lv.owner() {
+        Ok(Owner::Go { go_id }) => go_id,
+        Ok(_) => return Ok(()),
+        Err(e) => return Err(CsiError::FailedPrecondition(e.to_string())),
+    };
+    Err(CsiError::FailedPrecondition(format!(
+        "LogicVolume {:?} on node {} is Go Carina's ({}) and not taken over: run \
+         `carinactl migrate apply` to take it over, or delete the LogicVolume if Go \
+         Carina never made its volume",
+        lv.name_any(),
+        lv.spec.node_name,
+        go_id.as_deref().unwrap_or("no volume recorded")
+    )))
+}
+
 /// Whether this provisioner serves the volume of `lv`: ours, or Go
 /// Carina's taken over.
 pub(super) fn serves(lv: &LogicVolume) -> bool {
@@ -123,12 +142,16 @@ mod tests {
         let name = v.name_any();
         assert_eq!(csi_volume_id(&v), format!("{name}@node-a"));
         assert!(serves(&v));
+        refuse_go_object(&v).expect("ours");
         let go_id = format!("volume-{name}");
         v.status = Some(LogicVolumeStatus {
             volume_id: Some(go_id.clone()),
             ..LogicVolumeStatus::default()
         });
         assert!(!serves(&v), "Go's, not taken over");
+        let e = refuse_go_object(&v).expect_err("Go's");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.to_string().contains(&go_id), "{e}");
         let id = LegacyId::parse(&go_id).expect("a Go id");
         let e = not_taken_over(&id, &v);
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
@@ -138,6 +161,7 @@ mod tests {
             go_id.clone(),
         )]));
         assert!(serves(&v));
+        refuse_go_object(&v).expect("taken over");
         assert_eq!(csi_volume_id(&v), go_id);
     }
 }

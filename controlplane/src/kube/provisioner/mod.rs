@@ -121,17 +121,17 @@ mod error;
 #[cfg(test)]
 mod fixtures;
 mod legacy;
+mod notice;
 mod object;
 mod outcome;
 mod placement;
-mod notice;
 mod records;
 mod watch;
 
 use cache::{Cache, Records, Reservation};
 use error::api_error;
-use notice::Notices;
 pub use error::status_error;
+use notice::Notices;
 pub use object::{PVC_NAME_PARAMETER, PVC_NAMESPACE_PARAMETER};
 use object::{new_object, traceparent};
 use outcome::CreateOutcome::{Failed, Gone, Made};
@@ -772,6 +772,7 @@ impl KubeProvisioner {
         lv: LogicVolume,
         req: &VolumeRequest,
     ) -> Result<ProvisionedVolume, CsiError> {
+        legacy::refuse_go_object(&lv)?;
         let policy = policy_of(&self.nsrs, &lv.spec.node_name, &lv.spec.device_group).await?;
         if let Some(why) = incompatible(req, &lv, policy.as_deref()) {
             return Err(CsiError::AlreadyExists(format!(
