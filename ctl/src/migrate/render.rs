@@ -200,7 +200,39 @@ pub fn apply_table(report: &ApplyReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use carina_controlplane::migrate::apply::ApplyEntry;
     use carina_controlplane::migrate::{Blocker, VolumeEntry};
+
+    #[test]
+    fn apply_rows_and_summary() {
+        let entry = |name: &str, outcome| ApplyEntry {
+            name: name.into(),
+            outcome,
+            node: "node-a".into(),
+            volume_id: Some(format!("volume-{name}")),
+            detail: "d".into(),
+        };
+        let report = ApplyReport {
+            volumes: vec![
+                entry("pvc-a", ApplyOutcome::Adopted),
+                entry("pvc-b", ApplyOutcome::AlreadyAdopted),
+                entry("pvc-c", ApplyOutcome::Error),
+            ],
+            errors: 1,
+        };
+        let text = apply_table(&report);
+        assert!(
+            text.contains("pvc-b        already-adopted  node-a  volume-pvc-b  d"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("apply: 1 adopted, 1 already adopted, 0 skipped, 1 error\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).expect("serialises");
+        assert_eq!(json["volumes"][1]["outcome"], "already-adopted");
+        assert_eq!(json["errors"], 1);
+    }
 
     #[test]
     fn sections_and_summary() {
