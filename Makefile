@@ -22,7 +22,7 @@ manifests:
 
 ## demo: build, start a node on a loop-device pool with dev certificates, drive it with carinactl
 demo: deps
-	$(CARGO) build --release -p carina-node --bins
+	$(CARGO) build --release -p carina-node -p carina-ctl --bins
 	hack/demo.sh
 
 demo-clean:

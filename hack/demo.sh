@@ -154,7 +154,7 @@ for tool in losetup lvm truncate; do
   command -v "$tool" >/dev/null || die "$tool is missing (make deps installs it)"
 done
 for bin in carina-node carinactl; do
-  [ -x "$BIN/$bin" ] || die "$BIN/$bin is missing; build it: cargo build --release -p carina-node --bins"
+  [ -x "$BIN/$bin" ] || die "$BIN/$bin is missing; build it: cargo build --release -p carina-node -p carina-ctl --bins"
 done
 
 on_exit() {
