@@ -6,6 +6,8 @@
 //! StorageClasses of the provisioner as the CSI parameter parser judges
 //! them, and the leftovers of a Go install the chart trips on.
 //!
+//! [`apply::apply`] carries the plan out (`carinactl migrate apply`).
+//!
 //! The plan's JSON field names are stable (snake_case); the human table is
 //! rendered by `carinactl`.
 
