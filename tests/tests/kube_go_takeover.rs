@@ -4,18 +4,19 @@
 //! CSI controller of the Kubernetes plane on its own socket.
 //!
 //! It proves: an object as Go Carina wrote it (`status: Success`, its
-//! `volumeID` Go's id, Go's annotation and finalizer) is left alone by the
-//! bridge (nothing made on the node, no Ready, status and finalizer as Go
-//! wrote them) but for the condition `Adopted=False`; DeleteVolume,
+//! `volumeID` Go's id, Go's annotation and finalizer), with its directory
+//! made as Go made it, is left alone by the bridge (nothing made on the
+//! node, no Ready, status and finalizer as Go wrote them, the directory
+//! untouched) but for the condition `Adopted=False`; DeleteVolume,
 //! ControllerExpandVolume and ValidateVolumeCapabilities with its Go id
-//! answer FAILED_PRECONDITION naming `carinactl migrate apply`, as does
-//! a CreateVolume of its name, and the object stays; a Go id no object has is deleted (done) and not found,
-//! a thin one refused. Once its volume is this project's on the node (made here
-//! by `CreateLV` under the Go name, as AdoptLV leaves it) and the object
-//! carries the adopted-volume annotation, the bridge finds it with GetLV
-//! (Adopted and Ready True, the Go id kept), the Go id grows it (data
-//! kept) and deletes it: the directory is gone and the node no longer
-//! counts it in its group.
+//! answer FAILED_PRECONDITION naming `carinactl migrate apply`, as does a
+//! CreateVolume of its name, and the object stays; a Go id no object has
+//! is deleted (done) and not found, a thin one refused. Once the node
+//! adopted the directory (`AdoptLV`) and the object carries the
+//! adopted-volume annotation, the bridge finds it with GetLV (Adopted and
+//! Ready True, the Go id kept), the Go id grows it (Go's data kept) and
+//! deletes it: the directory is gone and the node no longer counts it in
+//! its group.
 //!
 //! Needs etcd and kube-apiserver from `tests/tools/build.sh etcd kube`.
 
@@ -36,6 +37,7 @@ use carina_proto::csi;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
 use carina_tests::csi::{ServedController, mount_cap};
+use carina_tests::gocarina::go_host_dir;
 use carina_tests::grpc::{self, TestNode, host_engine, server_cert};
 use carina_tests::kube::KubeCluster;
 use carina_tests::unique;
@@ -233,6 +235,8 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
     )
     .await
     .context("write Go's status")?;
+    // Its directory, as Go Carina made it.
+    let dir = go_host_dir(&dirs.root, &go_id, "written by Go Carina");
     let before = volume_count(&node).await?;
 
     // The bridge leaves it alone but for the condition.
@@ -259,6 +263,10 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
         );
     }
     assert_eq!(volume_count(&node).await?, before);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("data.txt"))?,
+        "written by Go Carina"
+    );
 
     // With its Go id the controller refuses, and the object stays.
     let refused = [
@@ -334,13 +342,21 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
         "the refused calls changed the object: {kept:?}"
     );
 
-    // Taken over: the volume is ours on the node under its Go id (as
-    // AdoptLV leaves it), then the object says so.
-    nc.create_lv(grpc::create_lv(&go_id, GROUP, 64 * MIB))
+    // Taken over: the node adopts the directory in place (AdoptLV), then
+    // the object says so, as `carinactl migrate apply` does.
+    let adopted = nc
+        .adopt_lv(pb::AdoptLvRequest {
+            name: go_id.clone(),
+            device_group: GROUP.to_string(),
+            policy: pb::Policy::Host as i32,
+            size_bytes: 64 * MIB,
+        })
         .await
-        .context("CreateLV under the Go id")?;
-    let dir = dirs.root.join(&go_id);
-    std::fs::write(dir.join("data"), b"written before the take-over")?;
+        .context("AdoptLV")?
+        .into_inner()
+        .volume
+        .context("the adopted volume")?;
+    assert_eq!(adopted.name, go_id);
     assert_eq!(volume_count(&node).await?, before + 1);
     lvs.patch(
         &name,
@@ -390,8 +406,8 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
         "{current:?}"
     );
     assert_eq!(
-        std::fs::read(dir.join("data"))?,
-        b"written before the take-over"
+        std::fs::read_to_string(dir.join("data.txt"))?,
+        "written by Go Carina"
     );
 
     // Deleted with its Go id: the volume goes and the room comes back.
