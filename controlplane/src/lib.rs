@@ -19,8 +19,8 @@
 pub mod direct;
 pub mod identity;
 pub mod kube;
-pub mod migrate;
 pub mod metrics;
+pub mod migrate;
 pub mod nodes;
 pub mod policy;
 #[cfg(test)]
