@@ -44,6 +44,7 @@ const EXPECTED: &[(&str, [bool; 5])] = &[
     ("GetLV", [true, true, false, false, false]),
     ("ListLVs", [true, true, false, false, false]),
     ("CopyLV", [true, false, false, false, false]),
+    ("AdoptLV", [true, false, false, false, false]),
     ("Capacity", [true, true, false, false, false]),
     ("WatchCapacity", [true, true, false, false, false]),
     ("ListDisks", [true, true, false, false, false]),
@@ -155,6 +156,15 @@ async fn call(client: &mut Client, rpc: &str, group: &str) -> Result<(), Status>
             })
             .await
             .map(drop),
+        "AdoptLV" => client
+            .adopt_lv(pb::AdoptLvRequest {
+                name: format!("volume-{}", unique("pvc")),
+                device_group: group.to_string(),
+                policy: pb::Policy::Lvm as i32,
+                size_bytes: MIB,
+            })
+            .await
+            .map(drop),
         "Capacity" => client
             .capacity(pb::CapacityRequest::default())
             .await
@@ -239,7 +249,7 @@ fn the_table_names_every_rpc_of_the_proto() {
     let mut in_table: Vec<String> = EXPECTED.iter().map(|(r, _)| r.to_string()).collect();
     in_proto.sort();
     in_table.sort();
-    assert!(in_proto.len() >= 17, "{in_proto:?}");
+    assert!(in_proto.len() >= 18, "{in_proto:?}");
     assert_eq!(
         in_table, in_proto,
         "EXPECTED must name every NodeStorage RPC"
@@ -290,8 +300,8 @@ async fn each_caller_may_call_exactly_the_rpcs_of_its_role() {
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
-    // 17 RPCs × 3 callers without a role, and the 10 a reader may not call.
-    assert_eq!(denied_calls, 17 * 3 + 10);
+    // 18 RPCs × 3 callers without a role, and the 11 a reader may not call.
+    assert_eq!(denied_calls, 18 * 3 + 11);
 
     // Only the controller's CreateLV made something.
     let volumes = node.engine.list_volumes(None).await.expect("list");
