@@ -105,6 +105,19 @@ fn random_message(rng: &mut Rng, rpc: &str, group: &str) -> Vec<u8> {
             }
             .encode_to_vec()
         }
+        "AdoptLV" => pb::AdoptLvRequest {
+            // Go Carina's ids of volumes the node does not have, beside
+            // the names of every other RPC.
+            name: match rng.below(3) {
+                0 => format!("host-pvc-{}", rng.below(4)),
+                1 => format!("volume-pvc-{:x}", rng.next_u64()),
+                _ => names(rng),
+            },
+            device_group: groups(rng),
+            policy: rng.below(5) as i32,
+            size_bytes: sizes(rng),
+        }
+        .encode_to_vec(),
         "GetLV" => pb::GetLvRequest { name: names(rng) }.encode_to_vec(),
         "ListLVs" => pb::ListLVsRequest {
             device_group: groups(rng),
@@ -190,6 +203,7 @@ fn decodes(rpc: &str, bytes: &[u8]) -> bool {
         "DeleteLV" => pb::DeleteLvRequest::decode(bytes).is_ok(),
         "ResizeLV" => pb::ResizeLvRequest::decode(bytes).is_ok(),
         "CopyLV" => pb::CopyLvRequest::decode(bytes).is_ok(),
+        "AdoptLV" => pb::AdoptLvRequest::decode(bytes).is_ok(),
         "GetLV" => pb::GetLvRequest::decode(bytes).is_ok(),
         "ListLVs" => pb::ListLVsRequest::decode(bytes).is_ok(),
         "Capacity" => pb::CapacityRequest::decode(bytes).is_ok(),
@@ -298,6 +312,7 @@ const MUTATING: &[&str] = &[
     "DeleteLV",
     "ResizeLV",
     "CopyLV",
+    "AdoptLV",
     "ApplyConfig",
     "CreateBcache",
     "DeleteBcache",
@@ -334,6 +349,7 @@ async fn the_node_answers_every_message_with_a_typed_code_and_refusals_change_no
         "DeleteLV",
         "ResizeLV",
         "CopyLV",
+        "AdoptLV",
         "GetLV",
         "ListLVs",
         "Capacity",
