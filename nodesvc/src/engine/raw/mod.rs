@@ -478,7 +478,8 @@ impl Backend for RawGroup {
     }
 
     async fn adopt(&self, req: &AdoptRequest, disk: Option<&Disk>) -> Result<Volume> {
-        let disk = disk.ok_or_else(|| Error::invalid("device_group", "a RAW adoption names the disk"))?;
+        let disk =
+            disk.ok_or_else(|| Error::invalid("device_group", "a RAW adoption names the disk"))?;
         self.adopt_partition(req, disk).await
     }
 
