@@ -505,10 +505,14 @@ mod tests {
         objects.insert_class(class(
             "later",
             DRIVER_NAME,
-            &[("carina.storage.io/typo", "x")],
+            // A known key with a bad value (an unknown key is accepted, as
+            // Go Carina accepted it).
+            &[("carina.storage.io/exclusively-raw-disk", "maybe")],
         ));
         match collect(&pod("ns", "p", &["a"]), &objects) {
-            Collected::Unschedulable(reason) => assert!(reason.contains("typo"), "{reason}"),
+            Collected::Unschedulable(reason) => {
+                assert!(reason.contains("exclusively-raw-disk"), "{reason}")
+            }
             other => panic!("{other:?}"),
         }
         objects.insert_claim(claim("ns", "a", Some("good"), "lots"));
