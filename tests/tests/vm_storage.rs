@@ -11,10 +11,6 @@
 //!   device-mapper volumes.
 //! - RAW partitions on a virtio disk: the kernel sees each new partition;
 //!   a mounted one is refused for delete.
-//! - An LVM disk the selector drops: with a volume on it, the `pvmove`
-//!   this kernel cannot run (no `dm-mirror`) is reported and leaves the
-//!   volume whole where it was; once empty the disk leaves the group
-//!   (`disk_members`).
 //!
 //! On the host, `real_kernel_storage` boots the guest and fails on
 //! anything but the guest's explicit pass lines.
@@ -36,9 +32,6 @@ use carina_tests::grpc::{TestNode, create_lv, get_lv};
 use carina_tests::vm::{Vm, in_guest, is_device_mapper, pass};
 use carina_tests::{MountGuard, have_root, run, stat_fs};
 use tonic::transport::Channel;
-
-#[path = "vm_storage/disk_members.rs"]
-mod disk_members;
 
 const MIB: u64 = 1 << 20;
 const NODE: &str = "vm-node";
@@ -69,8 +62,6 @@ const CHECKS: &[&str] = &[
     "bcache-restart",
     "bcache-delete",
     "iolimits-cgroup-v2",
-    "lvm-drop-disk-holding-extents",
-    "lvm-drop-empty-disk",
 ];
 
 #[test]
@@ -82,8 +73,6 @@ fn real_kernel_storage() {
         .and_then(|vm| vm.disk(2048 * MIB))
         .and_then(|vm| vm.disk(1024 * MIB))
         .and_then(|vm| vm.disk(1024 * MIB))
-        .and_then(|vm| vm.disk(64 * MIB))
-        .and_then(|vm| vm.disk(64 * MIB))
         .and_then(|vm| vm.guest_test("guest_storage"))
         .map(|vm| vm.timeout(Duration::from_secs(600)))
         .and_then(Vm::boot)
@@ -151,7 +140,6 @@ async fn guest_storage() {
     raw_partitions().await;
     bcache_through_nodestorage_and_csi().await;
     io_limits_on_cgroup_v2().await;
-    disk_members::dropped_disks_leave_without_losing_data().await;
 }
 
 async fn lvm_through_nodestorage() {

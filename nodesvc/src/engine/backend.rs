@@ -50,17 +50,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// change, with the disks discovery assigned to this group.
     async fn rescan(&self, disks: &[Disk]) -> Result<()>;
 
-    /// [`rescan`](Self::rescan), also given `leaving`: disks that are
-    /// still members of the group (physical volumes of its VG) though its
-    /// selector no longer matches them. The backend takes each out where
-    /// no data is lost and returns those that stay, each with why. Only
-    /// LVM groups have members the selector can leave behind; the default
-    /// ignores `leaving`.
-    async fn rescan_leaving(&self, disks: &[Disk], leaving: &[Disk]) -> Result<Vec<Kept>> {
-        let _ = leaving;
-        self.rescan(disks).await.map(|()| Vec::new())
-    }
-
     /// Creates a volume of exactly `req.size_bytes` (a whole-disk RAW
     /// volume: at least that). The size is already rounded to the
     /// allocation unit, and no volume of this name exists in any group.
@@ -118,14 +107,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// result would overflow. The engine applies it to every size before
     /// `create` and `resize`, so it must use the group's real unit.
     fn round_size(&self, size_bytes: u64) -> Option<u64>;
-}
-
-/// A disk that stays in its group though the group's selector no longer
-/// matches it, and why (it holds data that cannot be moved now).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kept {
-    pub path: std::path::PathBuf,
-    pub reason: String,
 }
 
 /// The engine's lock of one group (held by every change of it), as a

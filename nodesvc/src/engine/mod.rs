@@ -59,7 +59,7 @@ use tracing::{Instrument, instrument};
 
 use self::scan::build_groups;
 
-pub use backend::{Backend, GroupLock, Kept};
+pub use backend::{Backend, GroupLock};
 pub use config::{Activation, Config, GroupConfig, Policy, SchedulerStrategy};
 pub use disks::{Disk, DiskStatus};
 pub use error::{Error, Result};

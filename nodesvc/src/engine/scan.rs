@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::instrument;
 
 use super::{
-    Backend, ChangeReason, Config, Disk, DiskStatus, Engine, GroupSlot, Kept, Policy, Result,
+    Backend, ChangeReason, Config, Disk, DiskStatus, Engine, GroupSlot, Policy, Result,
     backend_call, disks, host, log_config_warnings, lvm, raw,
 };
 
@@ -83,7 +83,6 @@ impl Engine {
         };
         let statuses = discover_and_assign(&config, &self.inner.lvm).await?;
         let assigned = disks::by_group(&statuses);
-        let leaving = disks::leaving(&config, &statuses);
         self.note_empty_groups(disks::empty_groups(&config, &statuses));
         *self.inner.disks.lock().unwrap_or_else(|p| p.into_inner()) = statuses;
         let mut first_error = None;
@@ -96,15 +95,11 @@ impl Engine {
                 return Ok(());
             }
             let group_disks = assigned.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let group_leaving = leaving.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let rescan = slot.backend.rescan_leaving(group_disks, group_leaving);
-            match backend_call(slot.backend.as_ref(), "rescan", rescan).await {
-                Ok(kept) => self.note_kept(name, &kept),
-                Err(e) => {
-                    tracing::error!(carina.group = %name, error = %e, "group rescan failed");
-                    first_error.get_or_insert(e);
-                    continue;
-                }
+            let rescan = slot.backend.rescan(group_disks);
+            if let Err(e) = backend_call(slot.backend.as_ref(), "rescan", rescan).await {
+                tracing::error!(carina.group = %name, error = %e, "group rescan failed");
+                first_error.get_or_insert(e);
+                continue;
             }
             match slot.backend.list().await {
                 // Under the group's lock, so a create or delete in this
@@ -122,20 +117,6 @@ impl Engine {
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
-        }
-    }
-
-    /// Marks the disks `group` keeps though its selector no longer
-    /// matches them in the last scan's disk report, with why.
-    fn note_kept(&self, group: &str, kept: &[Kept]) {
-        if kept.is_empty() {
-            return;
-        }
-        let mut statuses = self.inner.disks.lock().unwrap_or_else(|p| p.into_inner());
-        for k in kept {
-            if let Some(s) = statuses.iter_mut().find(|s| s.disk.path == k.path) {
-                s.reason = format!("{}: {}", disks::still_member(group), k.reason);
-            }
         }
     }
 
@@ -214,46 +195,12 @@ async fn discover_and_assign(config: &Config, runner: &lvm::LvmRunner) -> Result
         .filter(|d| matched(d) && d.fstype.as_deref() == Some("LVM2_member"))
         .map(|d| d.path.clone())
         .collect();
-    let mut vgs = if lvm_paths.is_empty() {
-        Default::default()
-    } else {
-        lvm::pv_vg_names(runner, &lvm_paths).await?
-    };
-    // Disks no selector matches are read (their LVM label, never
-    // written) only to find physical volumes of our groups' VGs that a
-    // selector left behind; our own LV exposures (loops over a PV) are
-    // not read at all: a pod controls what they hold. A failure there is
-    // no failure of the scan: those disks are not the groups'. Read
-    // without locks (`--readonly`): another program's volume group held
-    // locked must not stall the scan.
-    let unmatched: Vec<PathBuf> = all
-        .iter()
-        .filter(|d| !matched(d) && disks::may_be_left_behind(d))
-        .map(|d| d.path.clone())
-        .collect();
-    let lvm_groups = config.groups.iter().any(|g| g.policy == Policy::Lvm);
-    if lvm_groups && !unmatched.is_empty() {
-        let pvs = lvm::lvm_cmd("pvs", &unmatched).args([
-            "--readonly",
-            "--reportformat",
-            "json",
-            "-o",
-            "pv_name,vg_name",
-        ]);
-        let found = match runner.run(pvs).await {
-            Ok(out) => lvm::parse_pv_vgs(&out.stdout),
-            Err(e) => Err(e.into()),
-        };
-        match found {
-            Ok(found) => vgs.extend(found),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the LVM labels of disks no selector matches")
+    if !lvm_paths.is_empty() {
+        let vgs = lvm::pv_vg_names(runner, &lvm_paths).await?;
+        for disk in &mut all {
+            if let Some(vg) = vgs.get(&disk.path) {
+                disk.lvm_vg = Some(vg.clone());
             }
-        }
-    }
-    for disk in &mut all {
-        if let Some(vg) = vgs.get(&disk.path) {
-            disk.lvm_vg = Some(vg.clone());
         }
     }
     let gpt: Vec<Disk> = all

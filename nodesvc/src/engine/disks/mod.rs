@@ -18,9 +18,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use assign::{
-    ORPHAN_PV, assign, by_group, leaving, may_be_left_behind, selected, still_member,
-};
+pub use assign::{ORPHAN_PV, assign, by_group, selected};
 pub use discover::{discover, list_loops, parse_blkid_export, parse_lsblk, parse_maj_min, probe};
 pub use empty::{Candidate, EmptyGroup, NO_PATTERN_MATCHES, empty_groups};
 

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use carina_sys::command::{Cmd, CommandError, Output};
 use carina_sys::loopdev::{self, LosetupDevice};
 
-use crate::engine::backend::{Backend, GroupLock, Kept};
+use crate::engine::backend::{Backend, GroupLock};
 use crate::engine::config::{Activation, GroupConfig, Policy};
 use crate::engine::devnum;
 use crate::engine::disks::Disk;
@@ -21,14 +21,13 @@ use crate::engine::names;
 use crate::engine::volume::{AdoptRequest, CreateRequest, GroupCapacity, QuotaMode, Volume};
 
 use super::cache::VgCache;
-use super::cli::{extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
+use super::cli::{OWNER_TAG, extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
 use super::device::{self, Mode, dm_path, ensure_unused};
 use super::report::{Lv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
 use super::runner::LvmRunner;
 
 mod adopt;
 mod create;
-mod members;
 
 /// The VG each of `paths` belongs to (only those that are PVs).
 pub async fn pv_vg_names(
@@ -245,14 +244,49 @@ impl Backend for LvmGroup {
     }
 
     async fn rescan(&self, disks: &[Disk]) -> Result<()> {
-        self.rescan_leaving(disks, &[]).await.map(drop)
-    }
-
-    async fn rescan_leaving(&self, disks: &[Disk], leaving: &[Disk]) -> Result<Vec<Kept>> {
-        let kept = self.reconcile_pvs(disks, leaving).await?;
-        let snap = self.snapshot().await?;
+        let mut devices: Vec<PathBuf> = disks.iter().map(|d| d.path.clone()).collect();
+        devices.sort();
+        {
+            let mut state = self.lock();
+            // Keep PVs we already have even if discovery missed them this
+            // time (a disk never leaves a VG behind our back).
+            for d in state.devices.drain(..) {
+                if !devices.contains(&d) {
+                    devices.push(d);
+                }
+            }
+            state.devices = devices.clone();
+        }
+        let snap = self.refresh().await?;
+        let new: Vec<&Disk> = disks
+            .iter()
+            .filter(|d| !snap.pvs.iter().any(|p| p.path == d.path))
+            .collect();
+        if !new.is_empty() {
+            let sub = if snap.vg.is_empty() {
+                "vgcreate"
+            } else {
+                "vgextend"
+            };
+            let mut cmd = self.cmd(sub).arg("-q");
+            if sub == "vgcreate" {
+                cmd = cmd.args(["--addtag", OWNER_TAG]);
+            }
+            cmd = cmd.arg(self.vg());
+            for d in &new {
+                cmd = cmd.arg(&d.path);
+            }
+            self.change(cmd).await?;
+            self.invalidate();
+            tracing::info!(carina.lvm.vg = %self.vg(), disks = ?new.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "{sub}");
+        }
+        let snap = if new.is_empty() {
+            snap
+        } else {
+            self.refresh().await?
+        };
         if snap.vg.is_empty() {
-            return Ok(kept);
+            return Ok(());
         }
         match self.mode {
             Mode::DeviceMapper => {
@@ -269,7 +303,7 @@ impl Backend for LvmGroup {
                 }
             }
         }
-        Ok(kept)
+        Ok(())
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Volume> {
