@@ -6,6 +6,7 @@
 //! needs (root, a loop device) fails instead of skipping.
 
 pub mod bcache;
+pub mod bridge;
 pub mod cgroup;
 pub mod chart;
 pub mod cluster;

@@ -29,15 +29,13 @@ use carina_api::{
     LOGICVOLUME_FINALIZER, LogicVolume, LogicVolumeSpec, NODE_ENDPOINT_ANNOTATION,
     NodeStorageResource, TRACEPARENT_ANNOTATION, capacity_key,
 };
-use carina_controlplane::kube::bridge;
-use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::capacity::{NO_DISKS, READY, STALE};
 use carina_controlplane::kube::config_push::{CONFIG_KEY, CONFIG_MAP_NAME};
-use carina_controlplane::kube::retry::Backoff;
 use carina_csi::volume_id::VolumeId;
 use carina_node::engine::{Config, Engine};
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
+use carina_tests::bridge::Bridge;
 use carina_tests::grpc::{self, EngineDirs, TestNode, host_config, host_engine, server_cert};
 use carina_tests::kube::KubeCluster;
 use carina_tests::spans::SpanCollector;
@@ -45,13 +43,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::Code;
 
 const A: &str = "node-a";
@@ -244,53 +240,6 @@ fn config_json(root_a: &Path, root_b: &Path, root_fast: &Path) -> String {
     .to_string()
 }
 
-/// The bridge running in the test, stopped on drop.
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), bridge::Error>>>,
-}
-
-impl Running {
-    fn start(client: Client, tls: carina_proto::tls::ClientTls) -> Running {
-        let mut config = BridgeConfig::new(tls);
-        config.retry = Backoff {
-            min: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        config.slow_retry = Duration::from_secs(5);
-        config.call_timeout = Duration::from_secs(10);
-        config.instance = Some("kube-bridge-test".into());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(bridge_side::run(client, config, async {
-            let _ = stopped.await;
-        }));
-        Running {
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn stop(mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(DEADLINE, task)
-                .await
-                .context("the bridge did not stop")???;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
     let spans = SpanCollector::default();
@@ -325,7 +274,12 @@ async fn bridge_capacity_and_config_on_a_real_apiserver() -> Result<()> {
             .with_context(|| format!("create Node {name}"))?;
     }
     let tls = storage[0].server().client_tls("controller")?;
-    let running = Running::start(client.clone(), tls);
+    let running = Bridge::start(
+        client.clone(),
+        tls,
+        Duration::from_secs(5),
+        "kube-bridge-test",
+    );
 
     let lvs: Api<LogicVolume> = Api::all(client.clone());
     let nsrs: Api<NodeStorageResource> = Api::all(client.clone());

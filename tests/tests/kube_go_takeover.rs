@@ -29,13 +29,12 @@ use carina_api::{
     ADOPTED_ANNOTATION, GO_VOLUME_TYPE_ANNOTATION, LOGICVOLUME_FINALIZER, LogicVolume,
     LogicVolumeSpec, LogicVolumeStatus, NODE_ENDPOINT_ANNOTATION,
 };
-use carina_controlplane::kube::bridge::{self, ADOPTED, GO_CARINA_VOLUME};
-use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
+use carina_controlplane::kube::bridge::{ADOPTED, GO_CARINA_VOLUME};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
-use carina_controlplane::kube::retry::Backoff;
 use carina_proto::csi;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::nodestorage as pb;
+use carina_tests::bridge::Bridge;
 use carina_tests::csi::{ServedController, mount_cap};
 use carina_tests::gocarina::go_host_dir;
 use carina_tests::grpc::{self, TestNode, host_engine, server_cert};
@@ -43,11 +42,9 @@ use carina_tests::kube::KubeCluster;
 use carina_tests::unique;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::Code;
 
 const NODE: &str = "node-go";
@@ -55,53 +52,6 @@ const GROUP: &str = "g";
 const MIB: u64 = 1 << 20;
 /// Bound of every wait.
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// The bridge running in the test, stopped on drop.
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), bridge::Error>>>,
-}
-
-impl Running {
-    fn start(client: Client, tls: carina_proto::tls::ClientTls) -> Running {
-        let mut config = BridgeConfig::new(tls);
-        config.retry = Backoff {
-            min: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        config.slow_retry = Duration::from_secs(2);
-        config.call_timeout = Duration::from_secs(10);
-        config.instance = Some("kube-go-takeover-test".into());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(bridge_side::run(client, config, async {
-            let _ = stopped.await;
-        }));
-        Running {
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn stop(mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(DEADLINE, task)
-                .await
-                .context("the bridge did not stop")???;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
 
 /// The object Go Carina v0.14.0 wrote for a HOST volume `name` on
 /// [`NODE`] (its status is written apart, through the subresource).
@@ -202,7 +152,12 @@ async fn go_volumes_are_left_alone_until_taken_over() -> Result<()> {
         ..Node::default()
     };
     nodes.create(&PostParams::default(), &node_object).await?;
-    let running = Running::start(client.clone(), node.client_tls("controller")?);
+    let running = Bridge::start(
+        client.clone(),
+        node.client_tls("controller")?,
+        Duration::from_secs(2),
+        "kube-go-takeover-test",
+    );
     let provisioner = KubeProvisioner::new(
         client.clone(),
         KubeProvisionerConfig {
