@@ -19,13 +19,12 @@ use carina_csi::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 
 use super::KubeProvisioner;
-use super::error::api_error;
 use super::object::new_object;
 use super::outcome::{current_bytes, incompatible};
-use super::placement::{FALLBACK_UNIT, Target, policy_of};
+use super::placement::Target;
 
 /// Whether `lv` is made (the bridge set `status.volumeID`).
 fn is_made(lv: &LogicVolume) -> bool {
@@ -70,11 +69,7 @@ impl KubeProvisioner {
         if !is_local_name(name) && !is_snapshot_name(name) {
             return Err(CsiError::NotFound(format!("{what} does not exist")));
         }
-        let lv = self
-            .lvs
-            .get_opt(name)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?;
+        let lv = self.reads.lv(name).await?;
         lv.filter(|lv| {
             lv.spec.node_name == node && is_made(lv) && lv.metadata.deletion_timestamp.is_none()
         })
@@ -99,25 +94,6 @@ impl KubeProvisioner {
                     lv.name_any()
                 ))),
             },
-        }
-    }
-
-    /// Creates `object`, or takes the object a concurrent create made.
-    async fn create_or_existing(&self, object: &LogicVolume) -> Result<LogicVolume, CsiError> {
-        match self.lvs.create(&PostParams::default(), object).await {
-            Ok(created) => Ok(created),
-            Err(kube::Error::Api(s)) if s.is_already_exists() => self
-                .lvs
-                .get_opt(&object.name_any())
-                .await
-                .map_err(|e| api_error("get LogicVolume", e))?
-                .ok_or_else(|| {
-                    CsiError::Aborted(format!(
-                        "LogicVolume {:?} was created and deleted concurrently; retry",
-                        object.name_any()
-                    ))
-                }),
-            Err(e) => Err(api_error("create LogicVolume", e)),
         }
     }
 
@@ -160,18 +136,13 @@ impl KubeProvisioner {
             .group
             .clone()
             .unwrap_or_else(|| source_lv.spec.device_group.clone());
-        let policy = policy_of(&self.nsrs, &node, &group).await?;
+        let policy = self.reads.policy(&node, &group).await?;
         let name = req.local_name.clone();
         let wanted = CopyOf {
             volume: source_lv.name_any(),
             snapshot: false,
         };
-        if let Some(existing) = self
-            .lvs
-            .get_opt(&name)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?
-        {
+        if let Some(existing) = self.reads.lv(&name).await? {
             return self.adopt_copy(existing, req, &wanted, policy).await;
         }
         if !req.accessibility.requisite.is_empty()
@@ -188,7 +159,7 @@ impl KubeProvisioner {
                 ),
             ));
         }
-        let unit = self.unit(&node, &group).await?;
+        let unit = self.reads.unit(&node, &group).await?;
         let range = CapacityRange {
             required_bytes: req.capacity.required_bytes.max(source_bytes),
             limit_bytes: req.capacity.limit_bytes,
@@ -202,7 +173,7 @@ impl KubeProvisioner {
         let mut object = new_object(&name, req, &target);
         object.spec.source = Some(wanted.spec());
         tracing::info!(carina.volume.name = %name, k8s.node.name = %node, source = %id.encode(), carina.volume.size_bytes = target.size_bytes, "creating LogicVolume filled from its source");
-        let lv = self.create_or_existing(&object).await?;
+        let lv = self.create_or_existing(&object, None).await?.object();
         self.adopt_copy(lv, req, &wanted, policy).await
     }
 
@@ -237,19 +208,6 @@ impl KubeProvisioner {
         self.outcome(lv, req, policy).await
     }
 
-    /// The allocation unit of `group` on `node` as published, else the
-    /// fallback (the node rounds further).
-    async fn unit(&self, node: &str, group: &str) -> Result<u64, CsiError> {
-        Ok(self
-            .nsrs
-            .get_opt(node)
-            .await
-            .map_err(|e| api_error("get NodeStorageResource", e))?
-            .and_then(|n| n.status)
-            .and_then(|s| s.groups.into_iter().find(|g| g.name == group))
-            .map_or(FALLBACK_UNIT, |g| g.allocation_unit_bytes))
-    }
-
     pub(super) async fn snapshot(
         &self,
         req: &SnapshotRequest,
@@ -266,11 +224,7 @@ impl KubeProvisioner {
                 req.name, lv.spec.node_name, req.source_volume_id
             ))
         };
-        let existing = self
-            .lvs
-            .get_opt(&name)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?;
+        let existing = self.reads.lv(&name).await?;
         let lv = match existing {
             Some(lv) if !wanted.is(&lv) || lv.spec.node_name != id.node => {
                 return Err(conflict(&lv));
@@ -303,7 +257,7 @@ impl KubeProvisioner {
                     ..ObjectMeta::default()
                 };
                 tracing::info!(carina.snapshot.name = %name, k8s.node.name = %id.node, source = %id.volume, "creating the LogicVolume of a snapshot");
-                let lv = self.create_or_existing(&object).await?;
+                let lv = self.create_or_existing(&object, None).await?.object();
                 if !wanted.is(&lv) {
                     return Err(conflict(&lv));
                 }
@@ -328,10 +282,9 @@ impl KubeProvisioner {
             Err(e) => return Err(e),
         };
         let lv = self
-            .lvs
-            .get_opt(&id.volume)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?
+            .reads
+            .lv(&id.volume)
+            .await?
             .filter(|lv| lv.spec.node_name == id.node && snapshot_of(lv).is_some());
         match lv {
             Some(lv) => self.delete_object(lv).await,
@@ -340,12 +293,8 @@ impl KubeProvisioner {
     }
 
     pub(super) async fn snapshots(&self) -> Result<Vec<ProvisionedSnapshot>, CsiError> {
-        let lvs = self
-            .lvs
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| api_error("list LogicVolumes", e))?;
-        let mut all: Vec<ProvisionedSnapshot> = lvs.items.iter().filter_map(snapshot_of).collect();
+        let lvs = self.reads.lvs().await?;
+        let mut all: Vec<ProvisionedSnapshot> = lvs.iter().filter_map(snapshot_of).collect();
         all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
         Ok(all)
     }

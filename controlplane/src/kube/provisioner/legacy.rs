@@ -21,7 +21,6 @@ use carina_csi::volume_id::VolumeId;
 use kube::ResourceExt;
 
 use super::KubeProvisioner;
-use super::error::api_error;
 
 impl KubeProvisioner {
     /// The object of a volume id: `None` when no such volume can exist;
@@ -41,11 +40,7 @@ impl KubeProvisioner {
                 (id.object.as_str(), None)
             }
         };
-        let lv = self
-            .lvs
-            .get_opt(object)
-            .await
-            .map_err(|e| api_error("get LogicVolume", e))?;
+        let lv = self.reads.lv(object).await?;
         let Some(lv) = lv else { return Ok(None) };
         let owner = lv
             .owner()

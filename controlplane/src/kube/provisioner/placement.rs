@@ -3,8 +3,8 @@
 //! [`crate::nodes::placement::rank`] over the `NodeStorageResource` figures
 //! less the volumes asked for but not yet made; a pinned node that has not
 //! published yet; whether the provisioner's cache may answer alone
-//! ([`settled`]); and the policy lookup of a node's group. [`policy_of`]
-//! and [`listed`] read through the API; everything else here is pure.
+//! ([`settled`]). A pure decision over the records read (from the cache
+//! or, through `reads`, the API server): no API calls here.
 
 use std::sync::Arc;
 
@@ -12,10 +12,8 @@ use carina_api::{LogicVolume, NodeStorageResource};
 use carina_csi::strategy::Strategy;
 use carina_csi::{CsiError, TOPOLOGY_KEY, VolumeRequest, sizes};
 use carina_proto::nodestorage as pb;
-use kube::api::{Api, ListParams};
 
 use super::cache::Records;
-use super::error::api_error;
 use super::outcome::bytes;
 use super::records::{group_capacity, is_stale, node_spec, nsr_node};
 use crate::nodes::placement::{self, NodeCapacity};
@@ -55,42 +53,6 @@ pub(super) fn settled(target: &Target, records: &Records) -> bool {
     records.nsrs.iter().any(|nsr| {
         nsr_node(nsr) == target.node && nsr.status.as_ref().is_some_and(|s| !s.groups.is_empty())
     })
-}
-
-/// The records as the API server has them now.
-pub(super) async fn listed(
-    nsrs: &Api<NodeStorageResource>,
-    lvs: &Api<LogicVolume>,
-) -> Result<Records, CsiError> {
-    let nsrs = nsrs
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| api_error("list NodeStorageResources", e))?;
-    let lvs = lvs
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| api_error("list LogicVolumes", e))?;
-    Ok(Records {
-        nsrs: nsrs.items.into_iter().map(Arc::new).collect(),
-        lvs: lvs.items.into_iter().map(Arc::new).collect(),
-    })
-}
-
-/// The policy of `group` on `node`, if the node published it.
-pub(super) async fn policy_of(
-    nsrs: &Api<NodeStorageResource>,
-    node: &str,
-    group: &str,
-) -> Result<Option<String>, CsiError> {
-    let nsr = nsrs
-        .get_opt(node)
-        .await
-        .map_err(|e| api_error("get NodeStorageResource", e))?;
-    Ok(nsr
-        .as_ref()
-        .and_then(|n| n.status.as_ref())
-        .and_then(|s| s.groups.iter().find(|g| g.name == group))
-        .map(|g| g.policy.clone()))
 }
 
 /// The capacity of every node in `nsrs` that published its groups and that

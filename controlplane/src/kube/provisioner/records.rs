@@ -1,7 +1,9 @@
 //! Reading the published `NodeStorageResource` records: which node a record
-//! describes, whether the capacity publisher marked it stale, a node and its
-//! groups in the form [`crate::nodes::placement`] reads, and policy names
-//! both ways. Pure functions; no API calls here.
+//! describes, whether the capacity publisher marked it stale, a node's
+//! group by name ([`group_of`]) and every published group with its node
+//! ([`groups`]), a node and its groups in the form
+//! [`crate::nodes::placement`] reads, and policy names both ways. Pure
+//! functions; no API calls here.
 
 use carina_api::{DeviceGroupCapacity, NodeStorageResource};
 use carina_csi::{TOPOLOGY_KEY, Topology};
@@ -27,6 +29,29 @@ pub(super) fn nsr_node(nsr: &NodeStorageResource) -> String {
     } else {
         nsr.spec.node_name.clone()
     }
+}
+
+/// The group `group` of the node `nsr` describes, if it published it.
+pub(super) fn group_of<'a>(
+    nsr: &'a NodeStorageResource,
+    group: &str,
+) -> Option<&'a DeviceGroupCapacity> {
+    nsr.status
+        .as_ref()
+        .and_then(|s| s.groups.iter().find(|g| g.name == group))
+}
+
+/// Every published group among `nsrs`, with the node that published it.
+pub(super) fn groups<'a>(
+    nsrs: impl IntoIterator<Item = &'a NodeStorageResource>,
+) -> impl Iterator<Item = (String, &'a DeviceGroupCapacity)> {
+    nsrs.into_iter().flat_map(|nsr| {
+        let node = nsr_node(nsr);
+        nsr.status
+            .iter()
+            .flat_map(|s| s.groups.iter())
+            .map(move |g| (node.clone(), g))
+    })
 }
 
 /// A node as placement sees it. Placement reads only the name and the
