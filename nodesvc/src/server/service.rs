@@ -4,28 +4,32 @@
 //! the engine, converts the answer, and counts the outcome. Engine errors
 //! become statuses through the one mapping in [`super::status`]. The
 //! per-volume lock (`ABORTED`) and idempotency by name live in the engine.
+//!
+//! The requests with more to them than a call each have a file: `adopt`,
+//! `capacity` (and its watch), `config`, `copy` and `list`.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use carina_proto::nodestorage as pb;
 use carina_proto::nodestorage::node_storage_server::NodeStorage;
-use futures::Stream;
-use futures::future::join_all;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, instrument};
+use tracing::instrument;
 
 use super::convert;
 use super::metrics::Metrics;
-use crate::engine::copy::{Progress, Stop};
-use crate::engine::{Config, Engine, Error, health};
+use crate::engine::{Engine, health};
 
 mod adopt;
+mod capacity;
+mod config;
+mod copy;
+mod list;
 
-/// Default and largest `ListLVs` page.
-pub const DEFAULT_PAGE_SIZE: usize = 500;
-pub const MAX_PAGE_SIZE: usize = 5000;
+pub use self::capacity::CapacityStream;
+use self::capacity::capacity_stream;
+pub use self::copy::{CopyStream, PROGRESS_EVERY};
+pub use self::list::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
 
 /// The service. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -89,77 +93,6 @@ impl NodeStorageService {
         convert::volume(volume, &health::condition(volume).await, origin.as_ref())
     }
 
-    /// Starts the copy `req` asks for and streams its progress: a message
-    /// every [`PROGRESS_EVERY`] while it runs, then the last one (done,
-    /// with the target) or the error. The copy stops when the client goes
-    /// away (the stream is dropped) or the server stops (the call then
-    /// ends UNAVAILABLE: the caller did not cancel it, a retry works).
-    fn copy(&self, req: pb::CopyLvRequest) -> Result<CopyStream, Status> {
-        let req = convert::copy_request(req)?;
-        let (tx, rx) = mpsc::channel::<Result<pb::CopyLvProgress, Status>>(8);
-        let (progress_tx, progress) = watch::channel(Progress::default());
-        let stop = Stop::default();
-        let service = self.clone();
-        let mut stopping = self.stopping.clone();
-        let task = async move {
-            let copy = service
-                .engine
-                .copy_volume(req, Arc::new(progress_tx), stop.clone());
-            tokio::pin!(copy);
-            let mut ticker = tokio::time::interval(PROGRESS_EVERY);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut stopped = false;
-            let mut shutting_down = false;
-            let outcome = loop {
-                tokio::select! {
-                    result = &mut copy => break result,
-                    _ = ticker.tick() => {
-                        // Never waits on the client: a slow reader misses
-                        // a progress message, it does not hold the copy
-                        // (and a frozen filesystem) up.
-                        let _ = tx.try_send(Ok(convert::copy_progress(&progress.borrow())));
-                    }
-                    _ = tx.closed(), if !stopped => {
-                        tracing::info!("the client went away; stopping the copy");
-                        stopped = true;
-                        stop.set();
-                    }
-                    _ = stopping.wait_for(|s| *s), if !stopped => {
-                        tracing::info!("the server is stopping; stopping the copy");
-                        stopped = true;
-                        shutting_down = true;
-                        stop.set();
-                    }
-                }
-            };
-            let last = match outcome {
-                Ok(copied) => {
-                    let total = progress.borrow().total_bytes;
-                    Ok(pb::CopyLvProgress {
-                        copied_bytes: total,
-                        total_bytes: total,
-                        done: true,
-                        target: Some(service.wire(&copied.volume).await),
-                        frozen: false,
-                    })
-                }
-                // Stopped by the node going down, not by the caller: a
-                // retry (once the node is back) works.
-                Err(e @ Error::Cancelled { .. }) if shutting_down => Err(Status::unavailable(
-                    format!("{e}: the node is shutting down"),
-                )),
-                Err(e) => Err(Status::from(e)),
-            };
-            // Counted (and a node failure logged) like every call's end.
-            let _ = service.done("CopyLV", last.as_ref().map(|_| ()).map_err(Clone::clone));
-            let _ = tx.send(last).await;
-        };
-        tokio::spawn(task.instrument(tracing::Span::current()));
-        Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        })))
-    }
-
     async fn create(&self, req: pb::CreateLvRequest) -> Result<pb::CreateLvResponse, Status> {
         let req = convert::create_request(req)?;
         let (volume, created) = self.engine.ensure_volume(req).await?;
@@ -169,105 +102,6 @@ impl NodeStorageService {
             capacity: Some(self.capacity_version()),
         })
     }
-
-    async fn list(&self, req: pb::ListLVsRequest) -> Result<pb::ListLVsResponse, Status> {
-        let after = if req.page_token.is_empty() {
-            None
-        } else {
-            Some(convert::parse_page_token(&req.page_token)?)
-        };
-        let page_size = match req.page_size as usize {
-            0 => DEFAULT_PAGE_SIZE,
-            n => n.min(MAX_PAGE_SIZE),
-        };
-        let group = (!req.device_group.is_empty()).then_some(req.device_group.as_str());
-        let all = self.engine.list_volumes(group).await?;
-        // Sorted by name; continue strictly after the last name sent.
-        let rest: Vec<_> = all
-            .iter()
-            .filter(|v| after.as_deref().is_none_or(|a| v.name.as_str() > a))
-            .collect();
-        let page = &rest[..rest.len().min(page_size)];
-        let next_page_token = match (rest.len() > page.len(), page.last()) {
-            (true, Some(last)) => convert::page_token(&last.name),
-            _ => String::new(),
-        };
-        Ok(pb::ListLVsResponse {
-            volumes: join_all(page.iter().map(|v| self.wire(v))).await,
-            next_page_token,
-        })
-    }
-
-    async fn capacity_now(&self, group: &str) -> Result<pb::CapacityResponse, Status> {
-        let group = (!group.is_empty()).then_some(group);
-        // Read first: the figures below then reflect at least every change
-        // this generation stands for.
-        let (incarnation, generation) = self.engine.capacity_version();
-        let groups = self.engine.capacity(group).await?;
-        Ok(pb::CapacityResponse {
-            node_name: self.node_name.to_string(),
-            groups: groups.iter().map(convert::group_capacity).collect(),
-            generation,
-            reason: pb::ChangeReason::Current.into(),
-            incarnation,
-        })
-    }
-
-    async fn apply(&self, req: pb::ApplyConfigRequest) -> Result<pb::ApplyConfigResponse, Status> {
-        let config = Config::from_json(&req.config_json).map_err(|e| match e {
-            // The field path inside the JSON, under the proto field.
-            Error::InvalidConfig { field, reason } => {
-                Status::invalid_argument(format!("config_json: {field}: {reason}"))
-            }
-            other => Status::from(other),
-        })?;
-        let device_groups = config.groups.iter().map(|g| g.name.clone()).collect();
-        self.engine.apply_config(config).await?;
-        Ok(pb::ApplyConfigResponse { device_groups })
-    }
-}
-
-/// The stream of `WatchCapacity`.
-/// How often a running copy reports its progress.
-pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// The progress messages of one copy.
-pub type CopyStream = Pin<Box<dyn Stream<Item = Result<pb::CopyLvProgress, Status>> + Send>>;
-
-pub type CapacityStream = Pin<Box<dyn Stream<Item = Result<pb::CapacityResponse, Status>> + Send>>;
-
-/// The current snapshot at once (reason CURRENT), then one message per
-/// update the engine publishes. Updates that arrive faster than the client
-/// reads are coalesced to the newest (the generation shows the gap). Ends
-/// when the server stops; dropping it (the client went away) unsubscribes.
-fn capacity_stream(
-    node_name: Arc<str>,
-    mut updates: watch::Receiver<crate::engine::CapacitySnapshot>,
-    stopping: watch::Receiver<bool>,
-) -> CapacityStream {
-    let first = convert::capacity(
-        &node_name,
-        &updates.borrow_and_update(),
-        Some(pb::ChangeReason::Current),
-    );
-    let state = (Some(first), updates, stopping, node_name);
-    Box::pin(futures::stream::unfold(
-        state,
-        |(first, mut updates, mut stopping, node_name)| async move {
-            if let Some(first) = first {
-                return Some((Ok(first), (None, updates, stopping, node_name)));
-            }
-            let changed = tokio::select! {
-                changed = updates.changed() => changed.is_ok(),
-                _ = stopping.wait_for(|s| *s) => false,
-            };
-            if !changed {
-                return None;
-            }
-            let msg = convert::capacity(&node_name, &updates.borrow_and_update(), None);
-            Some((Ok(msg), (None, updates, stopping, node_name)))
-        },
-    ))
 }
 
 #[tonic::async_trait]
