@@ -30,9 +30,10 @@ use carina_proto::nodestorage as pb;
 use futures::future::join_all;
 use tonic::Code;
 
-use super::{DirectProvisioner, fs_type, unavailable_or};
+use super::{DirectProvisioner, unavailable_or};
 use crate::nodes::bcache::{cache_policy_name, cannot_grow, create_request, tiering_differs};
 use crate::nodes::spec::NodeSpec;
+use crate::nodes::volume::fs_type;
 
 impl DirectProvisioner {
     /// The bcache device `name` on `node`, if it has one.

@@ -11,10 +11,11 @@ use carina_proto::nodestorage as pb;
 use futures::future::join_all;
 use tonic::Code;
 
-use super::{DirectProvisioner, fs_type, provisioned, unavailable_or};
+use super::{DirectProvisioner, provisioned, unavailable_or};
 use crate::nodes::copy::copy;
 use crate::nodes::placement;
 use crate::nodes::spec::NodeSpec;
+use crate::nodes::volume::fs_type;
 
 /// Copies: snapshots and clones, each a complete copy on its source's
 /// node (see the node's `CopyLV`).

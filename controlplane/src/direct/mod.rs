@@ -40,9 +40,15 @@
 //! deletes the three; growth is `FAILED_PRECONDITION`. The volume id is
 //! `<volume>@<node>` like any other.
 //!
-//! **Files.** This one holds the provisioner, its lookups and the
-//! volume verbs; `bcache` the tiered volumes; `copies` the snapshots and
-//! clones.
+//! **Files**, in the order a create runs through them: this one holds
+//! the provisioner, its lookups of one node, the view of a node's volume
+//! and the [`Provisioner`] impl (delete, expand, get, list, health and
+//! capacity in place: one node call each); `create` is CreateVolume top
+//! to bottom (existing volume, ranking, `CreateLV`, size check); `bcache`
+//! the tiered volumes; `copies` the snapshots and clones; `legacy` the
+//! answer to Go Carina's ids. The rules the Kubernetes plane applies too
+//! (an existing volume fitting a create, the context's file system,
+//! capacity summed) are [`crate::nodes::volume`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -61,13 +67,13 @@ use carina_proto::tls::ClientTls;
 use futures::future::join_all;
 use tonic::Code;
 
-use crate::nodes::health;
-use crate::nodes::placement::{self, NodeCapacity};
 use crate::nodes::pool::NodeClients;
 use crate::nodes::spec::{NodeList, NodeSpec};
+use crate::nodes::{health, volume};
 
 mod bcache;
 mod copies;
+mod create;
 mod legacy;
 
 use legacy::refuse_go_id;
@@ -153,91 +159,6 @@ impl DirectProvisioner {
         }
         Ok(self.nodes.get(&id.node).map(|n| (n, id.volume)))
     }
-
-    /// The existing volume named like the request, checked against it.
-    async fn existing(&self, req: &VolumeRequest) -> Result<Option<ProvisionedVolume>, CsiError> {
-        if let Some((node, d)) = self.find_tiered(&req.local_name).await? {
-            return Err(CsiError::AlreadyExists(format!(
-                "volume {:?} exists on node {} as a bcache device cached by group {:?}, and the request asks for no cache",
-                req.name, node.name, d.cache_device_group
-            )));
-        }
-        let lookups = join_all(
-            self.nodes
-                .nodes
-                .iter()
-                .map(|n| self.get_lv(n, &req.local_name)),
-        )
-        .await;
-        for (node, found) in self.nodes.nodes.iter().zip(lookups) {
-            let found = found.map_err(|e| {
-                unavailable_or(e, |m| {
-                    format!(
-                        "cannot tell whether volume {:?} already exists: {m}",
-                        req.local_name
-                    )
-                })
-            })?;
-            let Some(lv) = found else { continue };
-            if let Some(why) = incompatible(req, node, &lv) {
-                return Err(CsiError::AlreadyExists(format!(
-                    "volume {:?} exists on node {} ({} bytes in group {:?}) but {why}",
-                    req.name, node.name, lv.size_bytes, lv.device_group
-                )));
-            }
-            return Ok(Some(provisioned(node, &lv, fs_type(req))));
-        }
-        Ok(None)
-    }
-}
-
-impl DirectProvisioner {
-    /// The places for a new volume, best first, over the capacities of
-    /// the nodes that answer.
-    async fn ranked(&self, req: &VolumeRequest) -> Result<Vec<placement::Placement>, CsiError> {
-        let capacities = join_all(self.nodes.nodes.iter().map(|n| self.capacity_of(n))).await;
-        let mut views = Vec::with_capacity(capacities.len());
-        for (node, groups) in self.nodes.nodes.iter().zip(capacities) {
-            match groups {
-                Ok(groups) => views.push(NodeCapacity { node, groups }),
-                // It answered a lookup a moment ago; it cannot take the
-                // volume now, but the others may.
-                Err(e) => {
-                    tracing::warn!(k8s.node.name = %node.name, error = %e, "no capacity from node; not placing there")
-                }
-            }
-        }
-        placement::rank(req, &views, self.strategy)
-    }
-
-    /// Removes a volume just created that turned out larger than the
-    /// range allows (a whole disk), and says why.
-    async fn undo(
-        &self,
-        node: &NodeSpec,
-        lv: &pb::LogicVolume,
-        created: bool,
-        range: &CapacityRange,
-    ) -> CsiError {
-        let why = format!(
-            "volume {:?} on node {} would be {} bytes, above limit_bytes {}",
-            lv.name, node.name, lv.size_bytes, range.limit_bytes
-        );
-        if created {
-            let req = pb::DeleteLvRequest {
-                name: lv.name.clone(),
-            };
-            let what = format!("DeleteLV {}", lv.name);
-            if let Err(e) = self
-                .clients
-                .call(node, &what, |mut c| async move { c.delete_lv(req).await })
-                .await
-            {
-                tracing::warn!(error = %e, "removing the oversized volume failed");
-            }
-        }
-        CsiError::OutOfRange(why)
-    }
 }
 
 /// Keeps an `UNAVAILABLE` (or deadline) error's code and rewrites its
@@ -259,44 +180,6 @@ fn possible_volume_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
-}
-
-fn fs_type(req: &VolumeRequest) -> Option<FsType> {
-    if req.block {
-        None
-    } else {
-        req.parameters.fs_type
-    }
-}
-
-/// Why an existing volume does not satisfy `req`, if it does not.
-fn incompatible(req: &VolumeRequest, node: &NodeSpec, lv: &pb::LogicVolume) -> Option<String> {
-    if let Some(why) = sizes::unsatisfied(&req.capacity, Some(lv.size_bytes)) {
-        return Some(why);
-    }
-    if let Some(g) = &req.parameters.group
-        && *g != lv.device_group
-    {
-        return Some(format!("the request names group {g:?}"));
-    }
-    if req.parameters.exclusive != lv.exclusive {
-        return Some(format!(
-            "the request asks for exclusively-raw-disk {}",
-            req.parameters.exclusive
-        ));
-    }
-    if !placement::policy_suits(req, lv.policy()) {
-        return Some(format!(
-            "a {} volume cannot serve this access",
-            crate::policy::name(lv.policy())
-        ));
-    }
-    let accessible = req.accessibility.requisite.is_empty()
-        || req.accessibility.requisite.iter().any(|t| node.matches(t));
-    if !accessible {
-        return Some("its node is outside the requested accessible topology".to_string());
-    }
-    None
 }
 
 /// The control plane's view of a node's volume.
@@ -338,55 +221,7 @@ fn provisioned(
 impl Provisioner for DirectProvisioner {
     #[tracing::instrument(name = "direct.create_volume", skip_all, err(level = "info"), fields(carina.volume.name = %req.local_name))]
     async fn create_volume(&self, req: &VolumeRequest) -> Result<ProvisionedVolume, CsiError> {
-        if let Some(b) = &req.parameters.bcache {
-            return self.create_tiered(req, b).await;
-        }
-        if let Some(source) = &req.source {
-            return self.create_from(req, source).await;
-        }
-        if let Some(found) = self.existing(req).await? {
-            tracing::info!(carina.volume.id = %found.volume_id, "volume exists already");
-            return Ok(found);
-        }
-        let ranked = self.ranked(req).await?;
-        let mut exhausted = Vec::new();
-        for p in ranked {
-            let Some(node) = self.nodes.get(&p.node) else {
-                continue;
-            };
-            let create = pb::CreateLvRequest {
-                name: req.local_name.clone(),
-                device_group: p.group.clone(),
-                size_bytes: p.size_bytes,
-                exclusive: req.parameters.exclusive,
-            };
-            tracing::info!(k8s.node.name = %p.node, carina.group = %p.group, carina.volume.size_bytes = p.size_bytes, strategy = %self.strategy, "placing volume");
-            let what = format!("CreateLV {} in group {:?}", req.local_name, p.group);
-            match self
-                .clients
-                .call(
-                    node,
-                    &what,
-                    |mut c| async move { c.create_lv(create).await },
-                )
-                .await
-            {
-                Ok(r) => {
-                    let lv = r.volume.ok_or_else(|| {
-                        CsiError::Internal(format!("node {}: CreateLV answered no volume", p.node))
-                    })?;
-                    if !sizes::satisfies(&req.capacity, lv.size_bytes) {
-                        // A whole disk larger than limit_bytes.
-                        return Err(self.undo(node, &lv, r.created, &req.capacity).await);
-                    }
-                    return Ok(provisioned(node, &lv, fs_type(req)));
-                }
-                // Someone took the space since Capacity: try the next.
-                Err(e) if e.code() == Code::ResourceExhausted => exhausted.push(e.to_string()),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CsiError::ResourceExhausted(exhausted.join("; ")))
+        self.create(req).await
     }
 
     fn copies(&self) -> bool {
@@ -546,18 +381,16 @@ impl Provisioner for DirectProvisioner {
             .filter(|n| topology.is_none_or(|t| n.matches(t)))
             .collect();
         let answers = join_all(nodes.iter().map(|n| self.capacity_of(n))).await;
-        let mut info = CapacityInfo::default();
+        let mut wanted = Vec::new();
         for groups in answers {
-            for g in groups?
-                .iter()
-                .filter(|g| group.is_none_or(|w| g.device_group == w))
-            {
-                info.available_bytes = info.available_bytes.saturating_add(g.allocatable_bytes);
-                info.maximum_volume_size =
-                    info.maximum_volume_size.max(g.largest_allocatable_bytes);
-            }
+            wanted.extend(
+                groups?
+                    .into_iter()
+                    .filter(|g| group.is_none_or(|w| g.device_group == w))
+                    .map(|g| (g.allocatable_bytes, g.largest_allocatable_bytes)),
+            );
         }
-        Ok(info)
+        Ok(volume::capacity(wanted))
     }
 }
 

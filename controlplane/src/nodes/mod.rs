@@ -9,7 +9,10 @@
 //! - [`health`]: the condition of provisioned volumes, asked of their
 //!   nodes;
 //! - [`copy`]: a clone or snapshot made on a node, its progress followed;
-//! - [`bcache`]: the node requests and checks of tiered (bcache) volumes.
+//! - [`bcache`]: the node requests and checks of tiered (bcache) volumes;
+//! - [`volume`]: the rules both planes apply to a volume they answer for
+//!   (an existing volume fitting a create, the context's file system,
+//!   capacity summed over groups).
 
 pub mod bcache;
 pub mod copy;
@@ -17,3 +20,4 @@ pub mod health;
 pub mod placement;
 pub mod pool;
 pub mod spec;
+pub mod volume;

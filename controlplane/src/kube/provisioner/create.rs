@@ -23,9 +23,10 @@ use super::error::api_error;
 use super::legacy;
 use super::object::new_object;
 use super::outcome::CreateOutcome::{Failed, Gone, Made};
-use super::outcome::{create_outcome, fs_type, incompatible, provisioned};
+use super::outcome::{create_outcome, incompatible, provisioned};
 use super::placement::{Target, place, settled};
 use super::watch::Timeout;
+use crate::nodes::volume::fs_type;
 
 /// What a create of an object came to.
 pub(super) enum Created<'a> {

@@ -13,12 +13,13 @@ use carina_api::quantity::quantity_bytes;
 use carina_api::state::Retry;
 use carina_api::{EXCLUSIVE_ANNOTATION, LogicVolume, LogicVolumeStatus, PATH_ANNOTATION};
 use carina_csi::params::{BCACHE_DATA_OFFSET, FsType};
-use carina_csi::{CsiError, ProvisionedVolume, VolumeRequest, context, sizes};
+use carina_csi::{CsiError, ProvisionedVolume, VolumeRequest, context};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use super::error::status_error;
 use super::records::node_spec;
+use crate::nodes::volume::{Existing, unfit};
 
 /// What the status of a create says.
 #[derive(Debug)]
@@ -134,37 +135,13 @@ fn given_up(status: &LogicVolumeStatus) -> bool {
         .is_some_and(|c| c != 0 && Retry::of_status(c) != Retry::Soon)
 }
 
-pub(super) fn fs_type(req: &VolumeRequest) -> Option<FsType> {
-    if req.block {
-        None
-    } else {
-        req.parameters.fs_type
-    }
-}
-
-/// Why an existing object does not satisfy `req`, if it does not.
+/// Why an existing object does not satisfy `req`, if it does not (the
+/// shared rule, [`unfit`], with this plane's tiering and policy checks).
 pub(super) fn incompatible(
     req: &VolumeRequest,
     lv: &LogicVolume,
     policy: Option<&str>,
 ) -> Option<String> {
-    if let Some(why) = sizes::unsatisfied(&req.capacity, current_bytes(lv)) {
-        return Some(why);
-    }
-    if let Some(g) = &req.parameters.group
-        && *g != lv.spec.device_group
-    {
-        return Some(format!("the request names group {g:?}"));
-    }
-    if let Some(why) = other_cache(req, lv) {
-        return Some(why);
-    }
-    if req.parameters.exclusive != is_exclusive(lv) {
-        return Some(format!(
-            "the request asks for exclusively-raw-disk {}",
-            req.parameters.exclusive
-        ));
-    }
     // The group's policy, when its node published it, must suit the
     // request by the one rule placement and the scheduler read.
     let needs = policy::Needs {
@@ -176,16 +153,18 @@ pub(super) fn incompatible(
             .as_ref()
             .map(|_| policy::BcachePart::Backing),
     };
-    if let Some(Err(why)) = policy.map(|p| policy::suits(p, needs)) {
-        return Some(format!("its group does not suit the request: {why}"));
-    }
+    let unsuited = match policy.map(|p| policy::suits(p, needs)) {
+        Some(Err(why)) => Some(format!("its group does not suit the request: {why}")),
+        _ => None,
+    };
     let node = node_spec(&lv.spec.node_name);
-    let accessible = req.accessibility.requisite.is_empty()
-        || req.accessibility.requisite.iter().any(|t| node.matches(t));
-    if !accessible {
-        return Some("its node is outside the requested accessible topology".to_string());
-    }
-    None
+    let existing = Existing {
+        bytes: current_bytes(lv),
+        group: &lv.spec.device_group,
+        exclusive: is_exclusive(lv),
+        node: &node,
+    };
+    unfit(req, &existing, other_cache(req, lv), unsuited)
 }
 
 /// Why the tiering of `lv` differs from what `req` asks, if it does.

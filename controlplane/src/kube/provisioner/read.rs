@@ -2,7 +2,8 @@
 //! ListVolumes from the `LogicVolume` objects (each volume's policy from
 //! its node's published group), the volumes' condition as their nodes see
 //! it now, the published group names, and GetCapacity summed over the
-//! published groups. Nothing here writes.
+//! published groups ([`crate::nodes::volume::capacity`]). Nothing here
+//! writes.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use super::KubeProvisioner;
 use super::outcome::provisioned;
 use super::records::{groups, node_spec};
 use super::{copies, legacy};
-use crate::nodes::health;
+use crate::nodes::{health, volume};
 
 impl KubeProvisioner {
     /// ControllerGetVolume: the volume once made, else `None`.
@@ -105,14 +106,11 @@ impl KubeProvisioner {
         group: Option<&str>,
     ) -> Result<CapacityInfo, CsiError> {
         let nsrs = self.reads.nsrs().await?;
-        let mut info = CapacityInfo::default();
         let wanted = groups(&nsrs).filter(|(node, g)| {
             topology.is_none_or(|t| node_spec(node).matches(t)) && group.is_none_or(|w| g.name == w)
         });
-        for (_, g) in wanted {
-            info.available_bytes = info.available_bytes.saturating_add(g.allocatable_bytes);
-            info.maximum_volume_size = info.maximum_volume_size.max(g.largest_allocatable_bytes);
-        }
-        Ok(info)
+        Ok(volume::capacity(wanted.map(|(_, g)| {
+            (g.allocatable_bytes, g.largest_allocatable_bytes)
+        })))
     }
 }
