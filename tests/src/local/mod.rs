@@ -25,36 +25,43 @@
 //! kube-proxy's rules and the bridge, unmounts everything under the folder,
 //! removes the cgroups, and stops the control plane: nothing is left on the
 //! host, also after a panic.
+//!
+//! One file per job besides this one (the cluster and its teardown):
+//! `node` starts a node's processes (containerd, kubelet, kube-proxy) and
+//! waits for it, `config` writes their configuration, `host` changes the
+//! host (mounts, cgroups, links), `second` is the second node, `carina`
+//! installs Carina on the cluster and `workload` runs pods that use it.
 
 pub mod carina;
+mod config;
 pub mod host;
+mod node;
 pub mod second;
 pub mod workload;
 
 use std::fs::File;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Client;
 use kube::api::Api;
 
-use crate::cluster::{await_object, free_port};
-use crate::containerd::{Containerd, Cri};
+pub use node::node_is_ready;
+use node::{
+    NodeFiles, remove_all_pods, spawn_kubelet, spawn_proxy, start_containerd, wait_node_ready,
+};
+
+use crate::cluster::await_object;
+use crate::containerd::Containerd;
 use crate::kube::{ApiServerMode, Component, KubeCluster};
-use crate::process::{ChildGuard, tail, upstream_tool};
+use crate::process::{ChildGuard, upstream_tool};
 use crate::{run, unique};
 
 /// The Kubernetes version of the node's programs.
 const KUBELET_TOOL: &str = "kubelet-v1.36.3";
-
-/// The CNI plugins' tool directory.
-const CNI_TOOL: &str = "cni-v1.10.0";
-
-/// crictl's tool directory.
-const CRICTL_TOOL: &str = "crictl-v1.37.0";
 
 /// The pod network (one node: one range).
 pub const POD_CIDR: &str = "10.88.0.0/16";
@@ -387,194 +394,6 @@ impl Drop for LocalCluster {
     }
 }
 
-/// Removes every pod sandbox `containerd` has (stopping its containers
-/// and releasing its network) through the CRI, as the kubelet would.
-fn remove_all_pods(containerd: &Containerd) {
-    let Ok(crictl) = upstream_tool("CARINA_CRICTL", CRICTL_TOOL, "crictl") else {
-        return;
-    };
-    let endpoint = format!(
-        "--runtime-endpoint=unix://{}",
-        containerd.socket().display()
-    );
-    let _ = run(
-        &crictl.to_string_lossy(),
-        &[&endpoint, "--timeout=30s", "rmp", "--all", "--force"],
-    );
-}
-
-/// The node's containerd with its CRI plugins: the pods on bridge
-/// `bridge` with addresses from `cidr` (configuration and leases under
-/// `dir`), `images` imported; in the node's own namespaces with `enter`.
-fn start_containerd(
-    dir: &Path,
-    bridge: &str,
-    cidr: &str,
-    images: &[PathBuf],
-    enter: Option<&second::Enter>,
-) -> Result<Containerd> {
-    let cni_conf = dir.join("cni/net.d");
-    std::fs::create_dir_all(&cni_conf)?;
-    std::fs::write(
-        cni_conf.join("10-carina-test.conflist"),
-        cni_config(bridge, cidr, &dir.join("cni/ipam")),
-    )?;
-    let cni_bin = upstream_tool("CARINA_CNI_BIN", CNI_TOOL, "bridge")?
-        .parent()
-        .context("CNI plugin without a directory")?
-        .to_path_buf();
-    let cri = Cri {
-        sandbox_image: SANDBOX_IMAGE.to_string(),
-        runc: which("runc")?,
-        cni_bin_dir: cni_bin,
-        cni_conf_dir: cni_conf,
-    };
-    let mut containerd = Containerd::start_in(Some(&cri), enter)?;
-    for archive in images {
-        let path = archive.to_str().context("UTF-8 archive path")?;
-        containerd
-            .ctr(CRI_NAMESPACE, &["images", "import", path])
-            .with_context(|| format!("import {}", archive.display()))?;
-    }
-    Ok(containerd)
-}
-
-/// Where a node's kubelet keeps its files, and how its processes are
-/// started (in the host's namespaces, or entered into a node's own).
-struct NodeFiles<'a> {
-    name: &'a str,
-    ip: Ipv4Addr,
-    root: &'a Path,
-    cgroup: &'a str,
-    /// The node's folder: certificates, configuration, pod logs.
-    dir: &'a Path,
-    kubelet_log: &'a Path,
-    enter: Option<&'a second::Enter>,
-}
-
-/// Writes the kubelet's certificates, kubeconfig and configuration under
-/// the node's folder and starts it.
-fn spawn_kubelet(
-    kube: &KubeCluster,
-    node: &NodeFiles<'_>,
-    containerd_socket: &Path,
-) -> Result<ChildGuard> {
-    let pki = node.dir.join("pki");
-    let user = format!("system:node:{}", node.name);
-    let (cert, key) = kube.write_client_cert(&pki, "kubelet-client", &user, "system:nodes")?;
-    let kubeconfig = node.dir.join("kubelet.kubeconfig");
-    match node.enter {
-        // Its own network: the apiserver is at the host's address.
-        Some(_) => {
-            kube.write_kubeconfig_via(&kubeconfig, host::default_route_ip()?, &cert, &key)?
-        }
-        None => kube.write_kubeconfig(&kubeconfig, &cert, &key)?,
-    }
-    let (serving_cert, serving_key) = kube.write_serving_cert(
-        &pki,
-        "kubelet-serving",
-        node.name,
-        &[IpAddr::V4(node.ip), IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    )?;
-    let config = node.dir.join("kubelet.yaml");
-    let text = kubelet_config(&KubeletConfig {
-        cgroup_root: node.cgroup,
-        runtime_socket: containerd_socket,
-        pod_logs: &node.dir.join("pod-logs"),
-        client_ca: kube.ca_cert(),
-        serving_cert: &serving_cert,
-        serving_key: &serving_key,
-        address: node.ip,
-        port: free_port()?,
-        healthz_port: free_port()?,
-    });
-    std::fs::write(&config, text)?;
-    let args = vec![
-        format!("--config={}", config.display()),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--root-dir={}", node.root.display()),
-        format!("--hostname-override={}", node.name),
-        format!("--node-ip={}", node.ip),
-        "--v=2".to_string(),
-    ];
-    spawn_in(
-        node.enter,
-        "kubelet",
-        &node_binary("kubelet")?,
-        &args,
-        &[],
-        node.kubelet_log,
-    )
-}
-
-/// kube-proxy in iptables mode for node `name`, whose pods are in `cidr`,
-/// with the admin's `kubeconfig`.
-fn spawn_proxy(
-    name: &str,
-    cidr: &str,
-    kubeconfig: &Path,
-    log: &Path,
-    enter: Option<&second::Enter>,
-) -> Result<ChildGuard> {
-    let args = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--hostname-override={name}"),
-        "--proxy-mode=iptables".to_string(),
-        format!("--cluster-cidr={cidr}"),
-        // Replies from a pod to a pod behind a Service on the same
-        // bridge would skip the host's connection tracking without it
-        // (no br_netfilter here).
-        "--masquerade-all".to_string(),
-        // No CAP_SYS_RESOURCE: keep its score, leave conntrack sizing.
-        "--oom-score-adj=0".to_string(),
-        "--conntrack-max-per-core=0".to_string(),
-        format!("--healthz-bind-address=127.0.0.1:{}", free_port()?),
-        format!("--metrics-bind-address=127.0.0.1:{}", free_port()?),
-    ];
-    spawn_in(
-        enter,
-        "kube-proxy",
-        &node_binary("kube-proxy")?,
-        &args,
-        &[],
-        log,
-    )
-}
-
-/// Starts `program` in the host's namespaces or, with `enter`, in a
-/// node's own.
-fn spawn_in(
-    enter: Option<&second::Enter>,
-    name: &str,
-    program: &Path,
-    args: &[String],
-    env: &[(&str, &str)],
-    log: &Path,
-) -> Result<ChildGuard> {
-    match enter {
-        None => ChildGuard::spawn(name, program, args, env, log),
-        Some(enter) => {
-            let (program, args) = enter.wrap(program, args);
-            ChildGuard::spawn(name, &program, &args, env, log)
-        }
-    }
-}
-
-/// Waits, by watch, for Node `name` to be Ready; on a timeout the error
-/// has the kubelet's log.
-async fn wait_node_ready(client: Client, name: &str, kubelet: &mut ChildGuard) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client);
-    let ready = await_object(&nodes, name, "Ready", READY_TIMEOUT, |n| {
-        n.is_some_and(node_is_ready)
-    })
-    .await;
-    if let Err(e) = ready {
-        let _ = kubelet.check_running();
-        bail!("{e:#}\nkubelet log:\n{}", tail(&kubelet.log, 40));
-    }
-    Ok(())
-}
-
 /// Takes the host-wide lock, waiting (off the runtime's threads) while
 /// another local cluster holds it.
 async fn host_lock() -> Result<File> {
@@ -589,124 +408,4 @@ async fn host_lock() -> Result<File> {
         Ok(file)
     })
     .await?
-}
-
-/// Whether the Node's `Ready` condition is `True`.
-pub fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The path of `program` on PATH (or in /usr/sbin, /sbin).
-fn which(program: &str) -> Result<PathBuf> {
-    let path = std::env::var("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-        .with_context(|| format!("{program} not found (make deps installs it)"))
-}
-
-/// The CNI configuration: a bridge that is the pods' gateway, addresses
-/// from `cidr` recorded under `ipam_dir`, no masquerading (the
-/// host's firewall is not touched beyond kube-proxy's rules).
-fn cni_config(bridge: &str, cidr: &str, ipam_dir: &Path) -> String {
-    serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "carina-test",
-        "plugins": [{
-            "type": "bridge",
-            "bridge": bridge,
-            "isGateway": true,
-            "ipMasq": false,
-            "hairpinMode": true,
-            "ipam": {
-                "type": "host-local",
-                "dataDir": ipam_dir,
-                "ranges": [[{"subnet": cidr}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-            },
-        }],
-    })
-    .to_string()
-}
-
-/// The kubelet's settings that vary per cluster.
-struct KubeletConfig<'a> {
-    cgroup_root: &'a str,
-    runtime_socket: &'a Path,
-    pod_logs: &'a Path,
-    client_ca: &'a Path,
-    serving_cert: &'a Path,
-    serving_key: &'a Path,
-    address: Ipv4Addr,
-    port: u16,
-    healthz_port: u16,
-}
-
-/// The KubeletConfiguration (JSON is YAML).
-fn kubelet_config(c: &KubeletConfig<'_>) -> String {
-    serde_json::json!({
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        // Hosts with the cgroup v1 hierarchy are refused by default since
-        // 1.35; this one has it.
-        "failCgroupV1": false,
-        "cgroupDriver": "cgroupfs",
-        "cgroupRoot": format!("/{}", c.cgroup_root),
-        "cgroupsPerQOS": true,
-        "enforceNodeAllocatable": ["pods"],
-        "containerRuntimeEndpoint": format!("unix://{}", c.runtime_socket.display()),
-        "podLogsDir": c.pod_logs,
-        "staticPodPath": "",
-        "failSwapOn": false,
-        "authentication": {
-            "anonymous": {"enabled": false},
-            "webhook": {"enabled": false},
-            "x509": {"clientCAFile": c.client_ca},
-        },
-        // Only the apiserver (with the cluster CA's client certificate)
-        // reaches it.
-        "authorization": {"mode": "AlwaysAllow"},
-        "tlsCertFile": c.serving_cert,
-        "tlsPrivateKeyFile": c.serving_key,
-        "address": c.address.to_string(),
-        "port": c.port,
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "healthzPort": c.healthz_port,
-        "clusterDomain": "cluster.local",
-        "resolvConf": "/etc/resolv.conf",
-        // A test machine's disk and memory are whatever they are; evict
-        // only at the very end.
-        "evictionHard": {
-            "memory.available": "1Mi",
-            "nodefs.available": "1%",
-            "nodefs.inodesFree": "1%",
-            "imagefs.available": "1%",
-        },
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "serializeImagePulls": false,
-        // No CAP_SYS_RESOURCE: the kubelet cannot lower its own score.
-        "oomScoreAdj": 0,
-        // Volume stats for kubelet_volume_stats_* sooner than every minute.
-        "volumeStatsAggPeriod": "10s",
-    })
-    .to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cni_config_names_the_bridge_and_range() {
-        let v: serde_json::Value =
-            serde_json::from_str(&cni_config("cbr1", POD_CIDR, Path::new("/x"))).expect("json");
-        assert_eq!(v["plugins"][0]["bridge"], "cbr1");
-        assert_eq!(v["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], POD_CIDR);
-    }
 }

@@ -33,9 +33,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::{
-    NodeFiles, host, remove_all_pods, spawn_kubelet, spawn_proxy, start_containerd,
-    wait_node_ready, which,
+use super::host;
+use super::node::{
+    NodeFiles, remove_all_pods, spawn_kubelet, spawn_proxy, start_containerd, wait_node_ready,
+    which,
 };
 use crate::containerd::Containerd;
 use crate::kube::KubeCluster;
