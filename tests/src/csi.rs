@@ -148,6 +148,26 @@ pub async fn make(csi: &mut Csi, req: csi::CreateVolumeRequest) -> Result<csi::V
         .with_context(|| format!("CreateVolume {name}: no volume"))
 }
 
+/// `CreateVolume` that must fail: its status (panics, naming the volume,
+/// if it succeeds).
+pub async fn make_err(csi: &mut Csi, req: csi::CreateVolumeRequest) -> tonic::Status {
+    let name = req.name.clone();
+    match csi.create_volume(req).await {
+        Ok(v) => panic!("CreateVolume {name} succeeded: {:?}", v.into_inner()),
+        Err(s) => s,
+    }
+}
+
+/// `req` with the parameters `pairs` added.
+pub fn with_params(
+    mut req: csi::CreateVolumeRequest,
+    pairs: &[(&str, &str)],
+) -> csi::CreateVolumeRequest {
+    req.parameters
+        .extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    req
+}
+
 /// `DeleteVolume` of `volume_id`, failing with the id when the call fails.
 pub async fn delete(csi: &mut Csi, volume_id: &str) -> Result<()> {
     csi.delete_volume(csi::DeleteVolumeRequest {

@@ -1,8 +1,8 @@
 //! The Kubernetes provisioner against a real kube-apiserver: the CSI
 //! Controller served on a unix socket over `KubeProvisioner`, called
-//! through a tonic client as the sidecars call it, with a fake bridge in
-//! the test that watches `LogicVolume`s and writes their status (success,
-//! failures, slow and silent cases) the way the real bridge does. It
+//! through a tonic client as the sidecars call it, with the fake bridge
+//! of [`carina_tests::kube::fake_bridge`] writing the `LogicVolume`
+//! statuses (success, failures, slow and silent cases). It
 //! proves the watch path: CreateVolume returns as soon as the status is
 //! written, never a polling interval later; the error codes; idempotent
 //! repeats; DeleteVolume waiting for the finalizer; ControllerExpandVolume
@@ -16,37 +16,32 @@
 //! and `cargo build --bins` for the binary.
 
 use std::collections::HashMap;
-use std::pin::pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use carina_api::{
-    DeviceGroupCapacity, LOGICVOLUME_FINALIZER, LogicVolume, NodeStorageResourceStatus,
-    TRACEPARENT_ANNOTATION,
-};
-use carina_controlplane::kube::leader::LeaseConfig;
-use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
+use carina_api::{LOGICVOLUME_FINALIZER, LogicVolume, TRACEPARENT_ANNOTATION};
 use carina_csi::strategy::Strategy;
 use carina_csi::{TOPOLOGY_KEY, context};
 use carina_proto::csi;
 use carina_proto::csi::controller_client::ControllerClient;
 use carina_proto::devcerts::{DevCa, Validity};
 use carina_proto::tls::DEFAULT_TRUST_DOMAIN;
-use carina_tests::cluster::publish_node_storage;
-use carina_tests::csi::{Csi, ServedController, delete, make, mount_cap, node_of, on};
+use carina_tests::csi::{Csi, delete, make, make_err, mount_cap, node_of, on, with_params};
 use carina_tests::grpc::unix_channel;
-use carina_tests::kube::{Candidate, KubeCluster};
+use carina_tests::kube::fake_bridge::{
+    AbortOnDrop, BRIDGE_DELAY, GO_ANNOTATION, MANY_DELAY, Record, controller, fake_bridge, publish,
+};
+use carina_tests::kube::{
+    Candidate, KubeCluster, await_lease_holder, gone, lease_holder, short_lease,
+};
 use carina_tests::metrics::{scrape, value};
 use carina_tests::process::{ChildGuard, wait_for_path, workspace_binary};
 use carina_tests::unique;
-use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -56,255 +51,13 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const A: &str = "node-a";
 const B: &str = "node-b";
-/// How long the fake bridge takes for an ordinary node operation.
-const BRIDGE_DELAY: Duration = Duration::from_millis(300);
-/// How long it takes for volumes named `many-*`.
-const MANY_DELAY: Duration = Duration::from_secs(1);
 /// How soon after the status is written CreateVolume must have returned:
 /// a sanity bound, far below the 1 s the Go original sleeps.
 const PROMPT: Duration = Duration::from_millis(500);
-/// Annotation that releases a `slow-*` volume to the fake bridge.
-const GO_ANNOTATION: &str = "test.carina.storage.io/go";
-
-/// When the fake bridge wrote what, by object name.
-#[derive(Debug, Clone, Default)]
-struct Record(Arc<Mutex<HashMap<String, Instant>>>);
-
-impl Record {
-    fn mark(&self, key: String) {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .entry(key)
-            .or_insert_with(Instant::now);
-    }
-
-    /// Marks `key`; false if it was marked already.
-    fn claim(&self, key: String) -> bool {
-        let mut map = self.0.lock().expect("not poisoned");
-        let new = !map.contains_key(&key);
-        map.entry(key).or_insert_with(Instant::now);
-        new
-    }
-
-    fn get(&self, key: &str) -> Option<Instant> {
-        self.0.lock().expect("not poisoned").get(key).copied()
-    }
-}
-
-/// The fake bridge: for each `LogicVolume` event, after a delay, what the
-/// real bridge would write. By name prefix: `fail-exhausted-`,
-/// `fail-unavailable-`, `fail-internal-`, `fail-invalid-` fail the create
-/// with that code; `silent-` is never answered; `slow-` waits for
-/// [`GO_ANNOTATION`]; `nogrow-` fails expansions; `many-` takes
-/// [`MANY_DELAY`]; anything else succeeds. Deleted objects lose the
-/// finalizer after the delay. Records the time each status write
-/// (`status/<name>`, `grow/<name>`) and finalizer removal (`gone/<name>`)
-/// is sent, just before sending it. Watch errors are retried with the
-/// same backoff as the real bridge's controller.
-async fn fake_bridge(client: Client, record: Record) {
-    let api: Api<LogicVolume> = Api::all(client);
-    let events = watcher(api.clone(), watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    let mut events = pin!(events);
-    loop {
-        match events.try_next().await {
-            Ok(Some(lv)) => {
-                tokio::spawn(bridge_one(api.clone(), lv, record.clone()));
-            }
-            Ok(None) => return,
-            Err(e) => eprintln!("fake bridge: watch error {e}"),
-        }
-    }
-}
-
-async fn bridge_one(api: Api<LogicVolume>, lv: LogicVolume, record: Record) {
-    if let Err(e) = try_bridge_one(&api, &lv, &record).await {
-        eprintln!("fake bridge: {}: {e:#}", lv.name_any());
-    }
-}
-
-async fn try_bridge_one(api: &Api<LogicVolume>, lv: &LogicVolume, record: &Record) -> Result<()> {
-    let name = lv.name_any();
-    let delay = if name.starts_with("many-") {
-        MANY_DELAY
-    } else {
-        BRIDGE_DELAY
-    };
-    let generation = lv.metadata.generation.unwrap_or(0);
-    if lv.metadata.deletion_timestamp.is_some() {
-        if lv.finalizers().iter().any(|f| f == LOGICVOLUME_FINALIZER)
-            && record.claim(format!("deleting/{name}/{}", lv.uid().unwrap_or_default()))
-        {
-            tokio::time::sleep(delay).await;
-            // Marked before the write: the provisioner's watch can see the
-            // write, and CreateVolume return, before this task sees the
-            // PATCH's response.
-            record.mark(format!("gone/{name}"));
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await?;
-        }
-        return Ok(());
-    }
-    if name.starts_with("silent-")
-        || (name.starts_with("slow-") && !lv.annotations().contains_key(GO_ANNOTATION))
-    {
-        return Ok(());
-    }
-    let status = lv.status.clone().unwrap_or_default();
-    let made = status.volume_id.is_some();
-    let failed = status.code.unwrap_or(0) != 0;
-    let size = lv
-        .spec
-        .size
-        .0
-        .parse::<u64>()
-        .context("spec.size in bytes")?;
-    let current = status
-        .current_size
-        .as_ref()
-        .and_then(|q| q.0.parse::<u64>().ok())
-        .unwrap_or(0);
-    let new_status = if !made && !failed {
-        let fail = |code: Code, message: &str| {
-            json!({"code": code as i32, "message": message, "status": "Failed",
-                   "observedGeneration": generation})
-        };
-        if name.starts_with("fail-exhausted-") {
-            fail(Code::ResourceExhausted, "group ssd has 0 bytes free")
-        } else if name.starts_with("fail-unavailable-") {
-            fail(Code::Unavailable, "node-a cannot be reached")
-        } else if name.starts_with("fail-internal-") {
-            fail(Code::Internal, "lvcreate failed: boom")
-        } else if name.starts_with("fail-invalid-") {
-            fail(Code::InvalidArgument, "no group named ssd")
-        } else {
-            json!({"volumeID": name, "code": 0, "status": "Success",
-                   "currentSize": size.to_string(), "deviceMajor": 253, "deviceMinor": 7,
-                   "observedGeneration": generation})
-        }
-    } else if made && size > current && status.observed_generation.unwrap_or(0) < generation {
-        if name.starts_with("nogrow-") {
-            json!({"code": Code::ResourceExhausted as i32, "message": "no room to grow",
-                   "observedGeneration": generation})
-        } else {
-            json!({"code": 0, "message": null, "currentSize": size.to_string(),
-                   "observedGeneration": generation})
-        }
-    } else {
-        return Ok(());
-    };
-    // One answer per generation, however many events arrive meanwhile.
-    let uid = lv.uid().unwrap_or_default();
-    if !record.claim(format!("acting/{name}/{uid}/{generation}")) {
-        return Ok(());
-    }
-    tokio::time::sleep(delay).await;
-    let mut new_status = new_status;
-    if !made && !failed && new_status["code"] == 0 {
-        // The real bridge reports where the device is.
-        new_status["path"] = json!(format!("/dev/carina/{name}"));
-    }
-    // Marked before the write, like the finalizer's removal.
-    let what = if made { "grow" } else { "status" };
-    record.mark(format!("{what}/{name}"));
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new_status })),
-    )
-    .await?;
-    Ok(())
-}
-
-/// A spawned task that is stopped when this is dropped, so a test that
-/// fails stops its fake bridge before its cluster goes away.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Publishes a node's capacity: one LVM group `ssd` with `free` bytes
-/// (4 MiB unit) and, on node-b, an HOST group `host` after it.
-async fn publish(client: &Client, node: &str, free: u64) -> Result<()> {
-    let group = |name: &str, policy: &str, free: u64, unit: u64| DeviceGroupCapacity {
-        name: name.into(),
-        policy: policy.into(),
-        total_bytes: free,
-        free_bytes: free,
-        reserve_bytes: 0,
-        allocatable_bytes: free,
-        largest_allocatable_bytes: free,
-        allocation_unit_bytes: unit,
-        ..DeviceGroupCapacity::default()
-    };
-    let mut groups = vec![group("ssd", "LVM", free, 4 * MIB)];
-    if node == B {
-        groups.push(group("host", "HOST", 8 * GIB, 4096));
-    }
-    let status = NodeStorageResourceStatus {
-        groups,
-        ..NodeStorageResourceStatus::default()
-    };
-    publish_node_storage(client, node, status).await
-}
-
-/// The CSI Controller over a `KubeProvisioner`, on its own socket.
-async fn controller(
-    client: Client,
-    strategy: Strategy,
-    wait: Duration,
-) -> Result<ServedController> {
-    let provisioner = KubeProvisioner::new(
-        client,
-        KubeProvisionerConfig {
-            strategy,
-            wait_timeout: wait,
-        },
-    );
-    ServedController::start(provisioner, "carina-kube-csi-").await
-}
 
 /// A volume for an xfs mount.
 fn create(name: &str, required: u64) -> csi::CreateVolumeRequest {
     carina_tests::csi::create(name, required, "xfs")
-}
-
-fn with_params(
-    mut req: csi::CreateVolumeRequest,
-    pairs: &[(&str, &str)],
-) -> csi::CreateVolumeRequest {
-    req.parameters
-        .extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    req
-}
-
-async fn make_err(csi: &mut Csi, req: csi::CreateVolumeRequest) -> tonic::Status {
-    let name = req.name.clone();
-    match csi.create_volume(req).await {
-        Ok(v) => panic!("CreateVolume {name} succeeded: {:?}", v.into_inner()),
-        Err(s) => s,
-    }
-}
-
-/// Waits, by watch, until the `LogicVolume` `name` is gone.
-async fn await_gone(lvs: &Api<LogicVolume>, name: &str) -> Result<()> {
-    let gone =
-        kube::runtime::wait::await_condition(lvs.clone(), name, |o: Option<&LogicVolume>| {
-            o.is_none()
-        });
-    tokio::time::timeout(Duration::from_secs(10), gone)
-        .await
-        .with_context(|| format!("LogicVolume {name} still there after 10 s"))??;
-    Ok(())
 }
 
 /// Installs, once per test binary, a subscriber with an OpenTelemetry
@@ -647,7 +400,7 @@ async fn bridge_codes(csi: &mut Csi, lvs: &Api<LogicVolume>) -> Result<()> {
     }
     // A final failure removes its object (after the bridge released it),
     // so a retry starts over; a retryable one leaves it to the bridge.
-    await_gone(lvs, "fail-exhausted-1").await?;
+    gone(lvs, "fail-exhausted-1", Duration::from_secs(10)).await?;
     assert!(lvs.get_opt("fail-unavailable-1").await?.is_some());
     // The retry of a final failure fails the same way, afresh.
     let s = make_err(csi, create("fail-exhausted-1", 10 * MIB)).await;
@@ -839,31 +592,17 @@ async fn concurrent_creates(csi: &Csi) -> Result<()> {
     Ok(())
 }
 
-fn lease_config(name: &str, identity: &str) -> LeaseConfig {
-    LeaseConfig {
-        lease_duration: Duration::from_secs(4),
-        renew_deadline: Duration::from_secs(3),
-        retry_period: Duration::from_millis(250),
-        ..LeaseConfig::new("kube-system", name, identity)
-    }
-}
-
-async fn holder(leases: &Api<Lease>, name: &str) -> Result<(Option<String>, i32)> {
-    let spec = leases.get(name).await?.spec.context("a lease spec")?;
-    Ok((spec.holder_identity, spec.lease_transitions.unwrap_or(0)))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_and_a_bounded_takeover() -> Result<()> {
     let cluster = KubeCluster::start().await?;
     let client = cluster.client();
     let name = unique("carina-controller");
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
-    let lease_duration = lease_config(&name, "x").lease_duration;
+    let lease_duration = short_lease(&name, "x").lease_duration;
 
-    let mut a = Candidate::start(&client, lease_config(&name, "replica-a"))?;
+    let mut a = Candidate::start(&client, short_lease(&name, "replica-a"))?;
     a.until_leading(Duration::from_secs(5)).await?;
-    let mut b = Candidate::start(&client, lease_config(&name, "replica-b"))?;
+    let mut b = Candidate::start(&client, short_lease(&name, "replica-b"))?;
     // b watches a renew for longer than a lease lasts and never leads.
     let mut b_led = b.leading.clone();
     let b_never = tokio::time::timeout(
@@ -890,11 +629,14 @@ async fn one_leader_and_a_bounded_takeover() -> Result<()> {
         "b took the lease {took:?} after a stopped renewing, before it expired"
     );
     eprintln!("takeover after a crash: {took:?}");
-    assert_eq!(holder(&leases, &name).await?, (Some("replica-b".into()), 1));
+    assert_eq!(
+        lease_holder(&leases, &name).await?,
+        (Some("replica-b".into()), 1)
+    );
 
     // a comes back as a standby; b shuts down and releases: a takes over
     // at its next retry, long before the lease would expire.
-    let mut a = Candidate::start(&client, lease_config(&name, "replica-a"))?;
+    let mut a = Candidate::start(&client, short_lease(&name, "replica-a"))?;
     let mut a_led = a.leading.clone();
     let a_waits = tokio::time::timeout(Duration::from_secs(1), a_led.wait_for(|l| *l)).await;
     assert!(a_waits.is_err(), "a led while b held the lease");
@@ -908,25 +650,15 @@ async fn one_leader_and_a_bounded_takeover() -> Result<()> {
         took < lease_duration,
         "a waited for expiry ({took:?}) despite the release"
     );
-    assert_eq!(holder(&leases, &name).await?, (Some("replica-a".into()), 2));
+    assert_eq!(
+        lease_holder(&leases, &name).await?,
+        (Some("replica-a".into()), 2)
+    );
 
     let _ = a.stop.take().map(|s| s.send(()));
     tokio::time::timeout(Duration::from_secs(5), &mut a.task).await??;
-    let (holder_now, _) = holder(&leases, &name).await?;
+    let (holder_now, _) = lease_holder(&leases, &name).await?;
     assert_eq!(holder_now, None, "released on shutdown");
-    Ok(())
-}
-
-/// Waits, by watch, until the Lease `name` is held by `who`.
-async fn await_holder(leases: &Api<Lease>, name: &str, who: &str, within: Duration) -> Result<()> {
-    let held = kube::runtime::wait::await_condition(leases.clone(), name, |l: Option<&Lease>| {
-        l.and_then(|l| l.spec.as_ref())
-            .and_then(|s| s.holder_identity.as_deref())
-            == Some(who)
-    });
-    tokio::time::timeout(within, held)
-        .await
-        .with_context(|| format!("Lease {name} not held by {who} within {within:?}"))??;
     Ok(())
 }
 
@@ -996,7 +728,7 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
 
     let [port_a, port_b] = carina_tests::ports::free_ports::<2>()?;
     let (mut a, a_sock) = replica("replica-a", port_a)?;
-    await_holder(&leases, &lease, "replica-a", Duration::from_secs(15)).await?;
+    await_lease_holder(&leases, &lease, "replica-a", Duration::from_secs(15)).await?;
     let (mut b, b_sock) = replica("replica-b", port_b)?;
 
     // The standby serves CSI too, through KubeProvisioner: no node has
@@ -1012,7 +744,7 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
     let lvs: Api<LogicVolume> = Api::all(client.clone());
     assert!(lvs.get_opt("pvc-nowhere").await?.is_none());
     assert_eq!(
-        holder(&leases, &lease).await?,
+        lease_holder(&leases, &lease).await?,
         (Some("replica-a".into()), 0)
     );
     // Each replica's /metrics: who leads, and the CSI calls b answered.
@@ -1039,7 +771,7 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
     let stopped = Instant::now();
     tokio::task::block_in_place(|| a.stop(Duration::from_secs(20)));
     assert!(!a_sock.exists(), "the socket is removed on shutdown");
-    await_holder(&leases, &lease, "replica-b", lease_duration).await?;
+    await_lease_holder(&leases, &lease, "replica-b", lease_duration).await?;
     let took = stopped.elapsed();
     assert!(
         took < lease_duration,
@@ -1049,7 +781,7 @@ async fn carina_controller_in_kube_mode() -> Result<()> {
     b.check_running()?;
     tokio::task::block_in_place(|| b.stop(Duration::from_secs(20)));
     assert_eq!(
-        holder(&leases, &lease).await?.0,
+        lease_holder(&leases, &lease).await?.0,
         None,
         "released on shutdown"
     );

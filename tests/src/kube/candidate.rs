@@ -1,9 +1,13 @@
-//! A leader-election candidate for tests of the Lease.
+//! Leader election under test: a candidate in its own task, a Lease
+//! configuration with short periods, and who holds a Lease.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use carina_controlplane::kube::leader::LeaseConfig;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
+use kube::api::Api;
 
 /// A leader-election candidate running in its own task, for tests of the
 /// Lease: its leadership on `leading`; `stop` asks it to release and end
@@ -56,3 +60,35 @@ impl Drop for Candidate {
     }
 }
 
+/// The Lease `name` in `kube-system` for `identity`, with periods short
+/// enough for a test: 4 s lease, 3 s renew deadline, 250 ms retry.
+pub fn short_lease(name: &str, identity: &str) -> LeaseConfig {
+    LeaseConfig {
+        lease_duration: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(250),
+        ..LeaseConfig::new("kube-system", name, identity)
+    }
+}
+
+/// The Lease `name`'s holder and its count of transitions.
+pub async fn lease_holder(leases: &Api<Lease>, name: &str) -> Result<(Option<String>, i32)> {
+    let spec = leases.get(name).await?.spec.context("a lease spec")?;
+    Ok((spec.holder_identity, spec.lease_transitions.unwrap_or(0)))
+}
+
+/// Waits, by watch, until the Lease `name` is held by `who`, at most
+/// `within`.
+pub async fn await_lease_holder(
+    leases: &Api<Lease>,
+    name: &str,
+    who: &str,
+    within: Duration,
+) -> Result<()> {
+    let what = format!("holder {who}");
+    super::wait_for(leases, name, &what, within, |l: &Lease| {
+        l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(who)
+    })
+    .await?;
+    Ok(())
+}

@@ -32,12 +32,14 @@
 //! The parts: `start` starts (and restarts) etcd and the apiserver,
 //! `pki` makes the certificates and kubeconfigs, `crds` installs Carina's
 //! CRDs, `components` runs kube-scheduler and kube-controller-manager,
-//! `wait` waits on objects by watch, and `candidate` runs a Lease
-//! candidate.
+//! `wait` waits on objects by watch, `candidate` runs a Lease candidate
+//! and reads who holds a Lease, and `fake_bridge` is the kube
+//! provisioner's test bench.
 
 mod candidate;
 mod components;
 mod crds;
+pub mod fake_bridge;
 mod pki;
 mod start;
 mod wait;
@@ -53,7 +55,7 @@ use kube::Client;
 use self::pki::{Pki, client_cert, kubeconfig_yaml, write_pair};
 use crate::process::{ChildGuard, upstream_tool};
 
-pub use self::candidate::Candidate;
+pub use self::candidate::{Candidate, await_lease_holder, lease_holder, short_lease};
 pub use self::components::Component;
 pub use self::wait::{client_from, gone, wait_for};
 
