@@ -21,6 +21,7 @@ pub mod gocarina;
 pub mod grpc;
 pub mod identity;
 pub mod jaeger;
+pub mod killed_node;
 pub mod kube;
 pub mod local;
 pub mod lvmlock;
