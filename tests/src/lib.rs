@@ -16,6 +16,7 @@ pub mod csi;
 pub mod csi_direct;
 pub mod csi_node;
 pub mod engine;
+pub mod faults;
 pub mod fuzz;
 pub mod gocarina;
 pub mod grpc;
