@@ -13,7 +13,8 @@
 //! `carina.storage.io/allow-pod-migration-if-node-notready: "true"` and
 //! its StorageClass allows it (the same key as a class annotation),
 //! `staying` does not opt in, `closed` opts in but its StorageClass does
-//! not allow it. Two plain pods share one claim of the allowing class:
+//! not allow it. A Deployment `deployed` opts in with a claim of the
+//! allowing class. Two plain pods share one claim of the allowing class:
 //! `shared-mover` opts in, `shared-reader` does not. Then `node-a` dies
 //! (its carina-node is killed and its Lease is no longer renewed). It
 //! proves:
@@ -21,6 +22,11 @@
 //! - the opted-in pod is deleted with its claim once the node has been
 //!   NotReady past the grace period; its StatefulSet makes both again and
 //!   the new pod runs on `node-b` with a new volume there;
+//! - the Deployment's claim, which nothing else would make again, is
+//!   made again by the controller (same spec, the old claim's UID in
+//!   `carina.storage.io/recreated-from`, a `VolumeClaimRecreated` Event),
+//!   and the Deployment's new pod runs on `node-b` with it bound to a new
+//!   volume there;
 //! - Warning Events on the pod and on the claim say the data on `node-a`
 //!   is given up;
 //! - a pod's word is not enough: `closed` (its class does not allow it)
@@ -50,7 +56,7 @@ use carina_tests::manifests::{Chart, objects};
 use carina_tests::workload::{WAIT, add_class, add_namespace, claim};
 use carina_tests::{have_root, unique};
 use futures::TryStreamExt;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -199,6 +205,85 @@ fn stateful_set(ns: &str, name: &str, migrate: bool, class: &str) -> Result<Stat
             }],
         },
     }))?)
+}
+
+/// A Deployment `name` of one pause pod mounting the claim `claim`, with
+/// the opt-in.
+fn deployment(ns: &str, name: &str, claim: &str) -> Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": opt_in(true)},
+                "spec": {
+                    "containers": [{
+                        "name": "app",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+                    "tolerations": tolerations(),
+                },
+            },
+        },
+    }))?)
+}
+
+/// Waits, by watch, until a pod labelled `app=<app>` other than `old_uid`
+/// is bound to a node and not being deleted; returns it.
+async fn pod_of_app_on_a_node(pods: &Api<Pod>, app: &str, old_uid: &str) -> Result<Pod> {
+    let config = watcher::Config::default().labels(&format!("app={app}"));
+    let stream = watcher(pods.clone(), config).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    tokio::time::timeout(WAIT, async {
+        while let Some(p) = stream.try_next().await? {
+            if uid(&p) != old_uid
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            {
+                return Ok(p);
+            }
+        }
+        bail!("pod stream ended")
+    })
+    .await
+    .with_context(|| format!("no new pod of app {app} on a node within {WAIT:?}"))?
+}
+
+/// Waits, by watch, until claim `name` is one other than `old_uid` and
+/// bound; returns it.
+async fn new_bound_claim(
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    old_uid: &str,
+) -> Result<PersistentVolumeClaim> {
+    let old = old_uid.to_string();
+    tokio::time::timeout(
+        WAIT,
+        await_condition(
+            claims.clone(),
+            name,
+            move |c: Option<&PersistentVolumeClaim>| {
+                c.is_some_and(|c| {
+                    uid(c) != old
+                        && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                })
+            },
+        ),
+    )
+    .await
+    .with_context(|| format!("claim {name} not made again and bound within {WAIT:?}"))??
+    .context("claim gone")
+}
+
+/// The volume a claim is bound to.
+fn volume_of(c: &PersistentVolumeClaim) -> Result<String> {
+    c.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .with_context(|| format!("claim {} is not bound", c.name_any()))
 }
 
 /// [`as_chart_service_account`] with the chart rendered into `kube-system`.
@@ -353,6 +438,18 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
     claims
         .create(&PostParams::default(), &claim(&ns, "shared", CLASS, "64Mi"))
         .await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &claim(&ns, "deployed-data", CLASS, "64Mi"),
+        )
+        .await?;
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &deployment(&ns, "deployed", "deployed-data")?,
+        )
+        .await?;
     for (name, migrate) in [("shared-mover", true), ("shared-reader", false)] {
         pods.create(
             &PostParams::default(),
@@ -365,11 +462,13 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
     let closed = new_pod_on_a_node(&pods, "closed-0", "").await?;
     let mover = new_pod_on_a_node(&pods, "shared-mover", "").await?;
     let reader = new_pod_on_a_node(&pods, "shared-reader", "").await?;
-    for p in [&moving, &staying, &closed, &mover, &reader] {
+    let deployed = pod_of_app_on_a_node(&pods, "deployed", "").await?;
+    for p in [&moving, &staying, &closed, &mover, &reader, &deployed] {
         assert_eq!(node_of(p), A, "{}", p.name_any());
     }
     let moving_claim = claims.get("data-moving-0").await?;
     let staying_claim = claims.get("data-staying-0").await?;
+    let deployed_claim = new_bound_claim(&claims, "deployed-data", "").await?;
     cordon(false).await?;
 
     // Nothing moves while node-a is Ready.
@@ -420,6 +519,12 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
         .and_then(|s| s.volume_name.clone())
         .context("bound")?;
     assert_ne!(old_volume, new_volume);
+    assert!(
+        !new_claim
+            .annotations()
+            .contains_key(carina_controlplane::kube::migration::RECREATED_FROM),
+        "a StatefulSet makes its claims itself"
+    );
     let lv: carina_api::LogicVolume = Api::all(client.clone())
         .get(&carina_csi::names::local_name(&new_volume))
         .await?;
@@ -440,6 +545,45 @@ async fn an_opted_in_pod_leaves_a_dead_node_and_others_stay() -> Result<()> {
         "data-moving-0",
         "VolumeDataGivenUp",
         &old_volume,
+    )
+    .await?;
+
+    // The Deployment's claim is made again, and its new pod runs on
+    // node-b with a new volume there.
+    let old_deployed_volume = volume_of(&deployed_claim)?;
+    let again = new_bound_claim(&claims, "deployed-data", &uid(&deployed_claim)).await?;
+    assert_eq!(
+        again
+            .annotations()
+            .get(carina_controlplane::kube::migration::RECREATED_FROM),
+        Some(&uid(&deployed_claim)),
+        "the claim made again names the one it replaces"
+    );
+    assert_eq!(
+        again
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref()),
+        Some(CLASS)
+    );
+    let new_deployed_volume = volume_of(&again)?;
+    assert_ne!(new_deployed_volume, old_deployed_volume);
+    let lv: carina_api::LogicVolume = Api::all(client.clone())
+        .get(&carina_csi::names::local_name(&new_deployed_volume))
+        .await?;
+    assert_eq!(lv.spec.node_name, B, "the new volume is on node-b");
+    let redeployed = pod_of_app_on_a_node(&pods, "deployed", &uid(&deployed)).await?;
+    assert_eq!(
+        node_of(&redeployed),
+        B,
+        "the Deployment's new pod runs on node-b"
+    );
+    event_with(
+        &client,
+        &ns,
+        "deployed-data",
+        "VolumeClaimRecreated",
+        &format!("pod {ns}/{} moved off node {A}", deployed.name_any()),
     )
     .await?;
 

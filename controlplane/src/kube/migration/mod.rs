@@ -29,6 +29,10 @@
 //! - A claim is Carina's when its volume is a PV of this driver, or, while
 //!   unbound, its StorageClass names this driver. A Pod with none is
 //!   still deleted (it asked to move).
+//! - The claims of a Pod that a controller other than a StatefulSet owns
+//!   (a Deployment's) are made again once the old ones are gone, as Go
+//!   Carina did, so its new Pod does not wait for a claim nobody makes
+//!   ([`recreate`]).
 //!
 //! The sweep runs when a Node changes, when the next outage reaches its
 //! grace period, and 10 s after a sweep that an API error cut short or
@@ -37,10 +41,12 @@
 //! Where things are: [`outage`] tells when a node's outage is due;
 //! [`consent`] decides whether a Pod's claims may be given up (the Pod's
 //! opt-in, the StorageClass, other Pods using a claim, which claims are
-//! Carina's); this module runs the sweep and deletes claims and Pods.
+//! Carina's); [`recreate`] makes a moved Deployment's claims again; this
+//! module runs the sweep and deletes claims and Pods.
 
 mod consent;
 mod outage;
+mod recreate;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -59,12 +65,18 @@ use outage::{earlier, not_ready_since};
 
 pub use consent::{allows_migration, class_allows_migration};
 pub use outage::outage_start;
+use recreate::Pending;
+pub use recreate::{RECREATED_FROM, recreates_claims, successor};
 
 /// `reportingController` of the Events.
 pub const REPORTER: &str = "carina-pod-migration";
 
 /// How soon a sweep that failed (an API error) is tried again.
 const RETRY: Duration = Duration::from_secs(10);
+
+/// How soon claims waiting to be made again are looked at (the old claim
+/// goes as soon as its Pod is gone).
+const RECREATE_RETRY: Duration = Duration::from_secs(2);
 
 /// The Pods acted on in one node's current outage.
 #[derive(Debug, Default)]
@@ -76,10 +88,11 @@ struct Outage {
 }
 
 /// What became of one Pod.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Outcome {
-    /// Its claims and the Pod are deleted.
-    Moved,
+    /// Its claims and the Pod are deleted; these claims are to be made
+    /// again.
+    Moved(Vec<Pending>),
     /// Nothing was touched, for this reason.
     Refused(String),
 }
@@ -91,6 +104,8 @@ struct Migrator {
     recorder: Recorder,
     /// By node name.
     outages: BTreeMap<String, Outage>,
+    /// Claims to make again, by `namespace/name`.
+    recreate: BTreeMap<String, Pending>,
 }
 
 impl Migrator {
@@ -99,6 +114,7 @@ impl Migrator {
     async fn sweep(&mut self) -> Option<Timestamp> {
         let now = Timestamp::now();
         let mut next: Option<Timestamp> = None;
+        self.recreate_claims().await;
         let nodes = self.nodes.all();
         // A node that is Ready again, or gone, forgets its outage.
         self.outages.retain(|name, _| {
@@ -119,6 +135,9 @@ impl Migrator {
                 }
                 None => next = earlier(next, since.checked_add(self.grace).ok()),
             }
+        }
+        if !self.recreate_claims().await {
+            next = earlier(next, now.checked_add(RECREATE_RETRY).ok());
         }
         next
     }
@@ -160,10 +179,13 @@ impl Migrator {
                 .get(node)
                 .and_then(|o| o.refused.get(&uid).cloned());
             match self.migrate(pod, node, since, told.as_deref()).await {
-                Ok(Outcome::Moved) => {
+                Ok(Outcome::Moved(claims)) => {
                     if let Some(o) = self.outages.get_mut(node) {
                         o.refused.remove(&uid);
                         o.pods.insert(uid);
+                    }
+                    for pending in claims {
+                        self.recreate.insert(pending.key(), pending);
                     }
                 }
                 // Looked at again soon: the other Pod may finish.
@@ -228,8 +250,14 @@ impl Migrator {
                 )
             })
             .collect();
+        let again = recreates_claims(pod);
         let note = if volumes.is_empty() {
             format!("{outage}; the pod allows migration and has no Carina claims: deleting it")
+        } else if again {
+            format!(
+                "{outage}; the pod allows migration: deleting claims {} and the pod, then making the claims again (empty) so its controller starts it on another node; the data of these volumes on {node} is given up",
+                volumes.join(", ")
+            )
         } else {
             format!(
                 "{outage}; the pod allows migration: deleting claims {} and the pod so they are made again on another node; the data of these volumes on {node} is given up",
@@ -238,6 +266,8 @@ impl Migrator {
         };
         tracing::warn!(%note, "moving a pod off a NotReady node");
         self.event(pod, "PodMigration", &note).await;
+        let why = format!("pod {ns}/{} moved off node {node}", pod.name_any());
+        let mut pending = Vec::new();
         for claim in &claims {
             let volume = claim
                 .spec
@@ -257,6 +287,9 @@ impl Migrator {
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e),
             }
+            if again {
+                pending.push(Pending::new(claim, why.clone()));
+            }
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let mut delete = DeleteParams::default().grace_period(0);
@@ -266,8 +299,10 @@ impl Migrator {
             resource_version: None,
         });
         match pods.delete(&pod.name_any(), &delete).await {
-            Ok(_) => Ok(Outcome::Moved),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Outcome::Moved),
+            Ok(_) => Ok(Outcome::Moved(pending)),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                Ok(Outcome::Moved(pending))
+            }
             Err(e) => Err(e),
         }
     }
@@ -312,6 +347,7 @@ pub(crate) async fn run(
         nodes: nodes.clone(),
         grace,
         outages: BTreeMap::new(),
+        recreate: BTreeMap::new(),
     };
     let mut changes = nodes.changes();
     nodes.ready().await;
