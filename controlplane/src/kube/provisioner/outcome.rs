@@ -3,8 +3,8 @@
 //! ([`expand_outcome`]) or a delete ([`is_gone`]), and whether a failure
 //! is given up (by the one retry rule, [`carina_api::state::Retry`]); whether an existing
 //! object fits a request ([`incompatible`]); and the CSI view of a made
-//! volume ([`provisioned`]). No API calls here; `mod.rs` does the IO and
-//! asks these functions what it means.
+//! volume ([`provisioned`]). No API calls here; the verbs (`create`,
+//! `expand`, `delete`) do the IO and ask these functions what it means.
 
 use std::collections::BTreeMap;
 
