@@ -28,6 +28,7 @@ pub mod local;
 pub mod lvmlock;
 pub mod manifests;
 pub mod metrics;
+pub mod migration;
 pub mod ports;
 pub mod process;
 pub mod sanity;
