@@ -14,7 +14,7 @@ use carina_csi::params::POD_MIGRATION;
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -106,20 +106,30 @@ pub fn tolerations() -> serde_json::Value {
     ])
 }
 
+/// The spec of a pause pod tolerating an unreachable node, its volume
+/// `data` at `/data`: the claim `claim`, or (`None`) a StatefulSet's claim
+/// template of that name.
+fn pause_spec(claim: Option<&str>) -> serde_json::Value {
+    let mut spec = json!({
+        "containers": [{
+            "name": "app",
+            "image": "registry.k8s.io/pause:3.10",
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        }],
+        "tolerations": tolerations(),
+    });
+    if let Some(claim) = claim {
+        spec["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+    }
+    spec
+}
+
 /// A plain pause pod `name` mounting the claim `claim`; `migrate` adds the
 /// opt-in.
 pub fn plain_pod(ns: &str, name: &str, migrate: bool, claim: &str) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns, "annotations": opt_in(migrate)},
-        "spec": {
-            "containers": [{
-                "name": "app",
-                "image": "registry.k8s.io/pause:3.10",
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            }],
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
-            "tolerations": tolerations(),
-        },
+        "spec": pause_spec(Some(claim)),
     }))?)
 }
 
@@ -135,14 +145,7 @@ pub fn stateful_set(ns: &str, name: &str, migrate: bool, class: &str) -> Result<
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}, "annotations": annotations},
-                "spec": {
-                    "containers": [{
-                        "name": "app",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    }],
-                    "tolerations": tolerations(),
-                },
+                "spec": pause_spec(None),
             },
             "volumeClaimTemplates": [{
                 "metadata": {"name": "data"},
@@ -166,15 +169,7 @@ pub fn deployment(ns: &str, name: &str, claim: &str) -> Result<Deployment> {
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}, "annotations": opt_in(true)},
-                "spec": {
-                    "containers": [{
-                        "name": "app",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    }],
-                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
-                    "tolerations": tolerations(),
-                },
+                "spec": pause_spec(Some(claim)),
             },
         },
     }))?)
@@ -254,32 +249,6 @@ pub async fn new_pod_on_a_node(pods: &Api<Pod>, name: &str, old_uid: &str) -> Re
     .await
     .with_context(|| format!("pod {name} not made again on a node within {WAIT:?}"))??;
     pod.context("pod gone")
-}
-
-/// The Events of the object `name` (reason `reason`), by watch, until
-/// one whose message contains `part`.
-pub async fn event_with(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    reason: &str,
-    part: &str,
-) -> Result<Event> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let config =
-        watcher::Config::default().fields(&format!("involvedObject.name={name},reason={reason}"));
-    let stream = watcher(events, config).applied_objects();
-    let mut stream = std::pin::pin!(stream);
-    tokio::time::timeout(WAIT, async {
-        while let Some(e) = stream.try_next().await? {
-            if e.message.as_deref().unwrap_or_default().contains(part) {
-                return Ok(e);
-            }
-        }
-        bail!("event stream ended")
-    })
-    .await
-    .with_context(|| format!("no {reason} Event on {ns}/{name} with {part:?}"))?
 }
 
 pub fn node_of(p: &Pod) -> String {

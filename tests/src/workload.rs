@@ -142,22 +142,32 @@ pub async fn failed_scheduling(
     name: &str,
     part: &str,
 ) -> Result<String> {
+    let e = event_with(client, ns, name, "FailedScheduling", part).await?;
+    Ok(e.message.unwrap_or_default())
+}
+
+/// The Events of the object `name` (reason `reason`), by watch, until
+/// one whose message contains `part`.
+pub async fn event_with(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    part: &str,
+) -> Result<Event> {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let config = watcher::Config::default().fields(&format!(
-        "involvedObject.name={name},reason=FailedScheduling"
-    ));
+    let config =
+        watcher::Config::default().fields(&format!("involvedObject.name={name},reason={reason}"));
     let stream = watcher(events, config).applied_objects();
     let mut stream = std::pin::pin!(stream);
-    let found = tokio::time::timeout(WAIT, async {
+    tokio::time::timeout(WAIT, async {
         while let Some(e) = stream.try_next().await? {
-            let message = e.message.unwrap_or_default();
-            if message.contains(part) {
-                return Ok(message);
+            if e.message.as_deref().unwrap_or_default().contains(part) {
+                return Ok(e);
             }
         }
         bail!("event stream ended")
     })
     .await
-    .with_context(|| format!("no FailedScheduling event for {ns}/{name} with {part:?}"))??;
-    Ok(found)
+    .with_context(|| format!("no {reason} Event on {ns}/{name} with {part:?}"))?
 }

@@ -52,10 +52,10 @@ use carina_tests::cluster::{
 use carina_tests::kube::KubeCluster;
 use carina_tests::manifests::{Chart, objects};
 use carina_tests::migration::{
-    Heartbeats, deployment, event_with, new_bound_claim, new_pod_on_a_node, node_of, plain_pod,
+    Heartbeats, deployment, new_bound_claim, new_pod_on_a_node, node_of, plain_pod,
     pod_of_app_on_a_node, stateful_set, uid, volume_of,
 };
-use carina_tests::workload::{WAIT, add_class, add_namespace, claim};
+use carina_tests::workload::{WAIT, add_class, add_namespace, claim, event_with};
 use carina_tests::{have_root, unique};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
