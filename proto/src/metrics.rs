@@ -37,6 +37,14 @@ where
     Family::new_with_constructor(|| Histogram::new(latency_buckets()))
 }
 
+/// `s` as a label value of the text exposition format: backslash, double
+/// quote and newline escaped.
+pub fn escape_label(s: &str) -> String {
+    s.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// The exposition text of `registry`, followed by the process's trace
 /// export counters ([`crate::telemetry::export_metrics`]), which every
 /// binary reports, in the text format 0.0.4 ([`CONTENT_TYPE`]).

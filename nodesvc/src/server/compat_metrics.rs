@@ -202,7 +202,7 @@ pub fn render_groups(out: &mut String, nodename: &str, snapshot: &CapacitySnapsh
             let _ = writeln!(
                 out,
                 "carina_volume_group_stats_{name}{{device_group=\"{}\",nodename=\"{nodename}\"}} {}",
-                super::metrics::escape(&g.group),
+                carina_proto::metrics::escape_label(&g.group),
                 value(g)
             );
         }
@@ -229,8 +229,8 @@ pub fn render_volumes(out: &mut String, nodename: &str, reading: Option<&Reading
             let _ = writeln!(
                 out,
                 "carina_volume_stats_{name}{{namespace=\"\",pvc=\"\",pv=\"{}\",device_group=\"{}\",nodename=\"{nodename}\"}} {}",
-                super::metrics::escape(&pv_label(&v.volume)),
-                super::metrics::escape(&v.group),
+                carina_proto::metrics::escape_label(&pv_label(&v.volume)),
+                carina_proto::metrics::escape_label(&v.group),
                 value(&v.stat)
             );
         }

@@ -14,6 +14,7 @@
 //! with its group capacity gauges ([`super::compat_metrics`]); those
 //! carry volume names.
 
+use carina_proto::metrics::escape_label;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -128,7 +129,7 @@ impl Metrics {
         volume_io: Option<&Reading<Vec<VolumeIo>>>,
     ) -> String {
         let mut out = String::new();
-        let node = escape(node);
+        let node = escape_label(node);
         out.push_str(
             "# HELP carina_node_grpc_requests_total NodeStorage calls by method and status code.\n\
              # TYPE carina_node_grpc_requests_total counter\n",
@@ -142,7 +143,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "carina_node_grpc_requests_total{{node=\"{node}\",method=\"{}\",code=\"{code}\"}} {n}",
-                escape(method)
+                escape_label(method)
             );
         }
         let _ = writeln!(
@@ -220,7 +221,7 @@ impl Metrics {
                 let _ = writeln!(
                     out,
                     "carina_node_{name}{{node=\"{node}\",device_group=\"{}\",policy=\"{}\"}} {}",
-                    escape(&g.group),
+                    escape_label(&g.group),
                     g.policy,
                     value(g)
                 );
@@ -236,13 +237,6 @@ impl Metrics {
 
 /// Reads one gauge's value from a group's capacity.
 type Gauge = fn(&GroupCapacity) -> u64;
-
-/// A label value escaped for the exposition format.
-pub(super) fn escape(s: &str) -> String {
-    s.replace('\\', r"\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
 
 pub use carina_proto::code_name;
 
