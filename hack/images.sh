@@ -13,6 +13,11 @@
 #   APT_SOURCES        apt sources file for mmdebstrap (default: this machine's)
 #   DEBIAN_SUITE       suite of the root file systems (default: this machine's)
 #   IMAGE_BUILD_DIR    cargo target directory of the image binaries (default target/image-build)
+#   IMAGES_REUSE_KEY   when set, archives that out-dir holds from a build with
+#                      the same key and the same inputs (binaries, these
+#                      scripts, the settings above) are kept, not rebuilt; the
+#                      test runner passes one key per run, since the packages
+#                      the apt sources serve may change between runs
 #
 # Reproducible: the same binaries, package versions and SOURCE_DATE_EPOCH give
 # the same digests (every file gets the same time stamp and owner numbers,
@@ -50,9 +55,14 @@ mkdir -p "$OUT"
 # Stripped (no debug information, so no checkout path: cargo names the
 # workspace's sources by relative paths), without a build id, and with the
 # cargo home's path remapped, so the bytes do not depend on where things are.
-# The flags do not name the checkout, so clones share one build cache.
+# The flags do not name the checkout, so clones share one build cache. The
+# build sees one fixed SOURCE_DATE_EPOCH, not the images' time stamp: build
+# scripts that compile C (ring's) rerun when it changes, and with them
+# everything above them, so builds with other time stamps (the tests') would
+# each rebuild the whole release.
 echo "== binaries (release, $BUILD_DIR)"
 CARGO_HOME_DIR=${CARGO_HOME:-$HOME/.cargo}
+SOURCE_DATE_EPOCH=0 \
 RUSTFLAGS="--remap-path-prefix=$CARGO_HOME_DIR=/cargo -C link-arg=-Wl,--build-id=none" \
 CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=true CARGO_INCREMENTAL=0 \
 CARGO_TARGET_DIR=$BUILD_DIR \
@@ -62,6 +72,24 @@ CARGO_TARGET_DIR=$BUILD_DIR \
     -p carina-controlplane --bin carina-controller \
     -p carina-scheduler --bin carina-scheduler
 BIN=$BUILD_DIR/release
+
+# The inputs of the archives, when asked to keep a build of the same ones.
+INPUTS=
+if [ -n "${IMAGES_REUSE_KEY:-}" ]; then
+  INPUTS=$({
+    printf '%s\n' "$IMAGES_REUSE_KEY" "$REPO" "$TAG" "$SOURCE_DATE_EPOCH" "$SUITE" "$ROOTFS_APT_SOURCES"
+    sha256sum "$BIN/carina-node" "$BIN/carinactl" "$BIN/carina-controller" "$BIN/carina-scheduler" \
+      hack/images.sh hack/lib/oci.sh hack/lib/rootfs.sh hack/lib/lvmconf.sh "$ROOTFS_APT_SOURCES"
+  } | sha256sum | cut -d' ' -f1)
+  if [ -f "$OUT/inputs.sha256" ] && [ "$(cat "$OUT/inputs.sha256")" = "$INPUTS" ] &&
+    [ -s "$OUT/images.tsv" ] && [ -s "$OUT/carina-node.oci.tar" ] &&
+    [ -s "$OUT/carina-controller.oci.tar" ] && [ -s "$OUT/carina-scheduler.oci.tar" ]; then
+    echo "== archives ($OUT): kept, built earlier from the same inputs"
+    column -t -s $'\t' "$OUT/images.tsv"
+    exit 0
+  fi
+fi
+rm -f "$OUT/inputs.sha256"
 
 # --- root file systems ----------------------------------------------------
 # Packages are extracted, not configured (no maintainer scripts run in an
@@ -129,3 +157,4 @@ image carina-scheduler "$SCHEDULER_ROOT" 65532 /usr/local/bin/carina-scheduler
   cat "$WORK/summary.tsv"
 } >"$OUT/images.tsv"
 column -t -s $'\t' "$OUT/images.tsv"
+[ -z "$INPUTS" ] || echo "$INPUTS" >"$OUT/inputs.sha256"

@@ -14,6 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 LOG_DIR=${CARINA_TEST_LOG_DIR:-target/test-logs}
+# One name per run: what a test process builds for the run (the images of
+# the node tiers) the next one may keep (carina_tests::local::carina_images).
+export CARINA_TEST_RUN=${CARINA_TEST_RUN:-$(date +%s)-$$}
 mkdir -p "$LOG_DIR"
 TIERS_FILE=${CARINA_TIERS_FILE:-tests/tiers.tsv}
 # The tiers whose tests need neither root nor loop devices.

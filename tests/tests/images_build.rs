@@ -43,6 +43,8 @@ fn build_images(out: &Path) -> Result<BTreeMap<String, Built>> {
         .env("SOURCE_DATE_EPOCH", "1700000000")
         .env("IMAGE_TAG", "test")
         .env("IMAGE_BUILD_DIR", target.join("image-build"))
+        // Both builds run whole: nothing kept from an earlier one.
+        .env_remove("IMAGES_REUSE_KEY")
         .status()
         .with_context(|| format!("run {}", script.display()))?;
     ensure!(status.success(), "{} failed: {status}", script.display());

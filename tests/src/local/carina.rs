@@ -541,7 +541,9 @@ fn read_images_tsv(tsv: &Path) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// Carina's own images, built once per test process by `make images`
-/// (hack/images.sh) into `<target>/local-images`.
+/// (hack/images.sh) into `<target>/local-images`; within one run of
+/// hack/test.sh (`CARINA_TEST_RUN`), a process keeps the archives an
+/// earlier one built from the same binaries.
 pub fn carina_images() -> Result<Vec<PathBuf>> {
     static BUILT: OnceLock<Result<Vec<PathBuf>, String>> = OnceLock::new();
     BUILT
@@ -564,6 +566,10 @@ fn build_carina_images() -> Result<Vec<PathBuf>> {
         .arg(&out)
         .current_dir(&root)
         .env("IMAGE_BUILD_DIR", target.join("image-build"))
+        .env(
+            "IMAGES_REUSE_KEY",
+            std::env::var("CARINA_TEST_RUN").unwrap_or_default(),
+        )
         .status()
         .with_context(|| format!("run {}", script.display()))?;
     ensure!(status.success(), "{} failed: {status}", script.display());
