@@ -158,6 +158,57 @@ async fn exhaustion_and_reserve() {
 }
 
 #[tokio::test]
+async fn a_grown_disk_gives_its_room_at_the_next_rescan() {
+    // 15 extents of 4 MiB on a 64 MiB disk.
+    let Some(f) = lvm_fixture("grown", &[64 * MIB], 0).await else {
+        return;
+    };
+    let kept = f.create(f.req("kept", 32 * MIB)).await;
+    let before = f.capacity().await;
+    assert_eq!(before.total_bytes, 60 * MIB);
+    let refused = f.refused(f.req("big", 128 * MIB)).await;
+    assert!(
+        matches!(refused, Error::ResourceExhausted { .. }),
+        "{refused}"
+    );
+
+    // The disk grows under the node, as a cloud disk or a RAID does.
+    let disk = &f.disks[0];
+    std::fs::File::options()
+        .write(true)
+        .open(disk.file())
+        .and_then(|file| file.set_len(256 * MIB))
+        .expect("grow the disk's file");
+    run("losetup", &["-c", &disk.dev()]).expect("re-read the capacity");
+    assert_eq!(blockdev_size(&disk.path), 256 * MIB);
+
+    f.engine.rescan().await.expect("rescan");
+    let after = f.capacity().await;
+    assert_eq!(after.total_bytes, 252 * MIB, "pvresize: 63 extents");
+    assert_eq!(after.free_bytes, before.free_bytes + 192 * MIB);
+    let pv_size = lvm(
+        &[&disk.dev()],
+        &[
+            "pvs",
+            "--noheadings",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            "pv_size",
+        ],
+    )
+    .expect("pvs");
+    assert_eq!(pv_size.trim(), (252 * MIB).to_string());
+    // The room is usable, the volume on it untouched, and a rescan with
+    // nothing grown changes nothing.
+    f.create(f.req("big", 128 * MIB)).await;
+    assert_eq!(f.engine.get_volume("kept").await.expect("kept"), kept);
+    f.engine.rescan().await.expect("rescan");
+    assert_eq!(f.capacity().await.total_bytes, 252 * MIB);
+}
+
+#[tokio::test]
 async fn foreign_lvs_are_never_listed_or_deleted() {
     let Some(f) = lvm_fixture("foreign", &[128 * MIB], 0).await else {
         return;

@@ -35,7 +35,7 @@ pub fn lvm_config(devices: &[PathBuf]) -> String {
     )
 }
 
-const REPORT_FIELDS: &str = "pv_name,pe_start,pv_size,pvseg_start,pvseg_size,lv_name,lv_tags,lv_size,vg_name,vg_extent_size,vg_size,vg_free,vg_tags";
+const REPORT_FIELDS: &str = "pv_name,pe_start,pv_size,dev_size,pvseg_start,pvseg_size,lv_name,lv_tags,lv_size,vg_name,vg_extent_size,vg_size,vg_free,vg_tags";
 
 /// Arguments of `pvs` for the whole picture of VG `vg` (parsed by
 /// [`super::report::parse_pvsegs`]).

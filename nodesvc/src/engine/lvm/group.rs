@@ -23,7 +23,7 @@ use crate::engine::volume::{AdoptRequest, CreateRequest, GroupCapacity, QuotaMod
 use super::cache::VgCache;
 use super::cli::{OWNER_TAG, extent_range, lvm_cmd, map_lvcreate_error, pvsegs_args};
 use super::device::{self, Mode, dm_path, ensure_unused};
-use super::report::{Lv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
+use super::report::{Lv, Pv, VgSnapshot, parse_pv_vgs, parse_pvsegs};
 use super::runner::LvmRunner;
 
 mod adopt;
@@ -199,6 +199,32 @@ impl LvmGroup {
         result
     }
 
+    /// `pvresize` of every PV whose disk has grown by an extent or more
+    /// (a cloud disk or a RAID grown under the node): the group gains the
+    /// room; the snapshot after it, or `snap` when none grew.
+    async fn resize_grown(&self, snap: VgSnapshot) -> Result<VgSnapshot> {
+        let grown: Vec<&Pv> = snap
+            .pvs
+            .iter()
+            .filter(|pv| pv.grown(snap.extent_size))
+            .collect();
+        if grown.is_empty() {
+            return Ok(snap);
+        }
+        for pv in grown {
+            self.change(self.cmd("pvresize").arg(&pv.path)).await?;
+            self.invalidate();
+            tracing::info!(
+                carina.lvm.vg = %self.vg(),
+                disk = %pv.path.display(),
+                from_bytes = pv.pe_start + pv.size,
+                to_bytes = pv.dev_size,
+                "pvresize"
+            );
+        }
+        self.refresh().await
+    }
+
     /// The block device of an LV, attaching its loop device if needed.
     async fn expose(
         &self,
@@ -288,6 +314,7 @@ impl Backend for LvmGroup {
         if snap.vg.is_empty() {
             return Ok(());
         }
+        let snap = self.resize_grown(snap).await?;
         match self.mode {
             Mode::DeviceMapper => {
                 self.run(self.cmd("vgchange").args(["-ay"]).arg(self.vg()))

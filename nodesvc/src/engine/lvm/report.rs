@@ -29,6 +29,9 @@ struct PvsegRow {
     pv_name: String,
     pe_start: String,
     pv_size: String,
+    /// Absent from reports of older callers; 0 then (never grown).
+    #[serde(default)]
+    dev_size: String,
     pvseg_start: String,
     pvseg_size: String,
     #[serde(default)]
@@ -64,7 +67,23 @@ pub struct Pv {
     pub path: PathBuf,
     /// Byte offset of extent 0 on the device.
     pub pe_start: u64,
+    /// The extents' bytes (what the VG has of this PV).
     pub size: u64,
+    /// The device's bytes as the kernel sees them now (0: not reported).
+    pub dev_size: u64,
+}
+
+impl Pv {
+    /// Whether the device has grown by at least one extent past what the
+    /// PV holds (a disk grown under it, waiting for `pvresize`).
+    pub fn grown(&self, extent_size: u64) -> bool {
+        extent_size > 0
+            && self
+                .dev_size
+                .saturating_sub(self.pe_start)
+                .saturating_sub(self.size)
+                >= extent_size
+    }
 }
 
 /// A run of extents on one PV, free (`lv == None`) or used.
@@ -141,6 +160,11 @@ pub fn parse_pvsegs(json: &str) -> Result<VgSnapshot> {
                 path: pv.clone(),
                 pe_start: num("pe_start", &row.pe_start)?,
                 size: num("pv_size", &row.pv_size)?,
+                dev_size: if row.dev_size.is_empty() {
+                    0
+                } else {
+                    num("dev_size", &row.dev_size)?
+                },
             });
         }
         let start = num("pvseg_start", &row.pvseg_start)?;
@@ -202,6 +226,35 @@ mod tests {
         assert_eq!(
             s.lvs["lv3"].segments,
             vec![(PathBuf::from("/dev/loop0"), 25, 25)]
+        );
+    }
+
+    #[test]
+    fn a_pv_has_grown_once_its_device_holds_another_extent() {
+        // `pvs` of a 64 MiB loop device in a VG of 4 MiB extents, then of
+        // the same device grown to 256 MiB (lvm 2.03.16).
+        let row = |dev_size: &str| {
+            format!(
+                r#"{{"report": [{{"pvseg": [{{"pv_name":"/dev/loop0", "pe_start":"1048576",
+                "pv_size":"62914560", "dev_size":"{dev_size}", "pvseg_start":"0",
+                "pvseg_size":"15", "vg_name":"g", "vg_extent_size":"4194304",
+                "vg_size":"62914560", "vg_free":"62914560"}}]}}]}}"#
+            )
+        };
+        let as_made = parse_pvsegs(&row("67108864")).expect("parses");
+        assert!(
+            !as_made.pvs[0].grown(as_made.extent_size),
+            "3 MiB left over"
+        );
+        let grown = parse_pvsegs(&row("268435456")).expect("parses");
+        assert_eq!(grown.pvs[0].dev_size, 256 << 20);
+        assert!(grown.pvs[0].grown(grown.extent_size));
+        let unreported = parse_pvsegs(PVSEGS).expect("parses");
+        assert!(
+            unreported
+                .pvs
+                .iter()
+                .all(|pv| pv.dev_size == 0 && !pv.grown(unreported.extent_size))
         );
     }
 
