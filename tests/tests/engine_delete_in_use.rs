@@ -108,3 +108,62 @@ async fn a_published_block_device_is_not_deleted() {
     assert!(Path::new(&target).exists());
     refused_until_unmounted(&fx.engine, &name, mount).await;
 }
+
+/// A RAW partition that something opens without mounting it: the kernel
+/// refuses to forget a partition while it is open. Open for a moment (a
+/// scanner such as blkid), the delete waits it out and goes through once
+/// it is closed; open for good, the delete is refused, naming the
+/// partition, and the volume stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_partition_open_for_a_moment_is_deleted_once_closed() {
+    let Some(fx) = EngineFixture::new(
+        "a_raw_partition_open_for_a_moment_is_deleted_once_closed",
+        "RAW",
+        &[128 * MIB],
+        0,
+    )
+    .await
+    else {
+        return;
+    };
+    // Two partitions on the disk, so the table outlives each delete.
+    let _neighbour = fx.create(fx.req(&unique("neighbour"), 16 * MIB)).await;
+    let name = unique("opened");
+    let vol = fx.create(fx.req(&name, 16 * MIB)).await;
+    let device = vol.device_path.clone().expect("a block device");
+
+    // Open for good: refused, the volume kept.
+    let held = std::fs::File::open(&device).expect("open the partition");
+    match fx.engine.delete_volume(&name).await {
+        Err(e @ Error::FailedPrecondition { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&device.display().to_string()), "{text}");
+            assert!(text.contains("the kernel keeps it"), "{text}");
+        }
+        other => panic!("DeleteLV of a partition held open: {other:?}"),
+    }
+    assert!(fx.engine.get_volume(&name).await.is_ok(), "still there");
+
+    // Open for a moment after the delete starts: it waits, then deletes.
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || {
+        opened_rx.recv().expect("the delete started");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let closed = std::time::Instant::now();
+        drop(held);
+        closed
+    });
+    let started = std::time::Instant::now();
+    opened_tx.send(()).expect("the closer waits");
+    fx.engine
+        .delete_volume(&name)
+        .await
+        .expect("deleted once the partition is closed");
+    let returned = std::time::Instant::now();
+    let closed = closer.join().expect("the closer");
+    assert!(
+        started < closed && closed <= returned,
+        "the delete ran while the partition was open and ended after it was closed"
+    );
+    assert!(fx.engine.get_volume(&name).await.is_err(), "deleted");
+}

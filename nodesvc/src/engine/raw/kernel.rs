@@ -5,12 +5,20 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use carina_sys::blockdev;
+
 use crate::engine::disks::Disk;
-use crate::engine::error::Result;
+use crate::engine::error::{Error, Result};
 use crate::engine::gpt;
 
 /// How long to wait for a partition's device node after `partx`.
 pub(super) const NODE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a partition nothing holds for good may stay open before the
+/// kernel is asked to forget it for the last time: scanners (blkid,
+/// udev's probes, monitoring agents) open every partition for a moment,
+/// and the kernel refuses to forget one that is open.
+pub(super) const FORGET_WAIT: Duration = Duration::from_secs(2);
 
 pub(super) fn sysfs_u64(disk: &str, file: &str) -> Option<u64> {
     let path = Path::new("/sys/block").join(disk).join(file);
@@ -49,6 +57,30 @@ pub(super) async fn wait_node(disk: &str, number: u32) -> Option<PathBuf> {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Makes the kernel forget partition `number` of `disk` (device `node`):
+/// `None` once it has, or why it keeps it: mounted or held open for good
+/// (at once), or open each time it was asked within [`FORGET_WAIT`].
+pub(super) async fn forget(disk: &Path, node: &Path, number: u32) -> Result<Option<String>> {
+    let deadline = Instant::now() + FORGET_WAIT;
+    loop {
+        if blockdev::in_use(node).map_err(|e| Error::io("open", node, e))? {
+            return Ok(Some("mounted or held open".into()));
+        }
+        match gpt::partx_delete(disk, number).run().await {
+            Ok(_) => return Ok(None),
+            Err(e) if Instant::now() >= deadline => {
+                return Ok(Some(format!("the kernel keeps it: {e}")));
+            }
+            Err(e) => tracing::debug!(
+                partition = %node.display(),
+                error = %e,
+                "the kernel keeps a partition that is open for a moment; asking again"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -89,7 +89,7 @@ use super::gpt;
 use super::names;
 use super::volume::{AdoptRequest, CreateRequest, GroupCapacity, QuotaMode, Volume};
 use carina_sys::blockdev;
-use kernel::{NODE_WAIT, kernel_size, present_node, sync_kernel, wait_node};
+use kernel::{NODE_WAIT, forget, kernel_size, present_node, sync_kernel, wait_node};
 use placement::{choose_exclusive, choose_shared};
 use record::write_slot;
 use view::{DiskView, Owner, Part, inspect};
@@ -443,13 +443,10 @@ impl Backend for RawGroup {
         };
         // The kernel forgets the partition first; it refuses while anyone
         // has it open, so the entry goes only once nobody uses it.
-        if let Some(node) = present_node(&view.disk.name, number) {
-            if blockdev::in_use(&node).map_err(|e| Error::io("open", &node, e))? {
-                return Err(busy(&node, "mounted or held open".into()));
-            }
-            if let Err(e) = gpt::partx_delete(path, number).run().await {
-                return Err(busy(&node, format!("the kernel keeps it: {e}")));
-            }
+        if let Some(node) = present_node(&view.disk.name, number)
+            && let Some(why) = forget(path, &node, number).await?
+        {
+            return Err(busy(&node, why));
         }
         // The kernel has forgotten the partition, the table still has it.
         carina_sys::crashpoint::reach("raw.delete.forgotten", name);
