@@ -88,7 +88,6 @@ use super::error::{Error, Result};
 use super::gpt;
 use super::names;
 use super::volume::{AdoptRequest, CreateRequest, GroupCapacity, QuotaMode, Volume};
-use carina_sys::blockdev;
 use kernel::{NODE_WAIT, forget, kernel_size, present_node, sync_kernel, wait_node};
 use placement::{choose_exclusive, choose_shared};
 use record::write_slot;
