@@ -82,6 +82,9 @@ pub struct IdentityConfig {
     pub own_client_cert: bool,
     /// Trust domain of the controller's SPIFFE ID.
     pub trust_domain: String,
+    /// HTTP routes served beside the issuer, on its port and with its
+    /// certificate (the pod webhook); the issuer knows nothing of them.
+    pub extra_routes: Option<axum::Router>,
 }
 
 /// Why the identity work could not start.
@@ -169,11 +172,12 @@ pub async fn start(
             );
             let service = IdentityService::new(ca.clone(), checker, config.cert_ttl, config.rate);
             let mut stop = stop.clone();
+            let extra = config.extra_routes.clone();
             tasks.push(tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stop.wait_for(|s| *s).await;
                 };
-                if let Err(e) = server::serve(listener, tls, service, shutdown).await {
+                if let Err(e) = server::serve(listener, tls, service, extra, shutdown).await {
                     tracing::error!(error = %e, "the node identity issuer failed");
                 }
             }));

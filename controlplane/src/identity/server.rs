@@ -167,17 +167,23 @@ pub fn check_node_name(name: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Serves `service` on `listener` over `tls` until `shutdown`.
+/// Serves `service`, and the `extra` routes beside it, on `listener` over
+/// `tls` until `shutdown`.
 pub async fn serve<C: TokenChecker>(
     listener: TcpListener,
     tls: ReloadingServerConfig,
     service: IdentityService<C>,
+    extra: Option<axum::Router>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tls_incoming(listener, tls, HANDSHAKE_TIMEOUT);
+    let mut routes = tonic::service::Routes::new(service.into_server()).into_axum_router();
+    if let Some(extra) = extra {
+        routes = routes.merge(extra);
+    }
     Server::builder()
         .layer(ServerTraceLayer)
-        .add_service(service.into_server())
+        .add_routes(routes.into())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

@@ -11,6 +11,8 @@
 //!   `SetPodIOLimits`.
 //! - [`migration`]: opted-in Pods moved off a node that stays NotReady
 //!   past a grace period (their Carina claims deleted, the data given up).
+//! - [`podhook`]: the optional pod webhook (Go Carina's): Pods with Carina
+//!   claims sent to the extender's scheduler, served by every replica.
 //! - [`bridge_side`]: what the elected leader runs: the bridge, the
 //!   capacity publisher, the config push, the IO limits and the pod
 //!   migration, started and stopped together.
@@ -35,6 +37,7 @@ pub mod endpoints;
 pub mod iolimits;
 pub mod leader;
 pub mod migration;
+pub mod podhook;
 pub mod provisioner;
 pub mod retry;
 mod status;

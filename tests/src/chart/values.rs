@@ -67,7 +67,8 @@ storageClasses:
 };
 
 /// Another kubelet directory (k0s), another namespace, images from a
-/// private registry, a narrowed issuer policy and extra host paths.
+/// private registry, a narrowed issuer policy, extra host paths and the
+/// Go Carina preset (the pod webhook).
 pub const KUBELET_DIR_NAMESPACE: ValueSet = ValueSet {
     name: "other kubelet dir and namespace",
     namespace: "carina-storage",
@@ -93,6 +94,7 @@ identity:
 networkPolicy:
   identityFrom:
     - ipBlock: {cidr: 10.20.0.0/16}
+goCarinaCompat: true
 "#,
     ),
 };
@@ -108,10 +110,11 @@ pub fn render(chart: &Chart, set: &ValueSet) -> Result<Vec<Value>> {
     objects(&yaml).with_context(|| set.name)
 }
 
-/// The defaults with the scheduler on: every ServiceAccount the chart can
-/// make, with the issuing controller's rights.
+/// The defaults with the scheduler and the pod webhook on: every
+/// ServiceAccount and role the chart can make, with the issuing
+/// controller's rights.
 pub const RBAC_SET: ValueSet = ValueSet {
-    name: "default values, scheduler on",
+    name: "default values, scheduler and pod webhook on",
     namespace: "kube-system",
-    values: Some("scheduler:\n  enabled: true\n"),
+    values: Some("scheduler:\n  enabled: true\npodWebhook:\n  enabled: true\n"),
 };

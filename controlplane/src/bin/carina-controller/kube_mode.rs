@@ -10,6 +10,7 @@ use carina_controlplane::identity::store::CaLocation;
 use carina_controlplane::identity::{self, IdentityConfig};
 use carina_controlplane::kube::bridge_side::{self, BridgeConfig};
 use carina_controlplane::kube::leader::{LeaderElector, LeaseConfig, while_leading};
+use carina_controlplane::kube::podhook::{self, PodHook};
 use carina_controlplane::kube::provisioner::{KubeProvisioner, KubeProvisionerConfig};
 use carina_controlplane::metrics::metrics;
 use carina_controlplane::nodes::pool::NodeClients;
@@ -46,7 +47,11 @@ fn own_client_cert(args: &Args) -> Result<bool> {
 }
 
 /// The identity settings from the flags.
-fn identity_config(args: &Args, own_client_cert: bool) -> Result<IdentityConfig> {
+fn identity_config(
+    args: &Args,
+    own_client_cert: bool,
+    pod_hook: Option<&PodHook>,
+) -> Result<IdentityConfig> {
     let sa = args
         .identity_node_service_account
         .clone()
@@ -78,7 +83,27 @@ fn identity_config(args: &Args, own_client_cert: bool) -> Result<IdentityConfig>
             .collect(),
         own_client_cert,
         trust_domain: args.trust_domain.clone(),
+        extra_routes: pod_hook.map(|h| h.clone().router()),
     })
+}
+
+/// The pod webhook when `--pod-webhook-configuration` names one.
+fn pod_hook(args: &Args, client: &kube::Client) -> Result<Option<PodHook>> {
+    if args.pod_webhook_configuration.is_empty() {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        args.identity_listen.is_some(),
+        "--pod-webhook-configuration needs --identity-listen: the webhook is served on the issuer's port"
+    );
+    anyhow::ensure!(
+        !args.pod_webhook_scheduler.trim().is_empty(),
+        "--pod-webhook-scheduler is empty"
+    );
+    Ok(Some(PodHook::new(
+        client.clone(),
+        args.pod_webhook_scheduler.trim().to_string(),
+    )))
 }
 
 /// The nodes' client TLS in kube mode: the files, or the controller's own
@@ -119,8 +144,9 @@ pub(super) async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<
     // `--kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the in-cluster
     // service account.
     let client = carina_api::client::connect(args.kubeconfig.as_deref()).await?;
-    let identity_started = if own_client_cert || args.identity_listen.is_some() {
-        let config = identity_config(&args, own_client_cert)?;
+    let pod_hook = pod_hook(&args, &client)?;
+    let mut identity_started = if own_client_cert || args.identity_listen.is_some() {
+        let config = identity_config(&args, own_client_cert, pod_hook.as_ref())?;
         Some(
             identity::start(client.clone(), config, stop.clone())
                 .await
@@ -129,6 +155,20 @@ pub(super) async fn run_kube(args: Args, stop: watch::Receiver<bool>) -> Result<
     } else {
         None
     };
+    if let (Some(started), Some(_)) = (identity_started.as_mut(), &pod_hook) {
+        tracing::info!(
+            webhook.configuration = %args.pod_webhook_configuration,
+            webhook.scheduler = %args.pod_webhook_scheduler,
+            webhook.path = podhook::PATH,
+            "serving the pod webhook"
+        );
+        started.tasks.push(tokio::spawn(podhook::ca_bundle::keep(
+            client.clone(),
+            args.pod_webhook_configuration.clone(),
+            started.ca_bundle_pem.clone(),
+            stop.clone(),
+        )));
+    }
     let (tls, live_cert) = kube_client_tls(&args, identity_started.as_ref())?;
     let identity = identity(
         args.identity.as_deref(),
@@ -274,7 +314,7 @@ mod tests {
         assert_eq!(args.identity_listen, None);
         assert_eq!(args.identity_audience, "carina.storage.io/node-identity");
         assert_eq!(args.identity_cert_ttl, Duration::from_secs(24 * 3600));
-        let config = identity_config(&args, true).expect("config");
+        let config = identity_config(&args, true, None).expect("config");
         assert_eq!(config.node_daemonset, "carina-node");
         assert_eq!(
             config.rate,
@@ -304,7 +344,7 @@ mod tests {
         .expect("parses");
         assert_eq!(args.identity_cert_ttl, Duration::from_secs(90));
         assert_eq!(args.identity_server_names, ["localhost", "carina.example"]);
-        let config = identity_config(&args, false).expect("config");
+        let config = identity_config(&args, false, None).expect("config");
         assert_eq!(
             config.rate.interval,
             Duration::from_secs(30),
@@ -317,7 +357,7 @@ mod tests {
         ])
         .expect("parses");
         assert_eq!(
-            identity_config(&fixed, true).expect("config").rate,
+            identity_config(&fixed, true, None).expect("config").rate,
             RateSettings {
                 burst: 2,
                 interval: Duration::ZERO

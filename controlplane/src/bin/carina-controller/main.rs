@@ -239,6 +239,22 @@ struct Args {
     #[arg(long, env = "CARINA_IDENTITY_SERVER_NAMES", value_delimiter = ',')]
     identity_server_names: Vec<String>,
 
+    /// Kube mode: serve the pod webhook (Go Carina's: Pods with Carina
+    /// claims go to --pod-webhook-scheduler) on the issuer's port, path
+    /// /mutate-pods, and keep the caBundle of this
+    /// MutatingWebhookConfiguration; needs --identity-listen. Empty: off.
+    #[arg(long, env = "CARINA_POD_WEBHOOK_CONFIGURATION", default_value = "")]
+    pod_webhook_configuration: String,
+
+    /// Kube mode: the scheduler the pod webhook sends Pods with Carina
+    /// claims to (the kube-scheduler profile with the Carina extender).
+    #[arg(
+        long,
+        env = "CARINA_POD_WEBHOOK_SCHEDULER",
+        default_value = "carina-scheduler"
+    )]
+    pod_webhook_scheduler: String,
+
     /// Trust domain of the controller's own SPIFFE ID
     /// (spiffe://<domain>/carina/controller) when it signs its certificate.
     #[arg(long, env = "CARINA_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]

@@ -138,3 +138,17 @@ OTEL_RESOURCE_ATTRIBUTES there replaces it.
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: k8s.pod.name=$(K8S_POD_NAME),k8s.namespace.name=$(K8S_NAMESPACE_NAME),k8s.node.name=$(K8S_NODE_NAME)
 {{- end }}
+
+{{/*
+"true" when the pod webhook is on (podWebhook.enabled or the
+goCarinaCompat preset), empty otherwise; it needs the issuer (identity.mode
+issued), whose port and certificate it is served with.
+*/}}
+{{- define "carina.podWebhook" -}}
+{{- if or .Values.podWebhook.enabled .Values.goCarinaCompat -}}
+{{- if ne .Values.identity.mode "issued" -}}
+{{- fail "podWebhook (or goCarinaCompat) needs identity.mode issued: the webhook is served on the issuer's port with its certificate" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end }}
