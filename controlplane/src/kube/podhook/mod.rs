@@ -64,25 +64,19 @@ impl PodHook {
 
     /// The answer to one AdmissionReview body.
     pub async fn review(&self, body: &[u8]) -> (StatusCode, AdmissionReview<DynamicObject>) {
+        let bad = |reason: String| {
+            (
+                StatusCode::BAD_REQUEST,
+                AdmissionResponse::invalid(reason).into_review(),
+            )
+        };
         let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
             Ok(r) => r,
-            Err(e) => {
-                let reason = format!("not an AdmissionReview of a Pod: {e}");
-                return (
-                    StatusCode::BAD_REQUEST,
-                    AdmissionResponse::invalid(reason).into_review(),
-                );
-            }
+            Err(e) => return bad(format!("not an AdmissionReview of a Pod: {e}")),
         };
         let request: AdmissionRequest<Pod> = match review.try_into() {
             Ok(r) => r,
-            Err(e) => {
-                let reason = format!("an AdmissionReview without a request: {e}");
-                return (
-                    StatusCode::BAD_REQUEST,
-                    AdmissionResponse::invalid(reason).into_review(),
-                );
-            }
+            Err(e) => return bad(format!("an AdmissionReview without a request: {e}")),
         };
         (StatusCode::OK, self.respond(&request).await.into_review())
     }
@@ -189,4 +183,46 @@ async fn handle(State(hook): State<Arc<PodHook>>, body: Bytes) -> Response {
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Body::from(bytes))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A hook whose API calls go nowhere: the answers below need none.
+    fn hook() -> PodHook {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = Client::try_from(config).expect("client");
+        PodHook::new(client, "carina-scheduler".into())
+    }
+
+    #[tokio::test]
+    async fn what_is_not_a_pod_creation_is_answered_without_api_calls() {
+        let hook = hook();
+        for body in [
+            &b"not json"[..],
+            br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#,
+        ] {
+            let (status, review) = hook.review(body).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST);
+            let response = review.response.expect("a response");
+            assert!(!response.allowed);
+        }
+        // An update (the webhook is registered for creates only) passes
+        // untouched, with the request's uid.
+        let update = json!({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "UPDATE", "userInfo": {}, "namespace": "n",
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                    "spec": {"containers": [], "volumes": [
+                        {"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]}}}});
+        let (status, review) = hook.review(update.to_string().as_bytes()).await;
+        assert_eq!(status, StatusCode::OK);
+        let response = review.response.expect("a response");
+        assert!(response.allowed);
+        assert_eq!(response.uid, "u-1");
+        assert!(response.patch.is_none());
+    }
 }
