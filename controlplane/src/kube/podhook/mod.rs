@@ -18,6 +18,7 @@
 pub mod ca_bundle;
 pub mod decide;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -123,6 +124,7 @@ impl PodHook {
     /// The StorageClass of each claim `pod` uses, in its volumes' order:
     /// a persistent claim's by the claim (`None` while the claim or its
     /// class does not exist), a generic ephemeral volume's by its template.
+    /// Each class is read once, however many claims name it.
     async fn classes(
         &self,
         pod: &Pod,
@@ -131,6 +133,7 @@ impl PodHook {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
         let classes: Api<StorageClass> = Api::all(self.client.clone());
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+        let mut read: BTreeMap<String, Option<StorageClass>> = BTreeMap::new();
         let mut out = Vec::new();
         for volume in volumes.into_iter().flatten() {
             let class_name = if let Some(source) = &volume.persistent_volume_claim {
@@ -147,7 +150,14 @@ impl PodHook {
                 continue;
             };
             let class = match class_name.filter(|n| !n.is_empty()) {
-                Some(name) => classes.get_opt(&name).await?,
+                Some(name) => match read.get(&name) {
+                    Some(class) => class.clone(),
+                    None => {
+                        let class = classes.get_opt(&name).await?;
+                        read.insert(name, class.clone());
+                        class
+                    }
+                },
                 None => None,
             };
             out.push(class);
