@@ -30,6 +30,8 @@ HELM_VERSION=v3.21.4            # helm.sh/helm/v3 (cmd/helm)
 CSI_RESIZER_VERSION=v2.2.1      # github.com/kubernetes-csi/external-resizer (source archive)
 GO_CARINA_VERSION=v0.14.0       # github.com/carina-io/carina (source archive), the migration tests' predecessor
 GO_CARINA_COMMIT=aec3a9f        # the commit of that tag, which its binaries log at start
+# Go Carina's CRDs (its chart's crds/), kept beside its binaries.
+GO_CARINA_CRDS=(crd-logicvolume.yaml crd-nodestoreresource.yaml)
 # containerd v2.4's default sandbox image, which test-images provides.
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 # The image tools' recipes (below); bump when one changes.  Their cache
@@ -78,7 +80,7 @@ tool_binaries() {
     cni) echo bridge host-local loopback ;;
     e2e) echo e2e.test agnhost ;;
     csi-snapshotter) echo csi-snapshotter snapshot-controller ;;
-    go-carina) echo carina-node carina-controller ;;
+    go-carina) echo carina-node carina-controller udevadm ;;
     go-carina-scheduler) echo carina-scheduler ;;
     test-images | e2e-images | kernel) ;;
     *) echo "$1" ;;
@@ -105,6 +107,7 @@ tool_deps() {
 tool_files() {
     case $1 in
     csi-snapshotter) printf 'crds/%s\n' "${SNAPSHOT_CRDS[@]}" ;;
+    go-carina) printf 'crds/%s\n' "${GO_CARINA_CRDS[@]}"; echo libexec/udevadm ;;
     kernel) printf '%s\n' vmlinux initrd.cpio modules.txt ;;
     esac
 }
@@ -453,6 +456,33 @@ build_go_carina() {
     archive=$(source_archive carina "$v" github.com/carina-io/carina)
     vendored_build "$1" "$archive" -ldflags "-s -w -X main.gitCommitID=$GO_CARINA_COMMIT" \
         -o "$2/" ./cmd/carina-node ./cmd/carina-controller
+    # Its node runs udev's udevadm to read a disk's properties (its image,
+    # CentOS 7, has udev 219); this host may have none.  The one program,
+    # taken from the udev package of the host's apt sources: nothing is
+    # installed and no udev daemon runs (udevadm then reads sysfs).  Newer
+    # udevadm prints record types udev 219 did not (M:, R:, U:, T:, D:, I:,
+    # Q:), which Go's parser refuses; bin/udevadm prints only udev 219's.
+    (cd "$1" && apt-get download udev) || die "apt-get download udev failed"
+    mkdir -p "$1/udev" "$2/../libexec"
+    dpkg-deb -x "$1"/udev_*.deb "$1/udev"
+    install -m 0755 "$(find "$1/udev" -type f -path "*bin/udevadm" | head -n 1)" "$2/../libexec/udevadm"
+    cat >"$2/udevadm" <<'SH'
+#!/usr/bin/env bash
+# udevadm as udev 219 prints `info`: its record types only.
+set -o pipefail
+real=$(dirname "$(readlink -f "$0")")/../libexec/udevadm
+if [[ ${1:-} == info ]]; then
+    "$real" "$@" | grep -E '^([PNSEL]: |$)'
+else
+    exec "$real" "$@"
+fi
+SH
+    chmod 0755 "$2/udevadm"
+    # Its chart's CRDs, which a Go install applies before anything else.
+    mkdir -p "$2/../crds"
+    for crd in "${GO_CARINA_CRDS[@]}"; do
+        tar -xJOf "$archive" "carina-$v/charts/crds/$crd" >"$2/../crds/$crd"
+    done
     (cd "$SRC_ROOT" && sha256sum "$(basename "$archive")") >"$2/../source.sha256"
 }
 

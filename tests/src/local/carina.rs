@@ -10,19 +10,19 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail};
 use carina_api::NodeStorageResource;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::{LocalCluster, LocalOptions};
+use super::LocalCluster;
+pub use super::images::{carina_images, e2e_images, local_options, test_images, tool_path};
 use crate::cluster::{Pki, await_object};
-use crate::manifests::{Chart, RELEASE, repo_root};
+use crate::manifests::{Chart, RELEASE};
 use crate::{LoopDisk, VgGuard};
 
 /// The CSI driver's name.
@@ -146,15 +146,26 @@ pub struct Carina {
     /// The loop disks of each LVM and RAW group, by group name.
     pub disks: Vec<(String, String)>,
     chart: Chart,
+    values: serde_json::Value,
 }
 
-impl Carina {
-    /// Makes the groups' disks, the TLS Secrets (identity mode `manual`),
-    /// imports the images and installs the chart; waits until the node
-    /// plugin is registered with the kubelet and has published its groups.
-    /// The cluster must have been started with [`local_options`] (the
-    /// images).
-    pub async fn install(cluster: &mut LocalCluster, layout: &Layout) -> Result<Carina> {
+/// The storage of a node's groups: the chart's `config` (its disk
+/// selectors) and what they select.
+#[derive(Debug)]
+pub struct Storage {
+    /// `config` of the chart's values (`config.json`).
+    pub config: serde_json::Value,
+    /// The HOST groups' directories, by group name.
+    pub host_dirs: Vec<(String, PathBuf)>,
+    /// The loop disks of each LVM and RAW group, by group name.
+    pub disks: Vec<(String, String)>,
+}
+
+impl Storage {
+    /// New loop disks for `layout`'s LVM and RAW groups and a directory
+    /// under the cluster's for each HOST group, handed to the cluster,
+    /// which releases them after its node is gone.
+    pub fn make(cluster: &mut LocalCluster, layout: &Layout) -> Result<Storage> {
         let mut selectors = Vec::new();
         let mut host_dirs = Vec::new();
         let mut disks = Vec::new();
@@ -196,15 +207,47 @@ impl Carina {
                 cluster.release_after_node(Box::new(guard));
             }
         }
+        let config = serde_json::json!({
+            "diskSelector": selectors,
+            "diskScanInterval": if layout.carina_keys_only { "300" } else { "0" },
+            "schedulerStrategy": "spreadout",
+        });
+        Ok(Storage {
+            config,
+            host_dirs,
+            disks,
+        })
+    }
+}
 
+impl Carina {
+    /// Makes the groups' disks, the TLS Secrets (identity mode `manual`),
+    /// imports the images and installs the chart; waits until the node
+    /// plugin is registered with the kubelet and has published its groups.
+    /// The cluster must have been started with [`local_options`] (the
+    /// images).
+    pub async fn install(cluster: &mut LocalCluster, layout: &Layout) -> Result<Carina> {
+        let storage = Storage::make(cluster, layout)?;
+        Carina::install_on(cluster, layout, storage).await
+    }
+
+    /// [`Carina::install`] over storage that already exists (e.g. disks
+    /// another driver used), described by `storage`; `layout` gives the
+    /// groups to wait for and the rest of the values.
+    pub async fn install_on(
+        cluster: &mut LocalCluster,
+        layout: &Layout,
+        storage: Storage,
+    ) -> Result<Carina> {
         create_secrets(cluster).await?;
-        let values = values(cluster, layout, selectors)?;
+        let values = values(cluster, layout, storage.config)?;
         let chart = Chart::new()?;
         helm_release(cluster, &chart, "install", &values)?;
         let carina = Carina {
-            host_dirs,
-            disks,
+            host_dirs: storage.host_dirs,
+            disks: storage.disks,
             chart,
+            values,
         };
         carina.wait_registered(cluster, layout).await?;
         Ok(carina)
@@ -262,6 +305,11 @@ impl Carina {
     /// The LVs of LVM group `group`, as the host's lvm sees them.
     pub fn logical_volumes(&self, group: &str) -> Result<Vec<String>> {
         logical_volumes(group, &self.disks_of(group))
+    }
+
+    /// The values the chart was installed with.
+    pub fn values(&self) -> &serde_json::Value {
+        &self.values
     }
 
     /// The chart (its `helm`), e.g. for `helm upgrade`.
@@ -387,7 +435,7 @@ pub fn environment_values(cluster: &LocalCluster) -> Result<serde_json::Value> {
 fn values(
     cluster: &LocalCluster,
     layout: &Layout,
-    selectors: Vec<serde_json::Value>,
+    config: serde_json::Value,
 ) -> Result<serde_json::Value> {
     let mut values = environment_values(cluster)?;
     let controller = &mut values["controller"];
@@ -396,11 +444,7 @@ fn values(
     controller["podDisruptionBudget"] = serde_json::json!({"enabled": false});
     controller["provisioner"] =
         serde_json::json!({"capacity": {"enabled": layout.capacity_tracking}});
-    values["config"] = serde_json::json!({
-        "diskSelector": selectors,
-        "diskScanInterval": if layout.carina_keys_only { "300" } else { "0" },
-        "schedulerStrategy": "spreadout",
-    });
+    values["config"] = config;
     values["storageClasses"] = layout.storage_classes.clone();
     values["scheduler"] = serde_json::json!({"enabled": layout.extender, "replicas": 1});
     Ok(values)
@@ -453,131 +497,6 @@ pub async fn create_secrets(cluster: &LocalCluster) -> Result<()> {
         secrets.create(&PostParams::default(), &secret).await?;
     }
     Ok(())
-}
-
-/// The options of a cluster Carina can be installed into: the test images
-/// (pause, busybox, the CSI sidecars) and Carina's own, imported before
-/// the kubelet starts.
-pub fn local_options() -> Result<LocalOptions> {
-    let mut images: Vec<PathBuf> = test_images()?.into_iter().map(|(_, path)| path).collect();
-    images.extend(carina_images()?);
-    Ok(LocalOptions {
-        images,
-        extenders: Vec::new(),
-    })
-}
-
-/// The archives of `tests/tools/build.sh test-images`, with the image
-/// reference each provides (from its `images.tsv`).
-pub fn test_images() -> Result<Vec<(String, PathBuf)>> {
-    images_of_tool("test-images", "CARINA_TEST_IMAGES")
-}
-
-/// The archives of `tests/tools/build.sh e2e-images` (agnhost, nginx, ...
-/// as the e2e suite names them).
-pub fn e2e_images() -> Result<Vec<(String, PathBuf)>> {
-    images_of_tool("e2e-images", "CARINA_E2E_IMAGES")
-}
-
-/// The archives an image tool of `tests/tools/build.sh` made (or those in
-/// the folder `env` names), with the reference each provides.
-fn images_of_tool(tool: &str, env: &str) -> Result<Vec<(String, PathBuf)>> {
-    let dir = match std::env::var_os(env) {
-        Some(dir) => PathBuf::from(dir),
-        None => tool_path(tool)?,
-    };
-    // The tool's folder, or its bin/ folder.
-    let tsv = [dir.join("images.tsv"), dir.join("../images.tsv")]
-        .into_iter()
-        .find(|p| p.exists())
-        .with_context(|| {
-            format!(
-                "no images.tsv in {}: run tests/tools/build.sh {tool} first (or set {env})",
-                dir.display()
-            )
-        })?;
-    read_images_tsv(&tsv)
-}
-
-/// Where `tests/tools/build.sh` keeps `tool` (`--print-path`; builds
-/// nothing).
-pub fn tool_path(tool: &str) -> Result<PathBuf> {
-    let script = repo_root().join("tests/tools/build.sh");
-    let out = std::process::Command::new(&script)
-        .args(["--print-path", tool])
-        .output()
-        .with_context(|| format!("run {}", script.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} --print-path {tool}: {}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-/// `images.tsv`: `<file>\t<reference>` rows beside the archives.
-fn read_images_tsv(tsv: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let dir = tsv.parent().context("images.tsv without a folder")?;
-    let text = std::fs::read_to_string(tsv).with_context(|| format!("read {}", tsv.display()))?;
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-    {
-        let mut cols = line.split('\t');
-        let (Some(file), Some(reference)) = (cols.next(), cols.next()) else {
-            bail!("{}: bad row {line:?}", tsv.display());
-        };
-        let path = dir.join(file);
-        ensure!(
-            path.exists(),
-            "{} lists {file}, which is missing",
-            tsv.display()
-        );
-        out.push((reference.to_string(), path));
-    }
-    Ok(out)
-}
-
-/// Carina's own images, built once per test process by `make images`
-/// (hack/images.sh) into `<target>/local-images`; within one run of
-/// hack/test.sh (`CARINA_TEST_RUN`), a process keeps the archives an
-/// earlier one built from the same binaries.
-pub fn carina_images() -> Result<Vec<PathBuf>> {
-    static BUILT: OnceLock<Result<Vec<PathBuf>, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| build_carina_images().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(anyhow::Error::msg)
-}
-
-fn build_carina_images() -> Result<Vec<PathBuf>> {
-    let root = repo_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let out = target.join("local-images");
-    // Test processes building at once take turns.
-    let lock = std::fs::File::create(target.join(".local-images.lock"))?;
-    lock.lock()?;
-    let script = root.join("hack/images.sh");
-    let status = std::process::Command::new(&script)
-        .arg(&out)
-        .current_dir(&root)
-        .env("IMAGE_BUILD_DIR", target.join("image-build"))
-        .env(
-            "IMAGES_REUSE_KEY",
-            std::env::var("CARINA_TEST_RUN").unwrap_or_default(),
-        )
-        .status()
-        .with_context(|| format!("run {}", script.display()))?;
-    ensure!(status.success(), "{} failed: {status}", script.display());
-    let names = ["carina-node", "carina-controller", "carina-scheduler"];
-    Ok(names
-        .iter()
-        .map(|n| out.join(format!("{n}.oci.tar")))
-        .collect())
 }
 
 /// Whether `dir` exists and is empty.

@@ -34,7 +34,9 @@
 
 pub mod carina;
 mod config;
+pub mod gocarina;
 pub mod host;
+mod images;
 mod node;
 pub mod second;
 pub mod workload;
