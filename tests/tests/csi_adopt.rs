@@ -1,9 +1,12 @@
 //! The CSI Node service with Go Carina's volume ids: a PersistentVolume
 //! keeps the `volumeHandle` Go Carina wrote (`volume-<pv>`, `host-<pv>`),
 //! so once the volume is taken over kubelet's calls with that id are
-//! served on it (stage, publish, stats, expansion), its data intact; before
+//! served on it (stage, publish, stats, expansion), its data intact, also
+//! a publish with no stage before it (Go's node had no stage step); before
 //! that each call is FAILED_PRECONDITION naming `carinactl migrate apply`
 //! (never NOT_FOUND), and a thin id is refused.
+
+use std::path::Path;
 
 use carina_node::engine::{AdoptRequest, Policy};
 use carina_proto::csi;
@@ -23,6 +26,37 @@ fn not_taken_over(status: &tonic::Status) {
         "{}",
         status.message()
     );
+}
+
+/// Publishes the Go volume `id` as the kubelet does while a pod still uses
+/// a volume Go's node published: Go's node had no stage step, so no stage
+/// call comes (the kubelet's staging directory is there, empty), and none
+/// to unstage it will either. The volume is mounted straight onto the
+/// target with its data, nothing at the staging path; unpublish leaves
+/// nothing mounted. Then the usual stage and publish.
+async fn publish_unstaged_then_staged(
+    csi: &mut CsiNode,
+    work: &WorkDir,
+    id: &str,
+    (staging, target): (&Path, &Path),
+    cap: &csi::VolumeCapability,
+) {
+    std::fs::create_dir_all(staging).expect("staging directory");
+    csi.publish(id, staging, target, cap.clone(), false)
+        .await
+        .expect("publish without a stage");
+    assert_eq!(
+        std::fs::read_to_string(target.join("data.txt")).expect("read"),
+        "kept in place"
+    );
+    assert_eq!(work.mounts(), [target], "mounted at the target only");
+    csi.unpublish(id, target).await.expect("unpublish");
+    assert!(work.mounts().is_empty(), "{:?}", work.mounts());
+
+    csi.stage(id, staging, cap.clone()).await.expect("stage");
+    csi.publish(id, staging, target, cap.clone(), false)
+        .await
+        .expect("publish");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,10 +138,7 @@ async fn a_go_lvm_volume_is_served_by_its_go_id_once_taken_over() {
         .await
         .expect("adopt");
 
-    csi.stage(&id, &staging, cap.clone()).await.expect("stage");
-    csi.publish(&id, &staging, &target, cap.clone(), false)
-        .await
-        .expect("publish");
+    publish_unstaged_then_staged(&mut csi, &work, &id, (&staging, &target), &cap).await;
     assert_eq!(
         std::fs::read_to_string(target.join("data.txt")).expect("read"),
         "kept in place",
@@ -177,12 +208,32 @@ async fn a_go_host_volume_is_served_by_its_go_id_once_taken_over() {
         })
         .await
         .expect("adopt");
-    csi.stage_and_publish(&id, &staging, &target, cap.clone())
-        .await;
+    publish_unstaged_then_staged(&mut csi, &work, &id, (&staging, &target), &cap).await;
     assert_eq!(
         std::fs::read_to_string(target.join("data.txt")).expect("read"),
         "kept in place"
     );
+    // A single writer is refused there too while the volume is published,
+    // and the target it mounted goes again.
+    let (empty_staging, second) = (work.path("staging-2"), work.path("target-2"));
+    std::fs::create_dir_all(&empty_staging).expect("staging directory");
+    let err = csi
+        .publish(
+            &id,
+            &empty_staging,
+            &second,
+            mount_cap(Mode::SingleNodeSingleWriter, ""),
+            false,
+        )
+        .await
+        .expect_err("a second writer");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("SINGLE_NODE_SINGLE_WRITER"),
+        "{}",
+        err.message()
+    );
+    assert!(!second.exists(), "{} left behind", second.display());
     csi.unpublish_and_unstage(&id, &staging, &[&target]).await;
     assert!(work.mounts().is_empty(), "{:?}", work.mounts());
 }

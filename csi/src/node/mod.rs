@@ -10,7 +10,13 @@
 //!   `SINGLE_NODE_READER_ONLY`); block access bind-mounts the device node
 //!   onto a target file. The service creates the target and removes it on
 //!   unpublish; the CO creates its parent (and the staging directory, which
-//!   is created here too if missing, and never removed).
+//!   is created here too if missing, and never removed). A volume with
+//!   mount access must be staged first (`FAILED_PRECONDITION`), except one
+//!   under a Go Carina id ([`crate::legacy`]): Go's node had no stage step,
+//!   so until no pod uses a volume Go published the kubelet publishes it
+//!   again without a stage call (and will never ask to unstage it). Such a
+//!   publish mounts the volume straight onto the target, as Go did, and
+//!   unpublish takes it away.
 //! - **Expand** grows a mounted filesystem to its device; **stats** are
 //!   statvfs (or the device size for block access) plus a volume condition.
 //!
@@ -53,9 +59,10 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::TOPOLOGY_KEY;
 use crate::error::CsiError;
+use crate::legacy::LegacyId;
 use crate::types::{LocalVolume, LocalVolumes};
 
-use observe::{inspect, source};
+use observe::{AtPath, inspect, source};
 use plan::{PublishStep, StageStep, plan_publish, plan_stage, publish_options};
 use validate::{
     Access, absolute, capability, publish_read_only, publish_staging, requested_fs, required,
@@ -126,21 +133,7 @@ impl<L: LocalVolumes> NodeService<L> {
         let vol = self.local(&req.volume_id).await?;
         let src = source(&vol).await?;
         let at = inspect(&staging, &vol.kind, &src).await?;
-        match plan_stage(&vol, &cap, requested_fs, &staging, &at)? {
-            StageStep::Done => Ok(()),
-            StageStep::MakeDir => block::stage(&staging).await,
-            StageStep::MountDevice {
-                device,
-                fs,
-                flags,
-                create_dir,
-            } => filesystem::stage_device(device, &staging, fs, flags, create_dir).await,
-            StageStep::BindDirectory {
-                dir,
-                flags,
-                create_dir,
-            } => filesystem::stage_directory(dir, &staging, flags, create_dir).await,
-        }
+        stage_at(&vol, &cap, requested_fs, &staging, &at).await
     }
 
     async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
@@ -182,6 +175,12 @@ impl<L: LocalVolumes> NodeService<L> {
             Access::Mount { .. } => Some(inspect(&staging, &vol.kind, &src).await?),
             Access::Block => None,
         };
+        if let Some(AtPath::Missing | AtPath::Unmounted(_)) = &staged
+            && LegacyId::parse(&req.volume_id).is_some()
+        {
+            let requested_fs = requested_fs(&cap, &req.volume_context)?;
+            return publish_unstaged(&vol, &cap, requested_fs, read_only, &target, &at).await;
+        }
         let step = plan_publish(
             &vol,
             &cap,
@@ -274,6 +273,88 @@ pub const NODE_CAPABILITIES: [RpcType; 5] = [
     // as the controller does; the spec asks both sides to say so.
     RpcType::SingleNodeMultiWriter,
 ];
+
+/// Publishes a volume under a Go Carina id that is not staged: mounts it
+/// straight onto `target` (where `at` is), as Go Carina's node did, read
+/// only when asked. The kubelet sends such a publish for a volume Go
+/// published while a pod still used it, and since Go's node had no stage
+/// step it will not unstage the volume either: a mount at the staging path
+/// would stay behind, one at the target goes with unpublish. A single
+/// writer seen elsewhere once mounted is unmounted again and refused.
+async fn publish_unstaged(
+    vol: &LocalVolume,
+    cap: &validate::Capability,
+    requested_fs: Option<carina_sys::format::FsType>,
+    read_only: bool,
+    target: &std::path::Path,
+    at: &AtPath,
+) -> Result<(), CsiError> {
+    if let AtPath::Unmounted(kind) = at
+        && *kind != observe::FileKind::Directory
+    {
+        return Err(CsiError::FailedPrecondition(format!(
+            "target_path {} exists and is not a directory",
+            target.display()
+        )));
+    }
+    let mut direct = cap.clone();
+    if let Access::Mount { flags, .. } = &mut direct.access
+        && read_only
+        && !flags.iter().any(|f| f == "ro")
+    {
+        flags.push("ro".to_string());
+    }
+    if matches!(at, AtPath::Ours(..)) {
+        return stage_at(vol, &direct, requested_fs, target, at).await;
+    }
+    stage_at(vol, &direct, requested_fs, target, at).await?;
+    tracing::info!(
+        target = %target.display(),
+        "published a Go Carina volume the kubelet counts as staged straight onto its target, as Go did"
+    );
+    if direct.mode
+        == carina_proto::csi::volume_capability::access_mode::Mode::SingleNodeSingleWriter
+    {
+        let table = mount::MountTable::read().await?;
+        let others = table
+            .at(target)
+            .map(|m| plan::other_publications(&table, (m.major, m.minor, &m.root), &[target]))
+            .unwrap_or_default();
+        if let Err(refused) = plan::single_writer(vol, &others) {
+            mount::unmount_all(target).await?;
+            if matches!(at, AtPath::Missing) {
+                target::remove_target(target).await?;
+            }
+            return Err(refused);
+        }
+    }
+    Ok(())
+}
+
+/// Carries out what staging `vol` at `staging` takes, where `at` is.
+async fn stage_at(
+    vol: &LocalVolume,
+    cap: &validate::Capability,
+    requested_fs: Option<carina_sys::format::FsType>,
+    staging: &std::path::Path,
+    at: &AtPath,
+) -> Result<(), CsiError> {
+    match plan_stage(vol, cap, requested_fs, staging, at)? {
+        StageStep::Done => Ok(()),
+        StageStep::MakeDir => block::stage(staging).await,
+        StageStep::MountDevice {
+            device,
+            fs,
+            flags,
+            create_dir,
+        } => filesystem::stage_device(device, staging, fs, flags, create_dir).await,
+        StageStep::BindDirectory {
+            dir,
+            flags,
+            create_dir,
+        } => filesystem::stage_directory(dir, staging, flags, create_dir).await,
+    }
+}
 
 /// Answers a call, logging node-side failures at ERROR and the caller's
 /// mistakes (and expected states) at INFO, inside the RPC's span.
