@@ -9,14 +9,18 @@
 //! lacks; the LVM take-over is tested on volumes made as Go's node makes
 //! them (`engine_adopt`, `csi_adopt`, `kube_go_takeover`).
 //!
-//! Then Go Carina is removed (its programs stopped, its CSIDriver
-//! deleted), this Carina's chart is installed over the same disks with
-//! Go's `config.json` as its `config` and Go's StorageClasses kept,
-//! `carinactl migrate plan` lists the three volumes as `take-over` and
-//! changes no object, and `carinactl migrate apply` adopts them. After
-//! that: a new pod reads the three tokens back; deleting a claim removes
-//! its partition; a claim grows and its filesystem with it; a new claim
-//! of Go's StorageClass is provisioned and used.
+//! Then, with the writer still running, Go Carina is removed (its
+//! programs stopped, its CSIDriver deleted), this Carina's chart is
+//! installed over the same disks with Go's `config.json` as its `config`
+//! and Go's StorageClasses kept, `carinactl migrate plan` lists the three
+//! volumes as `take-over` and changes no object, and `carinactl migrate
+//! apply` adopts them. After that: a new pod reads the three tokens back
+//! while the writer still runs (the kubelet counts the volumes as staged,
+//! since Go's node had no stage step, and this node publishes them without
+//! a stage call, which its log shows); the writer's volumes, mounted by
+//! Go's node, are unmounted by this one when it goes; deleting a claim
+//! removes its partition; a claim grows and its filesystem with it; a new
+//! claim of Go's StorageClass is provisioned and used.
 //!
 //! Needs what node_volumes.rs needs, plus `tests/tools/build.sh
 //! go-carina csi-provisioner` and `cargo build --workspace --bins` (for
@@ -30,13 +34,13 @@ use carina_api::{LogicVolume, quantity::quantity_bytes};
 use carina_tests::have_root;
 use carina_tests::local::LocalCluster;
 use carina_tests::local::carina::{
-    Carina, DRIVER, Group, Layout, Storage, explained, local_options, partitions,
+    Carina, Group, Layout, Storage, explained, local_options, partitions,
 };
 use carina_tests::local::gocarina::{GoCarina, go_storage_class};
 use carina_tests::local::workload::{Use, Workload, busybox_image, claim, pod};
 use carina_tests::process::workspace_binary;
 use carina_tests::{LoopDisk, unique};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -51,7 +55,6 @@ const HOST_GROUP: &str = "carina-host";
 const WAIT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "races the kubelet: an empty volumesInUse does not yet mean Go's node unstaged the writer's volumes, and a volume still staged when Go goes is never staged again for the reader (`is not staged at`); passed in one full run, failed in the next"]
 async fn a_go_carina_cluster_is_taken_over_with_its_data() -> Result<()> {
     if !have_root("a_go_carina_cluster_is_taken_over_with_its_data") {
         return Ok(());
@@ -103,22 +106,20 @@ async fn take_over(cluster: &mut LocalCluster) -> Result<()> {
         Use::mount("old", "/old"),
         Use::mount("files", "/files"),
     ];
+    // The writer keeps running across the switch, as a user's pods do.
     work.create_pod(&pod(
         "go-writer",
         &image,
         &format!(
             "for d in data old files; do echo -n '{token}' > /$d/f || exit 1; done && sync && \
-             echo -n written > /dev/termination-log"
+             while true; do sleep 1; done"
         ),
         &uses,
     ))
     .await?;
-    let written = work.succeeded("go-writer").await;
+    work.running("go-writer").await?;
+    written(cluster, "go-writer", &format!("{token}{token}{token}")).await?;
     go.check_running()?;
-    ensure!(written? == "written", "Go's writer did not write");
-    work.delete_pod("go-writer").await?;
-    // Go's node unmounts the writer's volumes (the pod object goes first).
-    released(cluster).await?;
     let go_handles = handles(&work, &["data", "old", "files"]).await?;
     ensure!(
         go_handles["data"].starts_with("volume-") && go_handles["files"].starts_with("host-"),
@@ -194,7 +195,10 @@ async fn take_over(cluster: &mut LocalCluster) -> Result<()> {
         "apply: {applied:#}"
     );
 
-    // The old claims serve their data again.
+    // The old claims serve their data again, to a pod that starts while
+    // Go's writer still runs: the kubelet counts the volumes as staged
+    // (Go's node had no stage step), so this node publishes them without a
+    // stage call, straight onto the reader's targets.
     let read_back = "cat /data/f /old/f /files/f > /dev/termination-log";
     work.create_pod(&pod("reader", &image, read_back, &uses))
         .await?;
@@ -203,6 +207,24 @@ async fn take_over(cluster: &mut LocalCluster) -> Result<()> {
         read == format!("{token}{token}{token}"),
         "read back {read:?}, wrote {token:?} into each"
     );
+    let node_log = cluster.kubectl(&[
+        "logs",
+        "-n",
+        carina_tests::local::carina::NAMESPACE,
+        "-l",
+        "app.kubernetes.io/name=carina-node",
+        "--tail=-1",
+    ])?;
+    let unstaged = node_log
+        .lines()
+        .filter(|l| l.contains("published a Go Carina volume the kubelet counts as staged"))
+        .count();
+    ensure!(
+        unstaged == 3,
+        "{unstaged} of the reader's 3 volumes published without a stage call:\n{node_log}"
+    );
+    // This node unmounts what Go's node mounted for the writer.
+    work.delete_pod("go-writer").await?;
     work.delete_pod("reader").await?;
 
     // A deleted claim frees its partition.
@@ -357,26 +379,19 @@ async fn carinactl(cluster: &LocalCluster, carina: &Carina, verb: &str) -> Resul
     Ok((code, report))
 }
 
-/// Waits until the kubelet reports no volume of the driver in use on the
-/// node: every volume of a deleted pod unmounted and unstaged.
-async fn released(cluster: &LocalCluster) -> Result<()> {
-    let nodes: Api<Node> = Api::all(cluster.client());
+/// Waits until `cat` of the three files in `pod` prints `expected`.
+async fn written(cluster: &LocalCluster, pod: &str, expected: &str) -> Result<()> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let node = nodes.get(cluster.node_name()).await?;
-        let in_use: Vec<String> = node
-            .status
-            .and_then(|s| s.volumes_in_use)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|v| v.contains(DRIVER))
-            .collect();
-        if in_use.is_empty() {
+        let out = cluster.kubectl(&[
+            "exec", "-n", "default", pod, "--", "cat", "/data/f", "/old/f", "/files/f",
+        ]);
+        if out.as_deref().map(str::trim).ok() == Some(expected) {
             return Ok(());
         }
         ensure!(
             tokio::time::Instant::now() < deadline,
-            "the kubelet still uses {in_use:?} after {WAIT:?}"
+            "{pod} has not written {expected:?} within {WAIT:?}: {out:?}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
