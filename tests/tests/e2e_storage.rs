@@ -3,7 +3,8 @@
 //! `tests/e2e/carina-driver.yaml`.
 //!
 //! `e2e_storage_subset` runs in `make test` (the `e2e` tier): the
-//! provisioning, volumes and volumeMode suites.
+//! provisioning, volumes, volumeMode, read-write-once-pod and capacity
+//! suites.
 //! `e2e_storage_full` (ignored by default; `make e2e`) runs every External
 //! Storage suite for the driver except `[Disruptive]` and `[Feature:...]`
 //! tests. Both print a table of ran, passed, failed and skipped tests per
@@ -72,7 +73,7 @@ const SKIP_WITHOUT_SYS_RESOURCE: &str = concat!(
 /// too. Fewer is a failure: a spec the run knew of was skipped or never
 /// reached (a driver capability lost, an abort). More is one as well until
 /// the count here is updated after reading the report.
-const SUBSET_SPECS: usize = 13;
+const SUBSET_SPECS: usize = 16;
 
 /// What a run's `Ran N of M Specs` must say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,7 +321,7 @@ async fn e2e_storage_subset() -> Result<()> {
         Expected::AtLeast(SUBSET_SPECS)
     };
     run_suite(
-        r"\] provisioning |\] volumes |\] volumeMode ",
+        r"\] provisioning |\] volumes |\] volumeMode |\] read-write-once-pod |\] capacity ",
         "e2e-subset",
         expected,
     )
