@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::IoError;
 use crate::command::{Cmd, CommandError};
+use crate::mkfs::MkfsOptions;
 
 /// The smallest device `mkfs.xfs` accepts (xfsprogs 5.19 and later).
 pub const XFS_MIN_BYTES: u64 = 300 << 20;
@@ -28,15 +29,22 @@ const BLKID_NOTHING_FOUND: i32 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsType {
     Ext4,
+    /// ext3, made by `mkfs.ext3` and grown like ext4 (the kernel's ext4
+    /// driver serves it).
+    Ext3,
     Xfs,
 }
 
+/// The names of the filesystems the node makes, for messages.
+pub const FS_NAMES: &str = "ext4, ext3 or xfs";
+
 impl FsType {
-    /// The filesystem of that name (`ext4`, `xfs`, as mount and blkid spell
-    /// them), if it is one the node can make.
+    /// The filesystem of that name (`ext4`, `ext3`, `xfs`, as mount and
+    /// blkid spell them), if it is one the node can make.
     pub fn from_name(name: &str) -> Option<FsType> {
         match name {
             "ext4" => Some(FsType::Ext4),
+            "ext3" => Some(FsType::Ext3),
             "xfs" => Some(FsType::Xfs),
             _ => None,
         }
@@ -45,8 +53,23 @@ impl FsType {
     pub fn as_str(self) -> &'static str {
         match self {
             FsType::Ext4 => "ext4",
+            FsType::Ext3 => "ext3",
             FsType::Xfs => "xfs",
         }
+    }
+
+    /// The program that makes it.
+    pub fn mkfs(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "mkfs.ext4",
+            FsType::Ext3 => "mkfs.ext3",
+            FsType::Xfs => "mkfs.xfs",
+        }
+    }
+
+    /// ext3 or ext4: e2fsprogs check, grow and measure it.
+    pub fn is_ext(self) -> bool {
+        matches!(self, FsType::Ext4 | FsType::Ext3)
     }
 }
 
@@ -147,17 +170,20 @@ pub struct Prepared {
 }
 
 /// Makes sure `device` holds a filesystem to mount. A blank device is
-/// formatted with `requested` (ext4 when nothing was requested). An
-/// existing ext4 or xfs is kept when it is what was requested, or when
-/// nothing was. Anything else is [`FormatError::Occupied`].
+/// formatted with `requested` (ext4 when nothing was requested), with
+/// `options` added to mkfs (checked for that filesystem by the caller,
+/// [`MkfsOptions::parse`]). An existing ext4, ext3 or xfs is kept when it
+/// is what was requested, or when nothing was. Anything else is
+/// [`FormatError::Occupied`].
 pub async fn ensure_filesystem(
     device: &Path,
     requested: Option<FsType>,
+    options: &MkfsOptions,
 ) -> Result<Prepared, FormatError> {
     match probe(device).await? {
         None => {
             let fs = requested.unwrap_or(FsType::Ext4);
-            make_filesystem(device, fs).await?;
+            make_filesystem(device, fs, options).await?;
             Ok(Prepared {
                 fs,
                 formatted: true,
@@ -175,18 +201,23 @@ pub async fn ensure_filesystem(
             (_, wanted) => Err(FormatError::Occupied {
                 device: device.to_path_buf(),
                 found: sig.describe(),
-                wanted: wanted.map_or("ext4 or xfs", FsType::as_str).to_string(),
+                wanted: wanted.map_or(FS_NAMES, FsType::as_str).to_string(),
             }),
         },
     }
 }
 
-/// Runs mkfs on `device`. Private: only [`ensure_filesystem`], after
-/// probing the device blank, may call it.
-async fn make_filesystem(device: &Path, fs: FsType) -> Result<(), FormatError> {
+/// Runs mkfs on `device`, the class's `options` after the node's own (so
+/// a class's `-m` wins over the default). Private: only
+/// [`ensure_filesystem`], after probing the device blank, may call it.
+async fn make_filesystem(
+    device: &Path,
+    fs: FsType,
+    options: &MkfsOptions,
+) -> Result<(), FormatError> {
     let cmd = match fs {
         // -m0: no blocks reserved for root; a volume belongs to its pod.
-        FsType::Ext4 => Cmd::new("mkfs.ext4").args(["-F", "-m0"]),
+        FsType::Ext4 | FsType::Ext3 => Cmd::new(fs.mkfs()).args(["-F", "-m0"]),
         FsType::Xfs => {
             let size_bytes = device_size(device).await?;
             if size_bytes < XFS_MIN_BYTES {
@@ -197,11 +228,15 @@ async fn make_filesystem(device: &Path, fs: FsType) -> Result<(), FormatError> {
                     min_bytes: XFS_MIN_BYTES,
                 });
             }
-            Cmd::new("mkfs.xfs").arg("-f")
+            Cmd::new(fs.mkfs()).arg("-f")
         }
     };
-    cmd.arg(device).timeout(LONG_TIMEOUT).run().await?;
-    tracing::info!(device = %device.display(), fs = fs.as_str(), "made a filesystem on a blank device");
+    cmd.args(options.args())
+        .arg(device)
+        .timeout(LONG_TIMEOUT)
+        .run()
+        .await?;
+    tracing::info!(device = %device.display(), fs = fs.as_str(), options = ?options.args(), "made a filesystem on a blank device");
     Ok(())
 }
 
@@ -214,7 +249,7 @@ pub async fn grow_filesystem(
     mount_point: &Path,
 ) -> Result<(), FormatError> {
     let cmd = match fs {
-        FsType::Ext4 => Cmd::new("resize2fs").arg(device),
+        FsType::Ext4 | FsType::Ext3 => Cmd::new("resize2fs").arg(device),
         FsType::Xfs => Cmd::new("xfs_growfs").arg(mount_point),
     };
     cmd.timeout(LONG_TIMEOUT).run().await?;
@@ -225,7 +260,7 @@ pub async fn grow_filesystem(
 /// superblock (read-only; mounted or not).
 pub async fn filesystem_bytes(fs: FsType, device: &Path) -> Result<u64, FormatError> {
     let (out, count_key, size_key) = match fs {
-        FsType::Ext4 => (
+        FsType::Ext4 | FsType::Ext3 => (
             Cmd::new("dumpe2fs").arg("-h").arg(device).run().await?,
             "Block count:",
             "Block size:",
@@ -257,7 +292,7 @@ fn parse_fs_bytes(text: &str, count_key: &str, size_key: &str) -> Option<u64> {
     field(count_key)?.checked_mul(field(size_key)?)
 }
 
-/// Grows an unmounted ext4 filesystem on `device` to fill it, checking
+/// Grows an unmounted ext4 (or ext3) filesystem on `device` to fill it, checking
 /// it first (`resize2fs` asks for a fresh `e2fsck -f` before an offline
 /// resize). xfs grows only mounted: [`grow_filesystem`].
 pub async fn grow_unmounted_ext4(device: &Path) -> Result<(), FormatError> {
@@ -389,7 +424,9 @@ mod tests {
             return;
         }
         assert_eq!(probe(&img).await.expect("probe"), None);
-        let p = ensure_filesystem(&img, None).await.expect("format");
+        let p = ensure_filesystem(&img, None, &MkfsOptions::default())
+            .await
+            .expect("format");
         assert_eq!(
             p,
             Prepared {
@@ -398,12 +435,12 @@ mod tests {
             }
         );
         // Again: kept, not reformatted.
-        let p = ensure_filesystem(&img, Some(FsType::Ext4))
+        let p = ensure_filesystem(&img, Some(FsType::Ext4), &MkfsOptions::default())
             .await
             .expect("kept");
         assert!(!p.formatted);
         // Another type asked for: refused, data intact.
-        let err = ensure_filesystem(&img, Some(FsType::Xfs))
+        let err = ensure_filesystem(&img, Some(FsType::Xfs), &MkfsOptions::default())
             .await
             .expect_err("refused");
         assert!(matches!(err, FormatError::Occupied { .. }), "{err}");
@@ -419,10 +456,76 @@ mod tests {
         std::fs::File::create(&small)
             .and_then(|f| f.set_len(64 << 20))
             .expect("image");
-        let err = ensure_filesystem(&small, Some(FsType::Xfs))
+        let err = ensure_filesystem(&small, Some(FsType::Xfs), &MkfsOptions::default())
             .await
             .expect_err("too small");
         assert!(matches!(err, FormatError::TooSmall { .. }), "{err}");
         assert_eq!(device_size(&small).await.expect("size"), 64 << 20);
+    }
+
+    /// A class's mkfs options reach mkfs: an ext3 made with a 1 KiB block
+    /// and a label shows both in its superblock, and is kept as ext3.
+    #[tokio::test]
+    async fn formats_ext3_with_class_options() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let img = dir.path().join("disk.img");
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(64 << 20))
+            .expect("image");
+        if Cmd::new("mkfs.ext3").arg("-V").run().await.is_err() {
+            eprintln!("SKIP formats_ext3_with_class_options: mkfs.ext3 is not installed");
+            return;
+        }
+        let options =
+            MkfsOptions::parse(FsType::Ext3, "-b 1024 -L class-label -m 2").expect("options");
+        let p = ensure_filesystem(&img, Some(FsType::Ext3), &options)
+            .await
+            .expect("format");
+        assert_eq!(
+            p,
+            Prepared {
+                fs: FsType::Ext3,
+                formatted: true
+            }
+        );
+        let sb = Cmd::new("dumpe2fs")
+            .arg("-h")
+            .arg(&img)
+            .run()
+            .await
+            .expect("dumpe2fs")
+            .stdout;
+        let line = |key: &str| {
+            sb.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(line("Block size:"), "1024");
+        assert_eq!(line("Filesystem volume name:"), "class-label");
+        // -m 2 came after the node's -m0, so the class's figure holds.
+        let blocks: u64 = line("Block count:").parse().expect("blocks");
+        let reserved: u64 = line("Reserved block count:").parse().expect("reserved");
+        assert_eq!(reserved, blocks * 2 / 100);
+        assert!(
+            !line("Filesystem features:").contains("extent"),
+            "ext3 has no extents"
+        );
+        assert_eq!(
+            probe(&img)
+                .await
+                .expect("probe")
+                .and_then(|s| s.filesystem()),
+            Some(FsType::Ext3)
+        );
+        let again = ensure_filesystem(&img, None, &MkfsOptions::default())
+            .await
+            .expect("kept");
+        assert_eq!(again.fs, FsType::Ext3);
+        assert_eq!(
+            filesystem_bytes(FsType::Ext3, &img).await.expect("bytes"),
+            64 << 20
+        );
     }
 }

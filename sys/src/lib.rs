@@ -52,7 +52,9 @@ pub mod fsctl;
 pub mod fsid;
 mod io_error;
 pub mod loopdev;
+pub mod mkfs;
 pub mod mount;
+pub mod mount_options;
 #[cfg(test)]
 mod proptests;
 pub mod statvfs;

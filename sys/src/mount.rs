@@ -245,12 +245,15 @@ pub async fn mount(
 /// `target`. Per-mount `options` (`ro`, `noexec`, ...) take a second step,
 /// `remount,bind,<options>`; if that fails the bind mount is undone, so the
 /// caller never gets a mount without the options it asked for (a writable
-/// one it wanted read-only).
+/// one it wanted read-only). Filesystem options among `options`
+/// (`discard`, `data=...`) are the filesystem's, set when it was mounted;
+/// a bind mount does not carry them ([`crate::mount_options::per_mount`]).
 pub async fn bind_mount(
     source: &Path,
     target: &Path,
     options: &[String],
 ) -> Result<(), MountError> {
+    let options = crate::mount_options::per_mount(options);
     Cmd::new("mount")
         .arg("--bind")
         .arg(source)
