@@ -74,11 +74,13 @@ pub fn check(field: &str, cap: &csi::VolumeCapability) -> Result<Capability, Csi
                     "is not supported (the node has no VOLUME_MOUNT_GROUP capability)",
                 ));
             }
-            if let Some(i) = m.mount_flags.iter().position(|f| f.is_empty()) {
-                return Err(CsiError::invalid(
-                    format!("{field}.mount.mount_flags[{i}]"),
-                    "must not be empty",
-                ));
+            for (i, flag) in m.mount_flags.iter().enumerate() {
+                let field = format!("{field}.mount.mount_flags[{i}]");
+                if flag.is_empty() {
+                    return Err(CsiError::invalid(field, "must not be empty"));
+                }
+                carina_sys::mount_options::check(flag)
+                    .map_err(|why| CsiError::invalid(field, why))?;
             }
             let fs_type = if m.fs_type.is_empty() {
                 None
@@ -315,6 +317,19 @@ mod tests {
         )
         .expect_err("empty flag");
         assert!(e.to_string().starts_with("c.mount.mount_flags[1]:"), "{e}");
+        m.mount_flags.pop();
+        // A flag that would change what is mounted is refused by name.
+        m.mount_flags.push("nodev,X-mount.subdir=etc".into());
+        let e = check(
+            "c",
+            &cap(Mode::SingleNodeWriter, AccessType::Mount(m.clone())),
+        )
+        .expect_err("refused flag");
+        assert!(
+            e.to_string()
+                .starts_with("c.mount.mount_flags[1]: option \"X-mount.subdir\" is refused"),
+            "{e}"
+        );
         m.mount_flags.pop();
         m.volume_mount_group = "1000".into();
         let e = check("c", &cap(Mode::SingleNodeWriter, AccessType::Mount(m)))

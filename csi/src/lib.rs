@@ -43,4 +43,7 @@ pub mod context {
     pub const GROUP: &str = "carina.storage.io/disk-group-name";
     pub const POLICY: &str = "carina.storage.io/policy";
     pub const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+    /// The class's checked mkfs options (the StorageClass parameter of
+    /// the same name), for the node to use when it formats the volume.
+    pub const MKFS_OPTIONS: &str = "carina.storage.io/mkfs-options";
 }

@@ -87,6 +87,8 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
             }
             _ => parameters.fs_type = Some(from_cap),
         }
+        // The capability may name the filesystem the parameters did not.
+        parameters.mkfs_options()?;
     }
     let accessibility = match &req.accessibility_requirements {
         Some(a) => Accessibility {

@@ -81,6 +81,15 @@ impl<P: Provisioner> ControllerService<P> {
         let mut wire = wire_volume(&volume);
         // Filled from it: the answer says so.
         wire.content_source = req.volume_content_source;
+        // The node formats the volume at its first stage, with the
+        // class's options, checked above for the class's filesystem.
+        if let Some(text) = &request.parameters.mkfs_options
+            && !request.block
+            && !text.trim().is_empty()
+        {
+            wire.volume_context
+                .insert(context::MKFS_OPTIONS.to_string(), text.trim().to_string());
+        }
         Ok(csi::CreateVolumeResponse { volume: Some(wire) })
     }
 

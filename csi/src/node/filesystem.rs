@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use carina_sys::format::{self, FsType};
+use carina_sys::mkfs::MkfsOptions;
 use carina_sys::mount::{self, MountEntry, MountTable};
 
 use crate::error::CsiError;
@@ -17,20 +18,20 @@ use crate::types::LocalVolume;
 use super::plan::{other_publications, single_writer};
 use super::target::{TargetKind, bind_onto, create_dir, undo_create_on_error};
 
-/// Formats `device` if blank (with `fs`, ext4 if none) and mounts it at
-/// `staging` with `flags`.
+/// Formats `device` if blank (with `fs`, ext4 if none, and the class's
+/// mkfs options) and mounts it at `staging` with `flags`.
 pub(super) async fn stage_device(
     device: &Path,
     staging: &Path,
-    fs: Option<FsType>,
+    (fs, mkfs): (Option<FsType>, &MkfsOptions),
     flags: &[String],
     create: bool,
 ) -> Result<(), CsiError> {
     let created = create && create_dir(staging).await?;
     let result = async {
-        let fs = while_busy(device, || format::ensure_filesystem(device, fs)).await?;
+        let fs = while_busy(device, || format::ensure_filesystem(device, fs, mkfs)).await?;
         let grow = !fs.formatted && smaller_than_device(fs.fs, device).await?;
-        if grow && fs.fs == FsType::Ext4 {
+        if grow && fs.fs.is_ext() {
             format::grow_unmounted_ext4(device).await?;
         }
         while_busy(device, || mount::mount(device, staging, fs.fs.as_str(), flags)).await?;

@@ -54,6 +54,7 @@ use async_trait::async_trait;
 use carina_proto::csi;
 use carina_proto::csi::node_service_capability::rpc::Type as RpcType;
 use carina_sys::busy::{BusyNames, Held, busy_message};
+use carina_sys::mkfs::MkfsOptions;
 use carina_sys::mount;
 use tonic::{Code, Request, Response, Status};
 
@@ -65,8 +66,8 @@ use crate::types::{LocalVolume, LocalVolumes};
 use observe::{AtPath, inspect, source};
 use plan::{PublishStep, StageStep, plan_publish, plan_stage, publish_options};
 use validate::{
-    Access, absolute, capability, publish_read_only, publish_staging, requested_fs, required,
-    required_bytes,
+    Access, absolute, capability, mkfs_options, publish_read_only, publish_staging, requested_fs,
+    required, required_bytes,
 };
 
 /// The Node service; serve it with
@@ -129,11 +130,12 @@ impl<L: LocalVolumes> NodeService<L> {
         let staging = absolute("staging_target_path", &req.staging_target_path)?;
         let cap = capability("volume_capability", req.volume_capability.as_ref())?;
         let requested_fs = requested_fs(&cap, &req.volume_context)?;
+        let mkfs = mkfs_options(requested_fs, &req.volume_context)?;
         let _busy = self.lock(&req.volume_id)?;
         let vol = self.local(&req.volume_id).await?;
         let src = source(&vol).await?;
         let at = inspect(&staging, &vol.kind, &src).await?;
-        stage_at(&vol, &cap, requested_fs, &staging, &at).await
+        stage_at(&vol, &cap, (requested_fs, &mkfs), &staging, &at).await
     }
 
     async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
@@ -179,7 +181,9 @@ impl<L: LocalVolumes> NodeService<L> {
             && LegacyId::parse(&req.volume_id).is_some()
         {
             let requested_fs = requested_fs(&cap, &req.volume_context)?;
-            return publish_unstaged(&vol, &cap, requested_fs, read_only, &target, &at).await;
+            let mkfs = mkfs_options(requested_fs, &req.volume_context)?;
+            return publish_unstaged(&vol, &cap, (requested_fs, &mkfs), read_only, &target, &at)
+                .await;
         }
         let step = plan_publish(
             &vol,
@@ -284,7 +288,7 @@ pub const NODE_CAPABILITIES: [RpcType; 5] = [
 async fn publish_unstaged(
     vol: &LocalVolume,
     cap: &validate::Capability,
-    requested_fs: Option<carina_sys::format::FsType>,
+    format: Format<'_>,
     read_only: bool,
     target: &std::path::Path,
     at: &AtPath,
@@ -305,9 +309,9 @@ async fn publish_unstaged(
         flags.push("ro".to_string());
     }
     if matches!(at, AtPath::Ours(..)) {
-        return stage_at(vol, &direct, requested_fs, target, at).await;
+        return stage_at(vol, &direct, format, target, at).await;
     }
-    stage_at(vol, &direct, requested_fs, target, at).await?;
+    stage_at(vol, &direct, format, target, at).await?;
     tracing::info!(
         target = %target.display(),
         "published a Go Carina volume the kubelet counts as staged straight onto its target, as Go did"
@@ -331,11 +335,14 @@ async fn publish_unstaged(
     Ok(())
 }
 
+/// The filesystem asked for, and the class's options for making it.
+type Format<'a> = (Option<carina_sys::format::FsType>, &'a MkfsOptions);
+
 /// Carries out what staging `vol` at `staging` takes, where `at` is.
 async fn stage_at(
     vol: &LocalVolume,
     cap: &validate::Capability,
-    requested_fs: Option<carina_sys::format::FsType>,
+    (requested_fs, mkfs): Format<'_>,
     staging: &std::path::Path,
     at: &AtPath,
 ) -> Result<(), CsiError> {
@@ -347,7 +354,7 @@ async fn stage_at(
             fs,
             flags,
             create_dir,
-        } => filesystem::stage_device(device, staging, fs, flags, create_dir).await,
+        } => filesystem::stage_device(device, staging, (fs, mkfs), flags, create_dir).await,
         StageStep::BindDirectory {
             dir,
             flags,

@@ -138,6 +138,40 @@ async fn malformed_requests_name_the_field() {
             "volume_context[\"csi.storage.k8s.io/fstype\"]",
         ),
         (
+            csi::NodeStageVolumeRequest {
+                volume_context: HashMap::from([(
+                    context::MKFS_OPTIONS.into(),
+                    "-b 4096 -d /etc".into(),
+                )]),
+                ..stage_req("v1@node-a", Some(mount_cap(Mode::SingleNodeWriter, "")))
+            },
+            Code::InvalidArgument,
+            "volume_context[\"carina.storage.io/mkfs-options\"]: -d is not an option Carina passes to mkfs.ext4",
+        ),
+        (
+            // Checked for the filesystem the capability names.
+            csi::NodeStageVolumeRequest {
+                volume_context: HashMap::from([(context::MKFS_OPTIONS.into(), "-j".into())]),
+                ..stage_req("v1@node-a", Some(mount_cap(Mode::SingleNodeWriter, "xfs")))
+            },
+            Code::InvalidArgument,
+            "-j is not an option Carina passes to mkfs.xfs",
+        ),
+        (
+            stage_req(
+                "v1@node-a",
+                Some(csi::VolumeCapability {
+                    access_type: Some(AccessType::Mount(csi::volume_capability::MountVolume {
+                        mount_flags: vec!["noatime".into(), "loop=/dev/loop0".into()],
+                        ..Default::default()
+                    })),
+                    access_mode: Some(AccessMode { mode: 1 }),
+                }),
+            ),
+            Code::InvalidArgument,
+            "volume_capability.mount.mount_flags[1]: option \"loop\" is refused",
+        ),
+        (
             stage_req("v9@node-b", ok_cap()),
             Code::NotFound,
             "does not exist on node \"node-a\"",

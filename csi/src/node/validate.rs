@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use carina_proto::csi;
 use carina_proto::csi::volume_capability::access_mode::Mode;
 use carina_sys::format::FsType;
+use carina_sys::mkfs::MkfsOptions;
 
 use crate::context;
 use crate::error::CsiError;
@@ -84,9 +85,16 @@ pub(super) fn capability(
     let checked = crate::capability::check(field, cap)?;
     let access = match checked.access {
         crate::capability::Access::Block => Access::Block,
+        // One option per flag (`noatime,ro` is two), so a flag is
+        // compared as the kernel lists it.
         crate::capability::Access::Mount { fs_type } => Access::Mount {
             fs_type,
-            flags: checked.mount_flags,
+            flags: checked
+                .mount_flags
+                .iter()
+                .flat_map(|f| f.split(','))
+                .map(str::to_string)
+                .collect(),
         },
     };
     Ok(Capability {
@@ -114,6 +122,24 @@ pub(super) fn requested_fs(
             _ => Ok(None),
         },
     }
+}
+
+/// The class's mkfs options from the volume context, checked for the
+/// filesystem a blank device would get (`requested`, ext4 when none).
+pub(super) fn mkfs_options(
+    requested: Option<FsType>,
+    volume_context: &HashMap<String, String>,
+) -> Result<MkfsOptions, CsiError> {
+    let Some(text) = volume_context.get(context::MKFS_OPTIONS) else {
+        return Ok(MkfsOptions::default());
+    };
+    let fs = requested.unwrap_or(FsType::Ext4);
+    MkfsOptions::parse(fs, text).map_err(|why| {
+        CsiError::invalid(
+            format!("volume_context[{:?}]", context::MKFS_OPTIONS),
+            format!("{why} (for {})", fs.as_str()),
+        )
+    })
 }
 
 /// `capacity_range.required_bytes` of an expand request (0 without a

@@ -14,6 +14,7 @@ pub mod compat;
 /// The type of [`Parameters::fs_type`], re-exported on purpose: the control
 /// planes read it and depend on the CSI crate, not on host IO.
 pub use carina_sys::format::FsType;
+pub use carina_sys::mkfs::MkfsOptions;
 
 pub const DISK_GROUP: &str = "carina.storage.io/disk-group-name";
 pub const EXCLUSIVE: &str = "carina.storage.io/exclusively-raw-disk";
@@ -22,6 +23,9 @@ pub const CACHE_GROUP: &str = "carina.storage.io/cache-disk-group-name";
 pub const CACHE_RATIO: &str = "carina.storage.io/cache-disk-ratio";
 pub const CACHE_POLICY: &str = "carina.storage.io/cache-policy";
 pub const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+/// Options added to mkfs when a volume of the class is first formatted,
+/// checked for the class's filesystem ([`carina_sys::mkfs`]).
+pub const MKFS_OPTIONS: &str = crate::context::MKFS_OPTIONS;
 /// Carina's opt-in to pod migration, which its documentation also shows as
 /// a StorageClass parameter (Carina's webhook copies it onto the pods of
 /// the class as an annotation of the same name).
@@ -54,7 +58,10 @@ pub fn parse_fs_type(field: &str, value: &str) -> Result<FsType, CsiError> {
     FsType::from_name(value).ok_or_else(|| {
         CsiError::invalid(
             field,
-            format!("unsupported filesystem {value:?} (ext4 or xfs)"),
+            format!(
+                "unsupported filesystem {value:?} ({})",
+                carina_sys::format::FS_NAMES
+            ),
         )
     })
 }
@@ -89,6 +96,9 @@ pub struct Parameters {
     pub group: Option<String>,
     pub exclusive: bool,
     pub fs_type: Option<FsType>,
+    /// [`MKFS_OPTIONS`] as given, checked against [`Self::fs_type`] (ext4
+    /// when none) by [`Self::mkfs_options`].
+    pub mkfs_options: Option<String>,
     pub bcache: Option<BcacheParams>,
     /// [`POD_MIGRATION`]: the class's pods allow migration off a NotReady
     /// node. Recorded; it changes nothing about the volume itself (the
@@ -145,6 +155,7 @@ impl Parameters {
                 EXCLUSIVE => p.exclusive = parse_bool(&field(written), value)?,
                 POD_MIGRATION => p.pod_migration = parse_bool(&field(written), value)?,
                 FS_TYPE => p.fs_type = Some(parse_fs_type(&field(key), value)?),
+                MKFS_OPTIONS => p.mkfs_options = Some(value.to_string()),
                 BACKEND_GROUP | CACHE_GROUP | CACHE_RATIO | CACHE_POLICY => {}
                 k if k.starts_with(CARINA_PREFIX) => p.unknown.push(k.to_string()),
                 k => {
@@ -162,7 +173,25 @@ impl Parameters {
             p.group = None;
             p.ignored.push((written.to_string(), compat::BESIDE_BCACHE));
         }
+        p.mkfs_options()?;
         Ok(p)
+    }
+
+    /// The class's mkfs options checked for the filesystem its volumes
+    /// get ([`Self::fs_type`], ext4 when none); `None` when not given or
+    /// blank. The error names the parameter and the option refused.
+    pub fn mkfs_options(&self) -> Result<Option<MkfsOptions>, CsiError> {
+        let Some(text) = self.mkfs_options.as_deref() else {
+            return Ok(None);
+        };
+        let fs = self.fs_type.unwrap_or(FsType::Ext4);
+        let options = MkfsOptions::parse(fs, text).map_err(|why| {
+            CsiError::invalid(
+                format!("parameters[{MKFS_OPTIONS:?}]"),
+                format!("{why} (for {})", fs.as_str()),
+            )
+        })?;
+        Ok((!options.is_empty()).then_some(options))
     }
 }
 

@@ -165,6 +165,14 @@ fn bcache_parameters() {
 fn errors_name_the_key() {
     let cases = [
         (vec![(FS_TYPE, "btrfs")], "unsupported filesystem"),
+        (
+            vec![(MKFS_OPTIONS, "-d /etc")],
+            "mkfs-options\"]: -d is not an option",
+        ),
+        (
+            vec![(FS_TYPE, "xfs"), (MKFS_OPTIONS, "-O ^has_journal")],
+            "mkfs-options\"]: -O is not an option Carina passes to mkfs.xfs",
+        ),
         (vec![(EXCLUSIVE, "yes")], "exclusively-raw-disk"),
         (vec![(DISK_GROUP, "")], "disk-group-name"),
         (vec![(CACHE_RATIO, "50")], "backend-disk-group-name"),

@@ -571,3 +571,4 @@ async fn validate_and_expand() {
 }
 
 mod compat;
+mod filesystems;
