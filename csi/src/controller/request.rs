@@ -87,9 +87,10 @@ pub fn volume_request(req: &csi::CreateVolumeRequest) -> Result<VolumeRequest, C
             }
             _ => parameters.fs_type = Some(from_cap),
         }
-        // The capability may name the filesystem the parameters did not.
-        parameters.mkfs_options()?;
     }
+    // Checked for the filesystem the volume gets, which the capability
+    // names when external-provisioner took fstype out of the parameters.
+    parameters.mkfs_options()?;
     let accessibility = match &req.accessibility_requirements {
         Some(a) => Accessibility {
             requisite: topologies("accessibility_requirements.requisite", &a.requisite)?,

@@ -96,8 +96,9 @@ pub struct Parameters {
     pub group: Option<String>,
     pub exclusive: bool,
     pub fs_type: Option<FsType>,
-    /// [`MKFS_OPTIONS`] as given, checked against [`Self::fs_type`] (ext4
-    /// when none) by [`Self::mkfs_options`].
+    /// [`MKFS_OPTIONS`] as given; checked by [`Self::mkfs_options`] once
+    /// the filesystem is known (external-provisioner passes the class's
+    /// fstype in the capability, not among the parameters).
     pub mkfs_options: Option<String>,
     pub bcache: Option<BcacheParams>,
     /// [`POD_MIGRATION`]: the class's pods allow migration off a NotReady
@@ -173,7 +174,6 @@ impl Parameters {
             p.group = None;
             p.ignored.push((written.to_string(), compat::BESIDE_BCACHE));
         }
-        p.mkfs_options()?;
         Ok(p)
     }
 

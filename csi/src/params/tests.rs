@@ -165,14 +165,6 @@ fn bcache_parameters() {
 fn errors_name_the_key() {
     let cases = [
         (vec![(FS_TYPE, "btrfs")], "unsupported filesystem"),
-        (
-            vec![(MKFS_OPTIONS, "-d /etc")],
-            "mkfs-options\"]: -d is not an option",
-        ),
-        (
-            vec![(FS_TYPE, "xfs"), (MKFS_OPTIONS, "-O ^has_journal")],
-            "mkfs-options\"]: -O is not an option Carina passes to mkfs.xfs",
-        ),
         (vec![(EXCLUSIVE, "yes")], "exclusively-raw-disk"),
         (vec![(DISK_GROUP, "")], "disk-group-name"),
         (vec![(CACHE_RATIO, "50")], "backend-disk-group-name"),
@@ -284,4 +276,29 @@ fn no_cache_ratio_means_no_cache() {
         assert_eq!(p.group.as_deref(), Some("carina-vg-hdd"));
         assert_eq!(p.ignored.len(), pairs.len() - 1, "{:?}", p.ignored);
     }
+}
+
+/// The mkfs options are kept as given and checked for the class's
+/// filesystem (ext4 when none) when asked, naming the key.
+#[test]
+fn mkfs_options_are_checked_for_the_filesystem() {
+    let check = |pairs: &[(&str, &str)]| {
+        Parameters::parse(&map(pairs))
+            .expect("parsed")
+            .mkfs_options()
+            .map(|o| o.map(|o| o.args().to_vec()))
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        check(&[(FS_TYPE, "xfs"), (MKFS_OPTIONS, "-i size=1024")]),
+        Ok(Some(vec!["-i".to_string(), "size=1024".to_string()]))
+    );
+    assert_eq!(check(&[(MKFS_OPTIONS, "  ")]), Ok(None));
+    let e = check(&[(MKFS_OPTIONS, "-d /etc")]).expect_err("refused");
+    assert!(e.contains("mkfs-options\"]: -d is not an option"), "{e}");
+    let e = check(&[(FS_TYPE, "xfs"), (MKFS_OPTIONS, "-O ^has_journal")]).expect_err("refused");
+    assert!(
+        e.contains("-O is not an option Carina passes to mkfs.xfs"),
+        "{e}"
+    );
 }

@@ -36,6 +36,10 @@ fn mkfs_options_are_checked_for_the_volumes_filesystem() {
         }
         other => panic!("{other:?}"),
     }
+    // As external-provisioner sends it: fstype only in the capability.
+    let mut from_cap = with_params(create_req("pvc-1"), &[(key, "-i size=1024 -L optsxfs")]);
+    from_cap.volume_capabilities = vec![cap(Mode::SingleNodeWriter, mount("xfs"))];
+    assert!(volume_request(&from_cap).is_ok());
     let xfs = with_params(
         create_req("pvc-1"),
         &[
