@@ -14,7 +14,7 @@ use carina_sys::mkfs::MkfsOptions;
 
 use crate::context;
 use crate::error::CsiError;
-use crate::params::parse_fs_type;
+use crate::params::{parse_fs_type, parse_mkfs_options};
 
 /// How a workload uses the volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,13 +133,11 @@ pub(super) fn mkfs_options(
     let Some(text) = volume_context.get(context::MKFS_OPTIONS) else {
         return Ok(MkfsOptions::default());
     };
-    let fs = requested.unwrap_or(FsType::Ext4);
-    MkfsOptions::parse(fs, text).map_err(|why| {
-        CsiError::invalid(
-            format!("volume_context[{:?}]", context::MKFS_OPTIONS),
-            format!("{why} (for {})", fs.as_str()),
-        )
-    })
+    parse_mkfs_options(
+        &format!("volume_context[{:?}]", context::MKFS_OPTIONS),
+        requested,
+        text,
+    )
 }
 
 /// `capacity_range.required_bytes` of an expand request (0 without a

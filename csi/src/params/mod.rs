@@ -66,6 +66,18 @@ pub fn parse_fs_type(field: &str, value: &str) -> Result<FsType, CsiError> {
     })
 }
 
+/// Checks mkfs options for `fs` (ext4 when none), the one rule of the
+/// controller and the node; `field` is named in the error.
+pub fn parse_mkfs_options(
+    field: &str,
+    fs: Option<FsType>,
+    text: &str,
+) -> Result<MkfsOptions, CsiError> {
+    let fs = fs.unwrap_or(FsType::Ext4);
+    MkfsOptions::parse(fs, text)
+        .map_err(|why| CsiError::invalid(field, format!("{why} (for {})", fs.as_str())))
+}
+
 /// bcache tiering parameters: the volume is made in `backend_group`, a
 /// cache of `cache_ratio` percent of its size in `cache_group`, and the
 /// node assembles them (NodeStorage `CreateBcache`).
@@ -184,13 +196,8 @@ impl Parameters {
         let Some(text) = self.mkfs_options.as_deref() else {
             return Ok(None);
         };
-        let fs = self.fs_type.unwrap_or(FsType::Ext4);
-        let options = MkfsOptions::parse(fs, text).map_err(|why| {
-            CsiError::invalid(
-                format!("parameters[{MKFS_OPTIONS:?}]"),
-                format!("{why} (for {})", fs.as_str()),
-            )
-        })?;
+        let options =
+            parse_mkfs_options(&format!("parameters[{MKFS_OPTIONS:?}]"), self.fs_type, text)?;
         Ok((!options.is_empty()).then_some(options))
     }
 }
