@@ -62,6 +62,25 @@ mkdir -p "$OUT"
 # each rebuild the whole release.
 echo "== binaries (release, $BUILD_DIR)"
 CARGO_HOME_DIR=${CARGO_HOME:-$HOME/.cargo}
+# Cargo judges the workspace's own crates fresh by file times, so a shared
+# build directory last used by another checkout with newer files would hand
+# this one that checkout's binaries. The directory remembers the contents of
+# the tree it last built; another tree cleans the workspace's crates first
+# (their dependencies stay built).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  TREE=$(git ls-files -z -c -o --exclude-standard | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+else
+  TREE=$(find . -path ./target -prune -o -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+fi
+if [ "$(cat "$BUILD_DIR/source-tree.sha256" 2>/dev/null)" != "$TREE" ] && [ -d "$BUILD_DIR/release" ]; then
+  echo "   another source tree was built here last: rebuilding the workspace's crates"
+  members=$(cargo metadata --no-deps --format-version 1 --locked |
+    grep -o '"name":"carina-[a-z-]*","version"' | cut -d'"' -f4 | sort -u)
+  for member in $members; do
+    CARGO_TARGET_DIR=$BUILD_DIR cargo clean --release --locked -q -p "$member"
+  done
+fi
+rm -f "$BUILD_DIR/source-tree.sha256"
 SOURCE_DATE_EPOCH=0 \
 RUSTFLAGS="--remap-path-prefix=$CARGO_HOME_DIR=/cargo -C link-arg=-Wl,--build-id=none" \
 CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=true CARGO_INCREMENTAL=0 \
@@ -72,6 +91,7 @@ CARGO_TARGET_DIR=$BUILD_DIR \
     -p carina-controlplane --bin carina-controller \
     -p carina-scheduler --bin carina-scheduler
 BIN=$BUILD_DIR/release
+echo "$TREE" >"$BUILD_DIR/source-tree.sha256"
 
 # The inputs of the archives, when asked to keep a build of the same ones.
 INPUTS=
