@@ -90,7 +90,7 @@ tool_binaries() {
 # Image tools: OCI archives <name>.oci.tar and images.tsv in the tool's dir.
 tool_images() {
     case $1 in
-    test-images) echo pause busybox csi-provisioner csi-resizer kube-scheduler ;;
+    test-images) echo pause busybox csi-provisioner csi-resizer csi-snapshotter kube-scheduler ;;
     e2e-images) echo agnhost nginx glibc-dns-testing ;;
     esac
 }
@@ -98,7 +98,7 @@ tool_images() {
 # Tools a tool is built from; built first when missing.
 tool_deps() {
     case $1 in
-    test-images) echo csi-provisioner csi-resizer kube ;;
+    test-images) echo csi-provisioner csi-resizer csi-snapshotter kube ;;
     e2e-images) echo e2e ;;
     esac
 }
@@ -144,7 +144,7 @@ images_version() {
     digest=$(
         {
             echo "$1 $KUBE_VERSION $suite"
-            [[ $1 != test-images ]] || echo "$PAUSE_IMAGE $CSI_PROVISIONER_VERSION $CSI_RESIZER_VERSION"
+            [[ $1 != test-images ]] || echo "$PAUSE_IMAGE $CSI_PROVISIONER_VERSION $CSI_RESIZER_VERSION $CSI_SNAPSHOTTER_VERSION"
             cat "$REPO_DIR/hack/lib/oci.sh" "$REPO_DIR/hack/lib/rootfs.sh"
             [[ $1 != test-images ]] || cat "$REPO_DIR/tests/tools/pause.c"
         } | sha256sum | cut -c1-12
@@ -666,7 +666,7 @@ build_test_images() {
 
     # The CSI sidecars, as the chart names them (static Go programs).
     local name v
-    for name in csi-provisioner csi-resizer; do
+    for name in csi-provisioner csi-resizer csi-snapshotter; do
         v=$(tool_version "$name")
         static_root "$work/$name" "$(bin_dir "$name")/$name"
         ref=registry.k8s.io/sig-storage/$name:$v
