@@ -70,6 +70,7 @@ fn carina_layout() -> Layout {
         extender: false,
         carina_keys_only: true,
         capacity_tracking: true,
+        snapshots: false,
     }
 }
 

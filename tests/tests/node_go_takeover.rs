@@ -161,6 +161,7 @@ async fn take_over(cluster: &mut LocalCluster) -> Result<()> {
         extender: false,
         carina_keys_only: true,
         capacity_tracking: true,
+        snapshots: false,
     };
     let storage = Storage {
         config: go_config,

@@ -282,6 +282,7 @@ async fn capacity_keeps_a_pod_pending_until_space_is_freed() -> Result<()> {
         // capacity check would answer first once the CSIStorageCapacity is
         // published.
         capacity_tracking: false,
+        snapshots: false,
         ..Layout::standard()
     };
     let _carina = Carina::install(&mut cluster, &layout).await?;

@@ -60,6 +60,7 @@ async fn a_claim_that_fits_one_node_is_placed_and_made_there() -> Result<()> {
         extender: true,
         carina_keys_only: false,
         capacity_tracking: true,
+        snapshots: false,
     };
     let _carina = Carina::install(&mut cluster, &layout).await?;
     let result = place_write_read_delete(&cluster, &second, &dir).await;

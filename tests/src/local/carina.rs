@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use carina_api::NodeStorageResource;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -23,6 +23,8 @@ use super::LocalCluster;
 pub use super::images::{carina_images, e2e_images, local_options, test_images, tool_path};
 use crate::cluster::{Pki, await_object};
 use crate::manifests::{Chart, RELEASE};
+use crate::process::ChildGuard;
+use crate::snapshots::install_snapshot_crds;
 use crate::{LoopDisk, VgGuard};
 
 /// The CSI driver's name.
@@ -73,6 +75,11 @@ pub struct Layout {
     /// kube-scheduler's check would run first once the capacity is
     /// published, and whether it is yet depends on timing.
     pub capacity_tracking: bool,
+    /// Whether the cluster has VolumeSnapshots: the
+    /// `snapshot.storage.k8s.io` CRDs and the cluster-wide
+    /// snapshot-controller (both outside the chart, as an administrator
+    /// installs them), and the chart's csi-snapshotter sidecar.
+    pub snapshots: bool,
 }
 
 const MIB: u64 = 1 << 20;
@@ -115,6 +122,7 @@ impl Layout {
             extender: false,
             carina_keys_only: false,
             capacity_tracking: true,
+            snapshots: false,
         }
     }
 }
@@ -133,6 +141,7 @@ impl Layout {
             extender: false,
             carina_keys_only: false,
             capacity_tracking: true,
+            snapshots: true,
         }
     }
 }
@@ -147,6 +156,8 @@ pub struct Carina {
     pub disks: Vec<(String, String)>,
     chart: Chart,
     values: serde_json::Value,
+    /// The cluster-wide snapshot-controller, with [`Layout::snapshots`].
+    snapshot_controller: Option<ChildGuard>,
 }
 
 /// The storage of a node's groups: the chart's `config` (its disk
@@ -240,6 +251,11 @@ impl Carina {
         storage: Storage,
     ) -> Result<Carina> {
         create_secrets(cluster).await?;
+        let snapshot_controller = if layout.snapshots {
+            Some(start_snapshot_controller(cluster).await?)
+        } else {
+            None
+        };
         let values = values(cluster, layout, storage.config)?;
         let chart = Chart::new()?;
         helm_release(cluster, &chart, "install", &values)?;
@@ -248,9 +264,21 @@ impl Carina {
             disks: storage.disks,
             chart,
             values,
+            snapshot_controller,
         };
         carina.wait_registered(cluster, layout).await?;
         Ok(carina)
+    }
+
+    /// Fails if a program this install started beside the chart (the
+    /// snapshot-controller of [`Layout::snapshots`]) has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(controller) = &mut self.snapshot_controller {
+            controller
+                .check_running()
+                .context("snapshot-controller kept running")?;
+        }
+        Ok(())
     }
 
     /// Waits until every node's kubelet lists the driver on its CSINode
@@ -413,9 +441,8 @@ pub fn environment_values(cluster: &LocalCluster) -> Result<serde_json::Value> {
         // `create_secrets` instead.
         "identity": {"mode": "manual"},
         "controller": {
-            // The node has no VolumeSnapshot CRDs nor snapshot-controller
-            // (cluster-wide, outside the chart), and test-images has no
-            // csi-snapshotter image.
+            // VolumeSnapshots need the CRDs and snapshot-controller, which
+            // are cluster-wide and outside the chart ([`Layout::snapshots`]).
             "snapshotter": {"enabled": false},
         },
         "node": {
@@ -442,12 +469,34 @@ fn values(
     controller["replicas"] = 1.into();
     // Pods are scheduled to this node only; no disruption budget matters.
     controller["podDisruptionBudget"] = serde_json::json!({"enabled": false});
+    controller["snapshotter"] = serde_json::json!({"enabled": layout.snapshots});
     controller["provisioner"] =
         serde_json::json!({"capacity": {"enabled": layout.capacity_tracking}});
     values["config"] = config;
     values["storageClasses"] = layout.storage_classes.clone();
     values["scheduler"] = serde_json::json!({"enabled": layout.extender, "replicas": 1});
     Ok(values)
+}
+
+/// The VolumeSnapshot CRDs and the cluster-wide snapshot-controller of
+/// external-snapshotter, as an administrator installs them beside the
+/// chart: on the host, with the cluster's administrator's rights.
+async fn start_snapshot_controller(cluster: &LocalCluster) -> Result<ChildGuard> {
+    install_snapshot_crds(&cluster.client()).await?;
+    ChildGuard::spawn(
+        "snapshot-controller",
+        &tool_path("csi-snapshotter")?.join("snapshot-controller"),
+        &[
+            format!(
+                "--kubeconfig={}",
+                cluster.kube().kubeconfig_path().display()
+            ),
+            "--feature-gates=CSIVolumeGroupSnapshot=false".to_string(),
+            "--v=4".to_string(),
+        ],
+        &[],
+        &cluster.log_dir().join("snapshot-controller.log"),
+    )
 }
 
 /// The namespace and the Secrets of identity mode `manual`: the node's
