@@ -123,6 +123,7 @@ fn test_images_import_and_run() -> Result<()> {
             "busybox.oci.tar",
             "csi-provisioner.oci.tar",
             "csi-resizer.oci.tar",
+            "csi-snapshotter.oci.tar",
             "kube-scheduler.oci.tar"
         ]
     );
@@ -210,7 +211,7 @@ fn test_images_import_and_run() -> Result<()> {
     assert!(status.success(), "pause on SIGTERM: {status}");
 
     // The sidecars report the versions their references name.
-    for name in ["csi-provisioner", "csi-resizer"] {
+    for name in ["csi-provisioner", "csi-resizer", "csi-snapshotter"] {
         let image = reference(&format!("{name}.oci.tar"));
         let version = image.rsplit(':').next().unwrap_or_default().to_string();
         let id = unique(name);
