@@ -119,6 +119,20 @@ pub fn snapshot_tool(
     )
 }
 
+/// The cluster-wide snapshot-controller, as an administrator installs it:
+/// with the cluster administrator's rights, group snapshots off.
+pub fn snapshot_controller(cluster: &KubeCluster) -> Result<ChildGuard> {
+    snapshot_tool(
+        cluster,
+        "snapshot-controller",
+        vec![
+            format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+            "--feature-gates=CSIVolumeGroupSnapshot=false".to_string(),
+            "--v=4".to_string(),
+        ],
+    )
+}
+
 /// The Kubernetes control plane of snapshots around one node: the
 /// controller and its sidecars (external-provisioner, csi-snapshotter with
 /// the chart's arguments) with the chart's rights, the cluster-wide
@@ -181,16 +195,7 @@ impl SnapshotPlane {
             .collect();
         snapshotter_args.extend([as_sa.clone(), "--v=4".to_string()]);
         let snapshotter = snapshot_tool(cluster, "csi-snapshotter", snapshotter_args)?;
-        // The cluster-wide snapshot-controller, as an administrator installs it.
-        let snapshot_controller = snapshot_tool(
-            cluster,
-            "snapshot-controller",
-            vec![
-                format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
-                "--feature-gates=CSIVolumeGroupSnapshot=false".to_string(),
-                "--v=4".to_string(),
-            ],
-        )?;
+        let snapshot_controller = snapshot_controller(cluster)?;
         let controllers = cluster.start_controller_manager(&[]).await?;
         Ok(SnapshotPlane {
             provisioner,

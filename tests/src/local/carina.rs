@@ -24,7 +24,7 @@ pub use super::images::{carina_images, e2e_images, local_options, test_images, t
 use crate::cluster::{Pki, await_object};
 use crate::manifests::{Chart, RELEASE};
 use crate::process::ChildGuard;
-use crate::snapshots::install_snapshot_crds;
+use crate::snapshots::{install_snapshot_crds, snapshot_controller};
 use crate::{LoopDisk, VgGuard};
 
 /// The CSI driver's name.
@@ -480,23 +480,10 @@ fn values(
 
 /// The VolumeSnapshot CRDs and the cluster-wide snapshot-controller of
 /// external-snapshotter, as an administrator installs them beside the
-/// chart: on the host, with the cluster's administrator's rights.
+/// chart.
 async fn start_snapshot_controller(cluster: &LocalCluster) -> Result<ChildGuard> {
     install_snapshot_crds(&cluster.client()).await?;
-    ChildGuard::spawn(
-        "snapshot-controller",
-        &tool_path("csi-snapshotter")?.join("snapshot-controller"),
-        &[
-            format!(
-                "--kubeconfig={}",
-                cluster.kube().kubeconfig_path().display()
-            ),
-            "--feature-gates=CSIVolumeGroupSnapshot=false".to_string(),
-            "--v=4".to_string(),
-        ],
-        &[],
-        &cluster.log_dir().join("snapshot-controller.log"),
-    )
+    snapshot_controller(cluster.kube())
 }
 
 /// The namespace and the Secrets of identity mode `manual`: the node's
